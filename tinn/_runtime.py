@@ -1,0 +1,105 @@
+"""Taichi runtime plumbing: who owns ``ti.init``, and what a batch looks like.
+
+tinn never calls ``ti.init`` itself. Every object records the Taichi program it
+was built in; calling it after ``ti.init`` ran again (which frees every field)
+raises :class:`RuntimeResetError` instead of crashing the process.
+
+Batches cross the public API as row-major ``(batch, dims)`` float32 arrays:
+numpy arrays, ``ti.ndarray``\\ s or torch tensors. :func:`as_batch` checks and
+converts them to contiguous numpy arrays *before* any kernel runs.
+"""
+from __future__ import annotations
+
+import numpy as np
+import taichi as ti
+from taichi.lang import impl
+
+
+class RuntimeResetError(RuntimeError):
+    """A tinn object was used after ``ti.init`` was called again."""
+
+
+def init(arch=None, **kwargs):
+    """Call ``ti.init`` with the settings tinn's CPU kernels are tuned for.
+
+    A convenience only: any ``ti.init`` works. Keyword arguments override the
+    recommendations (``offline_cache=True`` keeps compiled kernels across runs).
+    """
+    settings = dict(offline_cache=True)
+    settings.update(kwargs)
+    return ti.init(arch=ti.cpu if arch is None else arch, **settings)
+
+
+def current_program():
+    """The live Taichi program; a clear error before ``ti.init``."""
+    prog = impl.get_runtime().prog
+    if prog is None:
+        raise RuntimeError("Taichi is not initialised: call ti.init(...) (or tinn.init()) before creating tinn objects")
+    return prog
+
+
+def is_cpu() -> bool:
+    return impl.current_cfg().arch in (ti.x64, ti.arm64)
+
+
+class RuntimeBound:
+    """Mixin: remembers the Taichi program an object's fields live in."""
+
+    def _bind_runtime(self):
+        self._program = current_program()
+
+    def _check_runtime(self):
+        prog = impl.get_runtime().prog
+        if prog is None:
+            raise RuntimeError("Taichi is not initialised: call ti.init(...) before using tinn objects")
+        if prog is not self._program:
+            raise RuntimeResetError(
+                f"this {type(self).__name__} was built before ti.init was called again, which freed its "
+                "Taichi fields; build it anew after ti.init")
+
+
+def _to_numpy(a, name):
+    if isinstance(a, np.ndarray):
+        return a
+    if isinstance(a, ti.Ndarray):
+        return a.to_numpy()
+    if type(a).__module__.startswith("torch"):
+        return a.detach().cpu().numpy()
+    raise TypeError(f"{name} must be a numpy array, a ti.ndarray or a torch tensor, not {type(a).__name__}")
+
+
+def as_batch(a, n_dims: int, name: str = "x", *, dtype=np.float32, allow_dense: bool = False) -> np.ndarray:
+    """Check a ``(batch, n_dims)`` array and return it as a contiguous numpy array.
+
+    With ``allow_dense`` a ``(K, batch_k, n_dims)`` array is accepted too and
+    returned unchanged in shape (the caller flattens it).
+    """
+    arr = _to_numpy(a, name)
+    if arr.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {np.dtype(dtype).name}, got {arr.dtype} "
+                        f"(convert with .astype(np.{np.dtype(dtype).name}))")
+    ndims = (2, 3) if allow_dense else (2,)
+    if arr.ndim not in ndims or arr.shape[-1] != n_dims:
+        want = f"(batch, {n_dims})" + (f" or (n_instances, batch, {n_dims})" if allow_dense else "")
+        raise ValueError(f"{name} must have shape {want}, got {tuple(arr.shape)}")
+    if arr.size == 0 or arr.shape[-2] == 0:
+        raise ValueError(f"{name} is an empty batch; a batch needs at least one sample")
+    return np.ascontiguousarray(arr)
+
+
+def as_instances(instance, batch: int, n_instances: int) -> np.ndarray | None:
+    """Check the per-sample routing array ``instance`` (int32, shape ``(batch,)``)."""
+    if instance is None:
+        if n_instances != 1:
+            raise ValueError(f"this object holds {n_instances} networks: pass instance=(batch,) int32 ids "
+                             "or a dense (n_instances, batch, dims) array")
+        return None
+    arr = _to_numpy(instance, "instance")
+    if arr.dtype != np.int32:
+        raise TypeError(f"instance must have dtype int32, got {arr.dtype}")
+    if arr.shape != (batch,):
+        raise ValueError(f"instance must have shape ({batch},), got {tuple(arr.shape)}")
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0 or hi >= n_instances:
+        raise ValueError(f"instance ids must lie in [0, {n_instances}), got values in [{lo}, {hi}]")
+    return np.ascontiguousarray(arr)

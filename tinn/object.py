@@ -1,0 +1,180 @@
+"""Base classes mirroring tcnn's ``object.h``.
+
+* :class:`Object` — ``hyperparams()`` returns the full config, ``name`` its otype.
+* :class:`ParametricObject` — ``n_params``, ``layer_sizes()``, ``params()`` /
+  ``set_params()`` / ``gradients()`` as flat float32 numpy copies (shape
+  ``(n_params,)``, or ``(n_instances, n_params)`` for network arrays).
+* :class:`DifferentiableObject` — ``inference(x)``, ``forward(x) -> (y, ctx)``,
+  ``backward(ctx, dL_dy) -> dL_dx``. Public methods check their arguments and
+  hand contiguous numpy batches to the private ``_inference`` / ``_forward`` /
+  ``_backward`` of each component, which work on *padded* output widths.
+
+Parameter gradients follow tcnn's ``GradientMode``: ``mode="overwrite"``
+(default) replaces them, ``"accumulate"`` adds to them.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ._runtime import RuntimeBound, as_batch, as_instances
+from ._rng import Pcg32
+from .params import ParamStore
+
+GRADIENT_MODES = ("overwrite", "accumulate")
+
+
+class Object:
+    """Anything built from a JSON config: ``hyperparams()`` rebuilds it."""
+
+    otype: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.hyperparams()["otype"]
+
+    def hyperparams(self) -> dict:
+        raise NotImplementedError
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.hyperparams()})"
+
+
+class Context:
+    """What ``forward`` keeps for ``backward`` (tcnn's opaque ``Context``)."""
+
+    def __init__(self, owner, x, instance, **saved):
+        self.owner, self.x, self.instance = owner, x, instance
+        self.__dict__.update(saved)
+
+
+class ParametricObject(Object, RuntimeBound):
+    """An object whose parameters live in a slice of a :class:`ParamStore`."""
+
+    n_params: int = 0
+
+    def __init__(self, n_instances: int = 1, seed: int = 1337):
+        self._bind_runtime()
+        if not isinstance(n_instances, (int, np.integer)) or n_instances < 1:
+            raise ValueError(f"n_instances must be an integer >= 1, got {n_instances!r}")
+        self.n_instances = int(n_instances)
+        self.seed = int(seed)
+        self._store: ParamStore | None = None
+        self._offset = 0
+
+    # -- storage -------------------------------------------------------------
+    def layer_sizes(self) -> list:
+        """``(rows, cols)`` of each weight matrix; optimizers treat the rest as non-matrix params."""
+        return []
+
+    def initial_params(self, rng: Pcg32) -> np.ndarray:
+        """Draw this object's initial parameters, ``(n_params,)``, from ``rng`` (tcnn's order)."""
+        return np.zeros(self.n_params, np.float32)
+
+    def bind(self, store: ParamStore, offset: int):
+        """Use ``store[:, offset : offset + n_params]`` as this object's parameters."""
+        self._store, self._offset = store, offset
+
+    @property
+    def store(self) -> ParamStore:
+        """The parameter store; allocated and initialised from ``seed`` on first use."""
+        if self._store is None:
+            store = ParamStore(self.n_instances, self.n_params)
+            self.bind(store, 0)
+            self.reset_params(self.seed)
+        return self._store
+
+    def reset_params(self, seed: int):
+        """Initialise every instance as tcnn does: instance k draws from ``pcg32(seed, seq=k+1)``."""
+        values = np.stack([self.initial_params(Pcg32(seed, seq=k + 1)) for k in range(self.n_instances)])
+        self.store.write(self.store.params, self._offset, values)
+
+    def _shape(self, a: np.ndarray) -> np.ndarray:
+        return a[0] if self.n_instances == 1 else a
+
+    def params(self) -> np.ndarray:
+        self._check_runtime()
+        return self._shape(self.store.read(self.store.params, self._offset, self.n_params))
+
+    def gradients(self) -> np.ndarray:
+        self._check_runtime()
+        return self._shape(self.store.read(self.store.grads, self._offset, self.n_params))
+
+    def set_params(self, values):
+        self._check_runtime()
+        arr = np.asarray(values)
+        if not np.issubdtype(arr.dtype, np.floating):
+            raise TypeError(f"params must be floating point, got {arr.dtype}")
+        if arr.size != self.n_instances * self.n_params or arr.ndim not in (1, 2) or arr.shape[-1] != self.n_params:
+            want = (self.n_params,) if self.n_instances == 1 else (self.n_instances, self.n_params)
+            raise ValueError(f"params must have shape {want}, got {arr.shape}")
+        self.store.write(self.store.params, self._offset, arr.astype(np.float32))
+
+    def _zero_gradients(self):
+        if self.n_params:
+            self.store.write(self.store.grads, self._offset, np.zeros((self.n_instances, self.n_params), np.float32))
+
+
+class DifferentiableObject(ParametricObject):
+    """tcnn's ``DifferentiableObject``: batch inference, forward and hand-written backward."""
+
+    n_input_dims: int
+    n_output_dims: int
+    padded_output_width: int
+
+    def _prepare(self, x, instance):
+        """Validate a batch; dense ``(K, B_k, n)`` batches become routed ones."""
+        self._check_runtime()
+        arr = as_batch(x, self.n_input_dims, allow_dense=self.n_instances > 1 and instance is None)
+        if arr.ndim == 3:
+            if arr.shape[0] != self.n_instances:
+                raise ValueError(f"a dense batch needs shape ({self.n_instances}, batch, {self.n_input_dims}), "
+                                 f"got {arr.shape}")
+            k, b = arr.shape[:2]
+            return arr.reshape(k * b, -1), np.repeat(np.arange(k, dtype=np.int32), b), (k, b)
+        return arr, as_instances(instance, arr.shape[0], self.n_instances), None
+
+    def _finish(self, y: np.ndarray, dense):
+        y = np.ascontiguousarray(y[:, : self.n_output_dims])
+        return y.reshape(dense[0], dense[1], -1) if dense else y
+
+    def inference(self, x, instance=None) -> np.ndarray:
+        """Outputs ``(batch, n_output_dims)`` for inputs ``(batch, n_input_dims)``."""
+        x, inst, dense = self._prepare(x, instance)
+        return self._finish(self._inference(x, inst), dense)
+
+    def forward(self, x, instance=None):
+        """``(output, ctx)``; keep ``ctx`` for :meth:`backward`."""
+        x, inst, dense = self._prepare(x, instance)
+        y, ctx = self._forward(x, inst)
+        ctx.dense = dense
+        return self._finish(y, dense), ctx
+
+    def backward(self, ctx: Context, dL_doutput, *, input_gradient: bool = True, mode: str = "overwrite"):
+        """Accumulate (or overwrite) parameter gradients; return ``dL/dinput`` unless ``input_gradient=False``."""
+        self._check_runtime()
+        if not isinstance(ctx, Context) or ctx.owner is not self:
+            raise ValueError("ctx must be the context returned by this object's forward()")
+        if mode not in GRADIENT_MODES:
+            raise ValueError(f"mode must be one of {GRADIENT_MODES}, got {mode!r}")
+        g = as_batch(dL_doutput, self.n_output_dims, "dL_doutput", allow_dense=ctx.dense is not None)
+        g = g.reshape(-1, self.n_output_dims)
+        if g.shape[0] != ctx.x.shape[0]:
+            raise ValueError(f"dL_doutput has {g.shape[0]} samples, the forward pass had {ctx.x.shape[0]}")
+        if self.padded_output_width != self.n_output_dims:
+            g = np.pad(g, ((0, 0), (0, self.padded_output_width - self.n_output_dims)))
+        if mode == "overwrite":
+            self._zero_gradients()
+        dx = self._backward(ctx, g, input_gradient)
+        if dx is None:
+            return None
+        return dx.reshape(ctx.dense[0], ctx.dense[1], -1) if ctx.dense else dx
+
+    # -- implemented by components (numpy in, numpy out; padded output width) --
+    def _inference(self, x: np.ndarray, instance) -> np.ndarray:
+        return self._forward(x, instance)[0]
+
+    def _forward(self, x: np.ndarray, instance):
+        raise NotImplementedError
+
+    def _backward(self, ctx: Context, dL_dy: np.ndarray, input_gradient: bool):
+        raise NotImplementedError

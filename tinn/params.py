@@ -1,0 +1,64 @@
+"""One flat parameter buffer per model, as tcnn's Trainer owns it.
+
+A :class:`ParamStore` holds ``params`` and ``grads`` as Taichi fields of shape
+``(n_instances, n_params)`` in tcnn's order (network matrices, then encoding
+parameters). Components receive an offset into it, like tcnn's
+``set_params(params + offset, ...)``; kernels and ``ti.func``\\ s read the fields
+directly, so a model can be called from inside a user's Taichi kernel.
+"""
+from __future__ import annotations
+
+import numpy as np
+import taichi as ti
+
+from ._runtime import RuntimeBound
+
+
+@ti.kernel
+def _read_slice(src: ti.template(), offset: ti.i32, out: ti.types.ndarray(dtype=ti.f32, ndim=2)):
+    for k, i in ti.ndrange(out.shape[0], out.shape[1]):
+        out[k, i] = src[k, offset + i]
+
+
+@ti.kernel
+def _write_slice(dst: ti.template(), offset: ti.i32, src: ti.types.ndarray(dtype=ti.f32, ndim=2)):
+    for k, i in ti.ndrange(src.shape[0], src.shape[1]):
+        dst[k, offset + i] = src[k, i]
+
+
+@ti.kernel
+def _add_slice(dst: ti.template(), offset: ti.i32, src: ti.types.ndarray(dtype=ti.f32, ndim=2)):
+    for k, i in ti.ndrange(src.shape[0], src.shape[1]):
+        dst[k, offset + i] += src[k, i]
+
+
+class ParamStore(RuntimeBound):
+    """Parameters and gradients of ``n_instances`` networks with ``n_params`` each."""
+
+    def __init__(self, n_instances: int, n_params: int):
+        self._bind_runtime()
+        self.n_instances, self.n_params = n_instances, n_params
+        builder = ti.FieldsBuilder()
+        self.params = ti.field(ti.f32)
+        self.grads = ti.field(ti.f32)
+        builder.dense(ti.ij, (n_instances, n_params)).place(self.params, self.grads)
+        self._tree = builder.finalize()
+
+    def zero_grad(self):
+        self.grads.fill(0)
+
+    def read(self, field, offset: int, n: int) -> np.ndarray:
+        out = np.empty((self.n_instances, n), np.float32)
+        if n:
+            _read_slice(field, offset, out)
+        return out
+
+    def write(self, field, offset: int, values: np.ndarray):
+        values = np.ascontiguousarray(values, dtype=np.float32).reshape(self.n_instances, -1)
+        if values.shape[1]:
+            _write_slice(field, offset, values)
+
+    def add(self, field, offset: int, values: np.ndarray):
+        values = np.ascontiguousarray(values, dtype=np.float32).reshape(self.n_instances, -1)
+        if values.shape[1]:
+            _add_slice(field, offset, values)
