@@ -68,9 +68,10 @@ def _to_numpy(a, name):
     raise TypeError(f"{name} must be a numpy array, a ti.ndarray or a torch tensor, not {type(a).__name__}")
 
 
-def as_batch(a, n_dims: int, name: str = "x", *, dtype=np.float32, allow_dense: bool = False) -> np.ndarray:
+def as_batch(a, n_dims, name: str = "x", *, dtype=np.float32, allow_dense: bool = False) -> np.ndarray:
     """Check a ``(batch, n_dims)`` array and return it as a contiguous numpy array.
 
+    ``n_dims=None`` accepts any width.
     With ``allow_dense`` a ``(K, batch_k, n_dims)`` array is accepted too and
     returned unchanged in shape (the caller flattens it).
     """
@@ -79,8 +80,8 @@ def as_batch(a, n_dims: int, name: str = "x", *, dtype=np.float32, allow_dense: 
         raise TypeError(f"{name} must have dtype {np.dtype(dtype).name}, got {arr.dtype} "
                         f"(convert with .astype(np.{np.dtype(dtype).name}))")
     ndims = (2, 3) if allow_dense else (2,)
-    if arr.ndim not in ndims or arr.shape[-1] != n_dims:
-        want = f"(batch, {n_dims})" + (f" or (n_instances, batch, {n_dims})" if allow_dense else "")
+    if arr.ndim not in ndims or (n_dims is not None and arr.shape[-1] != n_dims):
+        want = f"(batch, {n_dims or 'dims'})" + (f" or (n_instances, batch, {n_dims})" if allow_dense else "")
         raise ValueError(f"{name} must have shape {want}, got {tuple(arr.shape)}")
     if arr.size == 0 or arr.shape[-2] == 0:
         raise ValueError(f"{name} is an empty batch; a batch needs at least one sample")

@@ -6,7 +6,6 @@ parameters). Components receive an offset into it, like tcnn's
 ``set_params(params + offset, ...)``; kernels and ``ti.func``\\ s read the fields
 directly, so a model can be called from inside a user's Taichi kernel.
 """
-from __future__ import annotations
 
 import numpy as np
 import taichi as ti
@@ -18,6 +17,20 @@ from ._runtime import RuntimeBound
 def _read_slice(src: ti.template(), offset: ti.i32, out: ti.types.ndarray(dtype=ti.f32, ndim=2)):
     for k, i in ti.ndrange(out.shape[0], out.shape[1]):
         out[k, i] = src[k, offset + i]
+
+
+@ti.kernel
+def _read_rows(src: ti.template(), offset: ti.i32, rows: ti.types.ndarray(dtype=ti.i32, ndim=1),
+               out: ti.types.ndarray(dtype=ti.f32, ndim=2)):
+    for g, i in ti.ndrange(out.shape[0], out.shape[1]):
+        out[g, i] = src[rows[g], offset + i]
+
+
+@ti.kernel
+def _add_rows(dst: ti.template(), offset: ti.i32, rows: ti.types.ndarray(dtype=ti.i32, ndim=1),
+              src: ti.types.ndarray(dtype=ti.f32, ndim=2)):
+    for g, i in ti.ndrange(src.shape[0], src.shape[1]):
+        dst[rows[g], offset + i] = dst[rows[g], offset + i] + src[g, i]
 
 
 @ti.kernel
@@ -62,3 +75,16 @@ class ParamStore(RuntimeBound):
         values = np.ascontiguousarray(values, dtype=np.float32).reshape(self.n_instances, -1)
         if values.shape[1]:
             _add_slice(field, offset, values)
+
+    def read_rows(self, field, offset: int, n: int, rows: np.ndarray) -> np.ndarray:
+        """``field[rows, offset : offset + n]`` for the instances ``rows`` (int32, distinct)."""
+        out = np.empty((len(rows), n), np.float32)
+        if n:
+            _read_rows(field, offset, rows, out)
+        return out
+
+    def add_rows(self, field, offset: int, rows: np.ndarray, values: np.ndarray):
+        """``field[rows, offset : offset + n] += values`` for distinct instance ids ``rows``."""
+        values = np.ascontiguousarray(values, dtype=np.float32).reshape(len(rows), -1)
+        if values.shape[1]:
+            _add_rows(field, offset, rows, values)

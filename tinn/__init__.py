@@ -1,0 +1,26 @@
+"""tinn: tiny neural networks in Taichi, with tiny-cuda-nn's configs, components and math.
+
+    import taichi as ti, tinn
+    ti.init(arch=ti.cpu)                       # tinn never calls ti.init itself
+    model = tinn.create_from_config(2, 3, "data/config_hash.json")
+    loss = model.trainer.training_step(x, y)   # x (B, 2), y (B, 3) float32
+    y_hat = model.network.inference(x)
+"""
+from . import encodings, losses, networks, optimizers
+from ._runtime import RuntimeResetError, init
+from .config import (TrainableModel, create_encoding, create_from_config, create_loss, create_network,
+                     create_optimizer, load_config)
+from .encodings import Encoding
+from .losses import Loss
+from .network_with_input_encoding import NetworkWithInputEncoding
+from .networks import Network
+from .optimizers import Optimizer
+from .trainer import Trainer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Encoding", "Loss", "Network", "NetworkWithInputEncoding", "Optimizer", "RuntimeResetError", "Trainer",
+    "TrainableModel", "create_encoding", "create_from_config", "create_loss", "create_network",
+    "create_optimizer", "init", "load_config",
+]

@@ -1,0 +1,7 @@
+"""Encodings, one module per tcnn otype (see ``tinn.config.encodings`` for the registry)."""
+from .encoding import Encoding
+from .frequency import FrequencyEncoding
+from .grid import GridEncoding
+from .identity import IdentityEncoding
+
+__all__ = ["Encoding", "FrequencyEncoding", "GridEncoding", "IdentityEncoding"]

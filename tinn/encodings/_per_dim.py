@@ -1,0 +1,77 @@
+"""Kernels shared by the encodings that treat every input dimension alike.
+
+Identity, Frequency (and any encoding of the same shape) produce ``width``
+outputs per input dim, ``y[d * width + j] = value(x_d, j)``, so their backward
+is ``dL/dx_d = sum_j dL/dy[d * width + j] * slope(x_d, j)``. A component only
+supplies the two ``ti.func``\\ s; the batch kernels are built here once per
+(component, config) and shared by every object with that config.
+"""
+
+import functools
+
+import numpy as np
+import taichi as ti
+
+from .._runtime import current_program
+from ..object import Context
+from .encoding import Encoding
+
+_f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels(program, cls, constants: tuple, n_dims: int, width: int, n_padding: int, fill: float):
+    value, slope = cls.funcs(*constants)
+    raw = n_dims * width
+
+    @ti.kernel
+    def forward(x: _f32_2d, y: _f32_2d):
+        for b, d in ti.ndrange(x.shape[0], n_dims):
+            for j in range(width):
+                y[b, d * width + j] = value(x[b, d], j)
+        for b, j in ti.ndrange(x.shape[0], n_padding):
+            y[b, raw + j] = fill
+
+    @ti.kernel
+    def backward(x: _f32_2d, dy: _f32_2d, dx: _f32_2d):
+        for b, d in ti.ndrange(x.shape[0], n_dims):
+            acc = 0.0
+            for j in range(width):
+                acc += dy[b, d * width + j] * slope(x[b, d], j)
+            dx[b, d] = acc
+
+    return forward, backward
+
+
+class PerDimEncoding(Encoding):
+    """An encoding given by ``value(x, j)`` and its derivative ``slope(x, j)`` per input dim."""
+
+    width_per_dim: int
+
+    def __init__(self, n_input_dims: int, *, n_instances: int = 1, seed: int = 1337):
+        super().__init__(n_input_dims, n_input_dims * self.width_per_dim, n_instances=n_instances, seed=seed)
+
+    def constants(self) -> tuple:
+        """The config values ``funcs`` closes over."""
+        return ()
+
+    @staticmethod
+    def funcs(*constants):
+        """``(value, slope)`` ``ti.func``\\ s of ``(x: f32, j: i32) -> f32``."""
+        raise NotImplementedError
+
+    def _kernels(self):
+        return _kernels(current_program(), type(self), self.constants(), self.n_input_dims, self.width_per_dim,
+                        self.n_padding, float(self.fill_value))
+
+    def _forward(self, x, instance):
+        y = np.empty((x.shape[0], self.padded_output_width), np.float32)
+        self._kernels()[0](x, y)
+        return y, Context(self, x, instance)
+
+    def _backward(self, ctx, dL_dy, input_gradient):
+        if not input_gradient:
+            return None
+        dx = np.empty_like(ctx.x)
+        self._kernels()[1](ctx.x, np.ascontiguousarray(dL_dy), dx)
+        return dx

@@ -1,0 +1,48 @@
+"""The encoding base class (tcnn's ``encoding.h``).
+
+An encoding maps ``n_input_dims`` inputs in [0, 1] to ``n_output_dims`` features.
+Its raw width can be padded (``set_alignment``, ``set_padded_output_width``);
+padded columns hold ``fill_value`` — 1 for most encodings, which gives the MLP
+that follows an implicit bias input, and 0 for grids (spec §1.0).
+"""
+from __future__ import annotations
+
+from math import lcm
+
+from ..object import DifferentiableObject
+
+
+def next_multiple(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+class Encoding(DifferentiableObject):
+    """Base of every encoding; ``n_output_dims`` is the padded width, as tcnn's ``output_width()``."""
+
+    fill_value = 1.0
+    required_output_alignment = 1
+
+    def __init__(self, n_input_dims: int, n_raw_output_dims: int, *, n_instances: int = 1, seed: int = 1337):
+        super().__init__(n_instances, seed)
+        self.n_input_dims = n_input_dims
+        self.n_raw_output_dims = n_raw_output_dims
+        self.padded_output_width = n_raw_output_dims
+
+    @property
+    def n_output_dims(self) -> int:
+        return self.padded_output_width
+
+    @property
+    def n_padding(self) -> int:
+        return self.padded_output_width - self.n_raw_output_dims
+
+    def set_padded_output_width(self, width: int):
+        if width < self.n_raw_output_dims:
+            raise ValueError(f"padded width {width} is below the encoding's width {self.n_raw_output_dims}")
+        self.padded_output_width = width
+
+    def set_alignment(self, alignment: int):
+        """Pad the output to a multiple of lcm(alignment, required_output_alignment)."""
+        if alignment > 0:
+            self.set_padded_output_width(
+                next_multiple(self.padded_output_width, lcm(alignment, self.required_output_alignment)))

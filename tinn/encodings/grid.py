@@ -1,0 +1,297 @@
+"""Multiresolution grid encodings (tcnn ``encodings/grid.h``): ``HashGrid``, ``DenseGrid``, ``TiledGrid``, ``Grid``.
+
+Keys (defaults): ``type`` ("Hash"; "Dense" for DenseGrid, "Tiled" for TiledGrid),
+``n_levels`` L (16) or ``n_features`` (= L * F), ``n_features_per_level`` F (2; 1, 2, 4 or 8),
+``log2_hashmap_size`` (19), ``base_resolution`` N_min (16), ``per_level_scale`` b (2.0;
+Dense: (256 / N_min)^(1 / (L - 1))), ``interpolation`` ("Linear", "Nearest", "Smoothstep"),
+``hash`` ("CoherentPrime").
+
+Level l, computed in float32 as tcnn does (spec §1.6.2)::
+
+    scale_l = exp2(l * log2(b)) * N_min - 1,   res_l = ceil(scale_l) + 1
+    entries_l = min(next_multiple(res_l^D, 8), 2^log2_hashmap_size)      (Hash)
+    pos = scale_l * x + 0.5,  p = floor(pos),  t = pos - p
+    y_{l,f} = sum over corners c of  prod_d (c_d ? w(t_d) : 1 - w(t_d)) * theta_l[index(p + c)]_f
+
+with ``w(t) = t`` (Linear) or ``t^2 (3 - 2t)`` (Smoothstep). A level is indexed densely
+(``sum_d p_d res^d``) unless it is a Hash level too large for its table, which then uses
+tcnn's coherent prime hash ``XOR_d p_d * pi_d``; the index is taken modulo ``entries_l``.
+Parameters: level after level, F features per entry, uniform in [-1e-4, 1e-4].
+The backward pass scatters ``weight * dL/dy`` into per-thread private gradient tables
+on the CPU (no atomics), then reduces them; the input gradient is analytic.
+"""
+
+import math
+
+import numpy as np
+import taichi as ti
+
+from .._runtime import is_cpu
+from ..config import Options, encodings
+from ..object import Context
+from .encoding import Encoding, next_multiple
+
+PRIMES = (1, 2654435761, 805459861, 3674653429)
+MAX_BASE = {1: 0xFFFFFFFF, 2: 0xFFFF, 3: 0x659, 4: 0xFF}   # largest res with res^D < 2^32
+GRID_TYPES = ("Hash", "Dense", "Tiled")
+INTERPOLATIONS = ("Nearest", "Linear", "Smoothstep")
+
+_f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
+_i32_1d = ti.types.ndarray(dtype=ti.i32, ndim=1)
+
+
+def level_geometry(n_dims, grid_type, n_levels, log2_hashmap_size, base_resolution, per_level_scale):
+    """Per level: (scale float32, resolution, entries, entry offset, hashed) exactly as tcnn."""
+    f32 = np.float32
+    log2b = np.log2(f32(per_level_scale))
+    levels, offset = [], 0
+    for l in range(n_levels):
+        scale = f32(np.exp2(f32(l) * log2b) * f32(base_resolution) - f32(1))
+        res = int(math.ceil(float(scale))) + 1
+        dense = res ** n_dims
+        entries = next_multiple(min(dense, (2 ** 32 - 1) // 2), 8)
+        if grid_type == "Tiled":
+            entries = min(entries, base_resolution ** n_dims)
+        elif grid_type == "Hash":
+            entries = min(entries, 1 << log2_hashmap_size)
+        stride = dense if res <= MAX_BASE[n_dims] else 0xFFFFFFFF
+        hashed = grid_type == "Hash" and entries < stride
+        levels.append((scale, res, entries, offset, hashed))
+        offset += entries
+    return levels, offset
+
+
+@encodings.register("HashGrid", "Grid", "DenseGrid", "TiledGrid")
+class GridEncoding(Encoding):
+    fill_value = 0.0
+
+    def __init__(self, n_input_dims: int, *, type: str = "Hash", n_levels: int = 16, n_features_per_level: int = 2,
+                 log2_hashmap_size: int = 19, base_resolution: int = 16, per_level_scale: float = 2.0,
+                 interpolation: str = "Linear", n_instances: int = 1, seed: int = 1337):
+        if not 1 <= n_input_dims <= 4:
+            raise ValueError(f"grid encodings take 1 to 4 input dims, got {n_input_dims}")
+        self.type, self.n_levels, self.n_features_per_level = type, n_levels, n_features_per_level
+        self.log2_hashmap_size, self.base_resolution = log2_hashmap_size, base_resolution
+        self.per_level_scale, self.interpolation = float(per_level_scale), interpolation
+        self.levels, n_entries = level_geometry(n_input_dims, type, n_levels, log2_hashmap_size,
+                                                base_resolution, per_level_scale)
+        self.n_params = n_entries * n_features_per_level
+        self.required_output_alignment = n_features_per_level
+        super().__init__(n_input_dims, n_levels * n_features_per_level, n_instances=n_instances, seed=seed)
+        self._kernels = None
+
+    @classmethod
+    def from_config(cls, n_input_dims, config, *, otype="HashGrid", **kwargs):
+        opt = Options("encoding", otype, config)
+        default_type = {"densegrid": "Dense", "tiledgrid": "Tiled"}.get(otype.lower(), "Hash")
+        grid_type = opt.get("type", default_type, str, choices=GRID_TYPES + ("Tile",))
+        grid_type = "Tiled" if grid_type == "Tile" else grid_type
+        F = opt.get("n_features_per_level", 2, int, check=lambda v: v in (1, 2, 4, 8), rule="must be 1, 2, 4 or 8")
+        if opt.has("n_levels") and (opt.has("n_features") or opt.has("n_grid_features")):
+            raise ValueError(f"{opt.where}: give either 'n_levels' or 'n_features', not both")
+        key = "n_features" if opt.has("n_features") else "n_grid_features"
+        if opt.has(key):
+            n_features = opt.get(key, 0, int, check=lambda v: v > 0 and v % F == 0,
+                                 rule=f"must be a positive multiple of n_features_per_level ({F})")
+            n_levels = n_features // F
+        else:
+            n_levels = opt.get("n_levels", 16, int, check=lambda v: 1 <= v <= 128, rule="must lie in [1, 128]")
+        base = opt.get("base_resolution", 16, int, check=lambda v: v >= 1, rule="must be >= 1")
+        dense_scale = math.exp(math.log(256 / base) / (n_levels - 1)) if n_levels > 1 else 1.0
+        scale = opt.get("per_level_scale", dense_scale if grid_type == "Dense" else 2.0,
+                        check=lambda v: v > 0, rule="must be > 0")
+        kwargs.update(
+            type=grid_type, n_levels=n_levels, n_features_per_level=F, base_resolution=base, per_level_scale=scale,
+            log2_hashmap_size=opt.get("log2_hashmap_size", 19, int, check=lambda v: 1 <= v <= 30,
+                                      rule="must lie in [1, 30]"),
+            interpolation=opt.get("interpolation", "Linear", str, choices=INTERPOLATIONS))
+        opt.get("hash", "CoherentPrime", str, choices=("CoherentPrime",))
+        opt.get("fixed_point_pos", False, bool, check=lambda v: not v, rule="(tcnn's JIT-only mode) is not supported")
+        opt.get("stochastic_interpolation", False, bool, check=lambda v: not v, rule="is not supported")
+        opt.done()
+        return cls(n_input_dims, **kwargs)
+
+    def hyperparams(self):
+        return {"otype": "Grid", "type": self.type, "n_levels": self.n_levels,
+                "n_features_per_level": self.n_features_per_level, "log2_hashmap_size": self.log2_hashmap_size,
+                "base_resolution": self.base_resolution, "per_level_scale": self.per_level_scale,
+                "interpolation": self.interpolation, "hash": "CoherentPrime"}
+
+    def initial_params(self, rng):
+        return (rng.uniform_fill(self.n_params) * np.float32(2) - np.float32(1)) * np.float32(1e-4)
+
+    # -- batch API ---------------------------------------------------------------
+    def _forward(self, x, instance):
+        y = np.empty((x.shape[0], self.padded_output_width), np.float32)
+        k = self._get_kernels()
+        k.forward(x, _routing(instance), y, instance is not None)
+        return y, Context(self, x, instance)
+
+    def _backward(self, ctx, dL_dy, input_gradient):
+        k = self._get_kernels()
+        dL_dy = np.ascontiguousarray(dL_dy)
+        k.backward_params(ctx.x, _routing(ctx.instance), dL_dy, ctx.instance is not None)
+        if not input_gradient:
+            return None
+        dx = np.empty_like(ctx.x)
+        k.backward_input(ctx.x, _routing(ctx.instance), dL_dy, dx, ctx.instance is not None)
+        return dx
+
+    def _get_kernels(self):
+        if self._kernels is None:
+            self._kernels = _GridKernels(self)
+        return self._kernels
+
+
+def _routing(instance):
+    return instance if instance is not None else np.zeros(1, np.int32)
+
+
+class _GridKernels:
+    """The grid's Taichi kernels, specialised to one encoding's config and parameter slice."""
+
+    def __init__(self, enc: GridEncoding):
+        store = enc.store
+        D, F, L = enc.n_input_dims, enc.n_features_per_level, enc.n_levels
+        K, n, base = enc.n_instances, enc.n_params, enc._offset
+        raw, n_pad = enc.n_raw_output_dims, enc.n_padding
+        interp = enc.interpolation
+        params, grads = store.params, store.grads
+
+        builder = ti.FieldsBuilder()
+        lv_scale, lv_res, lv_entries, lv_offset, lv_hashed = (
+            ti.field(ti.f32), ti.field(ti.u32), ti.field(ti.u32), ti.field(ti.i32), ti.field(ti.i32))
+        builder.dense(ti.i, L).place(lv_scale, lv_res, lv_entries, lv_offset, lv_hashed)
+        private = is_cpu()
+        n_workers = max(1, ti.lang.impl.current_cfg().cpu_max_num_threads) if private else 1
+        scratch = ti.field(ti.f32)
+        if private:
+            builder.dense(ti.ijk, (n_workers, K, n)).place(scratch)
+        self._tree = builder.finalize()
+        for l, (scale, res, entries, offset, hashed) in enumerate(enc.levels):
+            lv_scale[l], lv_res[l], lv_entries[l], lv_offset[l], lv_hashed[l] = scale, res, entries, offset, hashed
+
+        @ti.func
+        def grid_index(l, p):
+            idx = ti.u32(0)
+            if lv_hashed[l]:
+                for d in ti.static(range(D)):
+                    idx ^= p[d] * ti.u32(PRIMES[d])
+            else:
+                stride = ti.u32(1)
+                for d in ti.static(range(D)):
+                    idx += p[d] * stride
+                    stride *= lv_res[l]
+            return ti.cast(idx % lv_entries[l], ti.i32)
+
+        @ti.func
+        def locate(x: ti.template(), b, l):
+            """Lower corner p (u32), interpolation weights w and their slopes dw at sample b, level l."""
+            pos = ti.Vector([x[b, d] for d in ti.static(range(D))]) * lv_scale[l] + 0.5
+            pf = ti.floor(pos)
+            t = pos - pf
+            w, dw = t, ti.Vector.one(ti.f32, D)
+            if ti.static(interp == "Smoothstep"):
+                w, dw = t * t * (3.0 - 2.0 * t), 6.0 * t * (1.0 - t)
+            return ti.cast(ti.cast(pf, ti.i32), ti.u32), w, dw
+
+        def corners():
+            """Static corner list: (offset vector, per-dim bit) over 2^D corners (one for Nearest)."""
+            n_corners = 1 if interp == "Nearest" else 1 << D
+            return [tuple((c >> d) & 1 for d in range(D)) for c in range(n_corners)]
+
+        @ti.func
+        def corner_weight(w, bits: ti.template(), skip: ti.template()):
+            weight = 1.0
+            if ti.static(interp != "Nearest"):
+                for d in ti.static(range(D)):
+                    if ti.static(d != skip):
+                        weight *= w[d] if ti.static(bits[d]) else 1.0 - w[d]
+            return weight
+
+        @ti.func
+        def entry(l, p, bits: ti.template()):
+            """Index of the corner's first feature, relative to the encoding's parameters."""
+            return (lv_offset[l] + grid_index(l, p + ti.Vector(bits, ti.u32))) * F
+
+        @ti.kernel
+        def forward(x: _f32_2d, inst: _i32_1d, y: _f32_2d, routed: ti.template()):
+            for b, l in ti.ndrange(x.shape[0], L):
+                k = inst[b] if ti.static(routed) else 0
+                p, w, _ = locate(x, b, l)
+                acc = ti.Vector.zero(ti.f32, F)
+                for bits in ti.static(corners()):
+                    weight = corner_weight(w, bits, -1)
+                    e = base + entry(l, p, bits)
+                    for f in ti.static(range(F)):
+                        acc[f] += weight * params[k, e + f]
+                for f in ti.static(range(F)):
+                    y[b, l * F + f] = acc[f]
+            for b, j in ti.ndrange(x.shape[0], n_pad):
+                y[b, raw + j] = 0.0
+
+        @ti.func
+        def scatter(x: ti.template(), inst: ti.template(), dy: ti.template(), b, routed: ti.template(),
+                    table: ti.template(), w_id):
+            k = inst[b] if ti.static(routed) else 0
+            for l in range(L):
+                p, w, _ = locate(x, b, l)
+                for bits in ti.static(corners()):
+                    weight = corner_weight(w, bits, -1)
+                    e = entry(l, p, bits)
+                    for f in ti.static(range(F)):
+                        g = weight * dy[b, l * F + f]
+                        if ti.static(private):
+                            table[w_id, k, e + f] = table[w_id, k, e + f] + g
+                        else:
+                            ti.atomic_add(table[k, base + e + f], g)
+
+        @ti.kernel
+        def scatter_private(x: _f32_2d, inst: _i32_1d, dy: _f32_2d, routed: ti.template()):
+            B = x.shape[0]
+            ti.loop_config(block_dim=1)
+            for w_id in range(n_workers):
+                for b in range(w_id * B // n_workers, (w_id + 1) * B // n_workers):
+                    scatter(x, inst, dy, b, routed, scratch, w_id)
+
+        @ti.kernel
+        def reduce_private():
+            for k, i in ti.ndrange(K, n):
+                acc = 0.0
+                for w_id in ti.static(range(n_workers)):
+                    acc += scratch[w_id, k, i]
+                    scratch[w_id, k, i] = 0.0
+                grads[k, base + i] = grads[k, base + i] + acc
+
+        @ti.kernel
+        def scatter_atomic(x: _f32_2d, inst: _i32_1d, dy: _f32_2d, routed: ti.template()):
+            for b in range(x.shape[0]):
+                scatter(x, inst, dy, b, routed, grads, 0)
+
+        @ti.kernel
+        def backward_input(x: _f32_2d, inst: _i32_1d, dy: _f32_2d, dx: _f32_2d, routed: ti.template()):
+            for b in range(x.shape[0]):
+                k = inst[b] if ti.static(routed) else 0
+                g = ti.Vector.zero(ti.f32, D)
+                if ti.static(interp != "Nearest"):
+                    for l in range(L):
+                        p, w, dw = locate(x, b, l)
+                        for bits in ti.static(corners()):
+                            e = base + entry(l, p, bits)
+                            value = 0.0
+                            for f in ti.static(range(F)):
+                                value += dy[b, l * F + f] * params[k, e + f]
+                            for d in ti.static(range(D)):
+                                sign = 1.0 if ti.static(bits[d]) else -1.0
+                                g[d] += sign * corner_weight(w, bits, d) * value * lv_scale[l] * dw[d]
+                for d in ti.static(range(D)):
+                    dx[b, d] = g[d]
+
+        def backward_params(x, inst, dy, routed):
+            if private:
+                scatter_private(x, inst, dy, routed)
+                reduce_private()
+            else:
+                scatter_atomic(x, inst, dy, routed)
+
+        self.forward, self.backward_params, self.backward_input = forward, backward_params, backward_input

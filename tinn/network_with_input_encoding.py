@@ -1,0 +1,57 @@
+"""``NetworkWithInputEncoding`` (tcnn ``network_with_input_encoding.h``): ``y = network(encoding(x))``.
+
+The encoding is padded to a multiple of 16 (its padded dims act as a bias input to
+the MLP: fill 1, or 0 for grids). Parameters are one buffer, network first, then
+encoding, and are initialised in that order from one pcg32 generator.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .config import create_encoding, create_network, load_config
+from .object import Context, DifferentiableObject
+from .networks.network import OUTPUT_ALIGNMENT
+
+
+class NetworkWithInputEncoding(DifferentiableObject):
+    def __init__(self, n_input_dims: int, n_output_dims: int, encoding_config=None, network_config=None, *,
+                 n_instances: int = 1, seed: int = 1337):
+        super().__init__(n_instances, seed)
+        self.encoding = create_encoding(n_input_dims, load_config(encoding_config or {}),
+                                        alignment=OUTPUT_ALIGNMENT, n_instances=n_instances, seed=seed)
+        self.network = create_network(self.encoding.padded_output_width, n_output_dims,
+                                      load_config(network_config or {}), n_instances=n_instances, seed=seed)
+        self.n_input_dims, self.n_output_dims = n_input_dims, n_output_dims
+        self.padded_output_width = self.network.padded_output_width
+        self.n_params = self.network.n_params + self.encoding.n_params
+        self.store                                  # allocate and initialise now
+
+    def hyperparams(self):
+        return {"otype": "NetworkWithInputEncoding", "encoding": self.encoding.hyperparams(),
+                "network": self.network.hyperparams()}
+
+    def layer_sizes(self):
+        return self.network.layer_sizes()
+
+    def bind(self, store, offset):
+        super().bind(store, offset)
+        self.network.bind(store, offset)
+        self.encoding.bind(store, offset + self.network.n_params)
+
+    def initial_params(self, rng):
+        return np.concatenate([self.network.initial_params(rng), self.encoding.initial_params(rng)])
+
+    def _inference(self, x, instance):
+        return self.network._inference(self.encoding._inference(x, instance), instance)
+
+    def _forward(self, x, instance):
+        encoded, enc_ctx = self.encoding._forward(x, instance)
+        y, net_ctx = self.network._forward(encoded, instance)
+        return y, Context(self, x, instance, enc_ctx=enc_ctx, net_ctx=net_ctx)
+
+    def _backward(self, ctx, dL_dy, input_gradient):
+        needs_encoding = input_gradient or self.encoding.n_params > 0
+        dL_dencoded = self.network._backward(ctx.net_ctx, dL_dy, needs_encoding)
+        if not needs_encoding:
+            return None
+        return self.encoding._backward(ctx.enc_ctx, dL_dencoded, input_gradient)

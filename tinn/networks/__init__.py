@@ -1,0 +1,5 @@
+"""Networks (see ``tinn.config.networks`` for the registry)."""
+from .mlp import MLP
+from .network import Network
+
+__all__ = ["MLP", "Network"]

@@ -1,0 +1,155 @@
+"""The multilayer perceptron behind tcnn's ``FullyFusedMLP`` and ``CutlassMLP`` (spec §2).
+
+Keys (defaults): ``n_neurons`` H (128), ``n_hidden_layers`` NL (5), ``activation``
+("ReLU"), ``output_activation`` ("None"). No biases::
+
+    h_0 = x,   h_k = act(W_{k-1} h_{k-1}) for k = 1..NL,   y = out_act(W_NL h_NL)
+
+``W_0`` is H x n_in, the hidden matrices H x H, ``W_NL`` P x H with P = the output
+width padded to 16 (NL = 0: one P x n_in matrix). Parameters are the matrices in that
+order, each row-major. Initialisation is Xavier uniform per matrix,
+``U(-s, s)``, ``s = sqrt(6 / (fan_in + fan_out))``; with ``activation = "Sine"``,
+``s = 30 / fan_in`` for W_0 and ``sqrt(6 / fan_in)`` after (SIREN).
+
+Backward: ``delta_NL+1 = out_act'(z) * dL/dy``, ``dL/dW_k = delta_{k+1}^T h_k`` summed
+over the batch, ``delta_k = act'(z_k) * (delta_{k+1} W_k)``, ``dL/dx = delta_1 W_0``.
+
+One implementation serves both otypes and any width or depth (tinn has no
+tensor-core width rule). Samples are grouped per network, and the dense products
+run as batched GEMMs through numpy's BLAS on the host; activations are Taichi kernels.
+"""
+
+import functools
+
+import numpy as np
+import taichi as ti
+
+from .._runtime import current_program
+from ..config import Options, networks
+from ..object import Context
+from ..routing import Groups
+from . import activations
+from .network import Network
+
+_f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
+
+
+@functools.lru_cache(maxsize=None)
+def _activation_kernels(program, name: str):
+    @ti.kernel
+    def forward(z: _f32_2d, h: _f32_2d):
+        for i, j in ti.ndrange(z.shape[0], z.shape[1]):
+            h[i, j] = activations.value(name, z[i, j])
+
+    @ti.kernel
+    def backward(z: _f32_2d, g: _f32_2d):
+        for i, j in ti.ndrange(z.shape[0], z.shape[1]):
+            g[i, j] *= activations.derivative(name, z[i, j])
+
+    return forward, backward
+
+
+def _activate(name: str, z: np.ndarray) -> np.ndarray:
+    if name == "None":
+        return z
+    h = np.empty_like(z)
+    _activation_kernels(current_program(), name)[0](z.reshape(-1, z.shape[-1]), h.reshape(-1, h.shape[-1]))
+    return h
+
+
+def _times_derivative(name: str, z: np.ndarray, g: np.ndarray):
+    if name != "None":
+        _activation_kernels(current_program(), name)[1](z.reshape(-1, z.shape[-1]), g.reshape(-1, g.shape[-1]))
+
+
+@networks.register("CutlassMLP", "MLP", "FullyFusedMLP", "MegakernelMLP")
+class MLP(Network):
+    def __init__(self, n_input_dims: int, n_output_dims: int, *, n_neurons: int = 128, n_hidden_layers: int = 5,
+                 activation: str = "ReLU", output_activation: str = "None", otype: str = "CutlassMLP",
+                 n_instances: int = 1, seed: int = 1337):
+        super().__init__(n_input_dims, n_output_dims, n_instances=n_instances, seed=seed)
+        self.otype, self.n_neurons, self.n_hidden_layers = otype, n_neurons, n_hidden_layers
+        self.activation, self.output_activation = activation, output_activation
+        widths = [n_input_dims] + [n_neurons] * n_hidden_layers + [self.padded_output_width]
+        self._layers = list(zip(widths[1:], widths[:-1]))          # (rows, cols) per matrix
+        self.n_params = sum(r * c for r, c in self._layers)
+
+    @classmethod
+    def from_config(cls, n_input_dims, n_output_dims, config, *, otype="CutlassMLP", **kwargs):
+        opt = Options("network", otype, config)
+        canonical = "FullyFusedMLP" if otype.lower() in ("fullyfusedmlp", "megakernelmlp") else "CutlassMLP"
+        net = cls(n_input_dims, n_output_dims, otype=canonical,
+                  n_neurons=opt.get("n_neurons", 128, int, check=lambda v: v >= 1, rule="must be >= 1"),
+                  n_hidden_layers=opt.get("n_hidden_layers", 5, int, check=lambda v: v >= 0, rule="must be >= 0"),
+                  activation=opt.get("activation", "ReLU", str, choices=activations.NAMES),
+                  output_activation=opt.get("output_activation", "None", str, choices=activations.NAMES),
+                  **kwargs)
+        opt.used.update({"n_input_dims", "n_output_dims"})
+        opt.done()
+        return net
+
+    def hyperparams(self):
+        return {"otype": self.otype, "n_neurons": self.n_neurons, "n_hidden_layers": self.n_hidden_layers,
+                "activation": self.activation, "output_activation": self.output_activation}
+
+    def layer_sizes(self):
+        return list(self._layers)
+
+    def initial_params(self, rng):
+        blocks = []
+        for i, (rows, cols) in enumerate(self._layers):
+            if self.activation == "Sine":
+                s = 30.0 / cols if i == 0 else np.sqrt(6.0 / cols)
+            else:
+                s = np.sqrt(6.0 / (rows + cols))
+            s = np.float32(s)
+            blocks.append(rng.draws(rows * cols) * (s * np.float32(2)) - s)
+        return np.concatenate(blocks)
+
+    # -- batch API ---------------------------------------------------------------
+    def _matrices(self, groups: Groups):
+        """Weights of the grouped networks: one ``(G, rows, cols)`` array per layer."""
+        flat = self.store.read_rows(self.store.params, self._offset, self.n_params, groups.active)
+        out, start = [], 0
+        for rows, cols in self._layers:
+            out.append(flat[:, start:start + rows * cols].reshape(-1, rows, cols))
+            start += rows * cols
+        return out
+
+    def _act(self, layer: int) -> str:
+        return self.output_activation if layer == len(self._layers) - 1 else self.activation
+
+    def _run(self, x, instance, keep: bool):
+        groups = Groups(instance, self.n_instances, x.shape[0])
+        weights = self._matrices(groups)
+        h = groups.gather(x)
+        hs, zs = [h], []
+        for i, w in enumerate(weights):
+            z = np.matmul(h, w.transpose(0, 2, 1))
+            h = _activate(self._act(i), z)
+            if keep:
+                zs.append(z)
+                hs.append(h)
+        y = groups.scatter(h)
+        ctx = Context(self, x, instance, groups=groups, weights=weights, zs=zs, hs=hs) if keep else None
+        return y, ctx
+
+    def _inference(self, x, instance):
+        return self._run(x, instance, keep=False)[0]
+
+    def _forward(self, x, instance):
+        return self._run(x, instance, keep=True)
+
+    def _backward(self, ctx, dL_dy, input_gradient):
+        groups, weights, zs, hs = ctx.groups, ctx.weights, ctx.zs, ctx.hs
+        g = groups.gather(dL_dy)
+        if g is dL_dy or g.base is dL_dy:
+            g = g.copy()
+        grads = []
+        for i in reversed(range(len(weights))):
+            _times_derivative(self._act(i), zs[i], g)
+            grads.append(np.matmul(g.transpose(0, 2, 1), hs[i]).reshape(len(groups.active), -1))
+            if i > 0 or input_gradient:
+                g = np.matmul(g, weights[i])
+        self.store.add_rows(self.store.grads, self._offset, groups.active, np.concatenate(grads[::-1], axis=1))
+        return groups.scatter(g) if input_gradient else None

@@ -1,0 +1,16 @@
+"""The network base class (tcnn ``network.h``)."""
+from __future__ import annotations
+
+from ..encodings.encoding import next_multiple
+from ..object import DifferentiableObject
+
+OUTPUT_ALIGNMENT = 16
+
+
+class Network(DifferentiableObject):
+    """Maps ``n_input_dims`` to ``n_output_dims``; outputs are computed padded to a multiple of 16."""
+
+    def __init__(self, n_input_dims: int, n_output_dims: int, *, n_instances: int = 1, seed: int = 1337):
+        super().__init__(n_instances, seed)
+        self.n_input_dims, self.n_output_dims = n_input_dims, n_output_dims
+        self.padded_output_width = next_multiple(n_output_dims, OUTPUT_ALIGNMENT)
