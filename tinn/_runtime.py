@@ -58,6 +58,28 @@ class RuntimeBound:
                 "Taichi fields; build it anew after ti.init")
 
 
+class FieldTree:
+    """Fields placed by one ``ti.FieldsBuilder``, freed when the owner is garbage collected.
+
+    Taichi's CPU backend allows a limited number of field trees (512), so every object
+    that allocates fields owns exactly one of these.
+    """
+
+    def __init__(self, place):
+        """``place(builder)`` declares the fields; they exist once this returns."""
+        self._program = current_program()
+        builder = ti.FieldsBuilder()
+        place(builder)
+        self._tree = builder.finalize()
+
+    def __del__(self):
+        try:
+            if impl.get_runtime().prog is self._program:
+                self._tree.destroy()
+        except Exception:  # interpreter shutdown or a runtime that is already gone
+            pass
+
+
 def _to_numpy(a, name):
     if isinstance(a, np.ndarray):
         return a

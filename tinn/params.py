@@ -10,7 +10,7 @@ directly, so a model can be called from inside a user's Taichi kernel.
 import numpy as np
 import taichi as ti
 
-from ._runtime import RuntimeBound
+from ._runtime import FieldTree, RuntimeBound
 
 
 @ti.kernel
@@ -51,11 +51,9 @@ class ParamStore(RuntimeBound):
     def __init__(self, n_instances: int, n_params: int):
         self._bind_runtime()
         self.n_instances, self.n_params = n_instances, n_params
-        builder = ti.FieldsBuilder()
         self.params = ti.field(ti.f32)
         self.grads = ti.field(ti.f32)
-        builder.dense(ti.ij, (n_instances, n_params)).place(self.params, self.grads)
-        self._tree = builder.finalize()
+        self._tree = FieldTree(lambda b: b.dense(ti.ij, (n_instances, n_params)).place(self.params, self.grads))
 
     def zero_grad(self):
         self.grads.fill(0)

@@ -26,7 +26,7 @@ import math
 import numpy as np
 import taichi as ti
 
-from .._runtime import is_cpu
+from .._runtime import FieldTree, is_cpu
 from ..config import Options, encodings
 from ..object import Context
 from .encoding import Encoding, next_multiple
@@ -158,16 +158,18 @@ class _GridKernels:
         interp = enc.interpolation
         params, grads = store.params, store.grads
 
-        builder = ti.FieldsBuilder()
         lv_scale, lv_res, lv_entries, lv_offset, lv_hashed = (
             ti.field(ti.f32), ti.field(ti.u32), ti.field(ti.u32), ti.field(ti.i32), ti.field(ti.i32))
-        builder.dense(ti.i, L).place(lv_scale, lv_res, lv_entries, lv_offset, lv_hashed)
         private = is_cpu()
         n_workers = max(1, ti.lang.impl.current_cfg().cpu_max_num_threads) if private else 1
         scratch = ti.field(ti.f32)
-        if private:
-            builder.dense(ti.ijk, (n_workers, K, n)).place(scratch)
-        self._tree = builder.finalize()
+
+        def place(builder):
+            builder.dense(ti.i, L).place(lv_scale, lv_res, lv_entries, lv_offset, lv_hashed)
+            if private:
+                builder.dense(ti.ijk, (n_workers, K, n)).place(scratch)
+
+        self._tree = FieldTree(place)
         for l, (scale, res, entries, offset, hashed) in enumerate(enc.levels):
             lv_scale[l], lv_res[l], lv_entries[l], lv_offset[l], lv_hashed[l] = scale, res, entries, offset, hashed
 

@@ -11,9 +11,8 @@ never recompiles.
 """
 
 import numpy as np
-import taichi as ti
 
-from .._runtime import RuntimeBound
+from .._runtime import FieldTree, RuntimeBound
 from ..object import Object, ParametricObject
 from ..params import ParamStore
 
@@ -31,11 +30,7 @@ class Optimizer(Object, RuntimeBound):
         self.n_params, self.n_instances = n_params, n_instances
         self.n_matrix = sum(r * c for r, c in layer_sizes)
         self._store = store or ParamStore(n_instances, n_params)
-        if self._tree is not None:
-            self._tree.destroy()
-        builder = ti.FieldsBuilder()
-        self._allocate_state(builder)
-        self._tree = builder.finalize() if self._has_state else None
+        self._tree = FieldTree(self._allocate_state) if self._has_state else None
         self._build_kernels()
 
     _has_state = False

@@ -1,0 +1,69 @@
+"""Losses against the formulas of spec §3: value l(p, t) / (q N), gradient dl/dp / (q N), N = B * D."""
+import numpy as np
+import pytest
+
+import tinn
+
+
+def reference(otype, p, t, q):
+    """Per-element (value, gradient) in float64, padded columns of p beyond D excluded."""
+    p, t, q = (a.astype(np.float64) for a in (p, t, q))
+    n = t.size
+    d = p - t
+    if otype == "L2":
+        value, grad = d ** 2, 2 * d
+    elif otype == "L1":
+        value, grad = np.abs(d), np.where(d >= 0, 1.0, -1.0)
+    elif otype == "RelativeL2":
+        denom = p ** 2 + 0.01
+        value, grad = d ** 2 / denom, 2 * d / denom
+    else:
+        raise KeyError(otype)
+    return value / (q * n), grad / (q * n)
+
+
+@pytest.mark.parametrize("otype", ["L2", "L1", "RelativeL2"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_loss_matches_formula(otype, weighted, rng):
+    B, D, P = 37, 3, 16
+    pred = rng.normal(size=(B, P)).astype(np.float32)
+    target = rng.normal(size=(B, D)).astype(np.float32)
+    pdf = rng.uniform(0.5, 2.0, size=(B, D)).astype(np.float32) if weighted else None
+    loss = tinn.create_loss({"otype": otype})
+    value, grad = loss.evaluate(pred, target, pdf)
+    ref_value, ref_grad = reference(otype, pred[:, :D], target, pdf if weighted else np.ones_like(target))
+    assert value == pytest.approx(ref_value.sum(), rel=1e-5)
+    np.testing.assert_allclose(grad[:, :D], ref_grad, rtol=1e-5, atol=1e-9)
+    assert grad.shape == pred.shape
+    assert not grad[:, D:].any(), "padded output columns get no gradient"
+
+
+@pytest.mark.parametrize("otype", ["L2", "L1"])
+def test_loss_gradient_is_derivative_of_value(otype, rng):
+    """The reported gradient is d(loss)/dp: central differences of the float64 reference."""
+    B, D = 5, 3
+    pred = rng.normal(size=(B, D))
+    target = rng.normal(size=(B, D))
+    ones = np.ones((B, D))
+    _, grad = tinn.create_loss({"otype": otype}).evaluate(pred.astype(np.float32), target.astype(np.float32))
+    h = 1e-6
+    fd = np.zeros_like(pred)
+    for idx in np.ndindex(pred.shape):
+        plus, minus = pred.copy(), pred.copy()
+        plus[idx] += h
+        minus[idx] -= h
+        fd[idx] = (reference(otype, plus, target, ones)[0].sum() - reference(otype, minus, target, ones)[0].sum()) / (2 * h)
+    np.testing.assert_allclose(grad, fd, rtol=1e-4, atol=1e-7)
+
+
+def test_relative_l2_treats_denominator_as_constant(rng):
+    """tcnn's RelativeL2 gradient omits the derivative of p^2 + 0.01 (spec §3.2)."""
+    pred = np.array([[0.5]], np.float32)
+    target = np.array([[0.2]], np.float32)
+    _, grad = tinn.create_loss({"otype": "RelativeL2"}).evaluate(pred, target)
+    assert grad[0, 0] == pytest.approx(2 * 0.3 / (0.25 + 0.01), rel=1e-6)
+
+
+def test_loss_names_are_case_insensitive():
+    assert tinn.create_loss({"otype": "relativel2"}).hyperparams() == {"otype": "RelativeL2"}
+    assert tinn.create_loss({}).hyperparams() == {"otype": "RelativeL2"}

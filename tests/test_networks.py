@@ -1,0 +1,654 @@
+"""Networks (spec §2) and NetworkWithInputEncoding (§2.5) against independent NumPy references.
+
+The MLP reference below is written from ``shared/spec/TCNN_REFERENCE.md`` §2.2–2.4 and
+evaluated in float64; its backward pass is checked against central finite differences
+before tinn's gradients are compared with it. Nothing here computes an expected value
+with tinn code.
+"""
+from collections import namedtuple
+from itertools import product
+
+import numpy as np
+import pytest
+
+import tinn
+
+ACTIVATION_NAMES = ("None", "ReLU", "LeakyReLU", "SiLU", "Exponential", "Sine", "Sigmoid", "Squareplus",
+                    "Softplus", "Tanh")
+K_ACT = 10.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared helpers
+# ---------------------------------------------------------------------------------------------
+
+def next_multiple(v, k):
+    """§0.1: ceil(v / k) · k."""
+    return -(-v // k) * k
+
+
+def padded(y, width, fill):
+    """§1.0: real values first, then ``fill`` up to ``width`` columns."""
+    out = np.full((y.shape[0], width), fill, np.float64)
+    out[:, : y.shape[1]] = y
+    return out
+
+
+def assert_close(actual, expected, rtol, atol_rel=None, atol=0.0):
+    """``assert_allclose`` with an absolute floor relative to the largest expected magnitude."""
+    expected = np.asarray(expected, np.float64)
+    if atol_rel is not None:
+        atol = max(atol, atol_rel * float(np.abs(expected).max(initial=0.0)))
+    np.testing.assert_allclose(np.asarray(actual, np.float64), expected, rtol=rtol, atol=atol)
+
+
+def fd_gradient(loss, v, h):
+    """Central differences, in float64, of the scalar ``loss`` with respect to every entry of ``v``."""
+    v = np.array(v, np.float64)
+    g = np.zeros_like(v)
+    for i in np.ndindex(v.shape):
+        e = np.zeros_like(v)
+        e[i] = h
+        g[i] = (loss(v + e) - loss(v - e)) / (2 * h)
+    return g
+
+
+def fd_input_gradient(f, x, dL_dy, h):
+    """Central differences of L(x) = Σ dL_dy · f(x) per input, perturbing one dimension of all samples at once."""
+    x = x.astype(np.float64)
+    g = np.zeros_like(x)
+    for d in range(x.shape[1]):
+        e = np.zeros_like(x)
+        e[:, d] = h
+        g[:, d] = ((f(x + e) - f(x - e)) * dL_dy).sum(1) / (2 * h)
+    return g
+
+
+# ---------------------------------------------------------------------------------------------
+# §2.3 Activations
+# ---------------------------------------------------------------------------------------------
+
+def sigmoid(z):
+    return 1.0 / (1.0 + np.exp(-z))
+
+
+def act_ref(name, z):
+    """§2.3 forward y(z); Softplus and Squareplus are rescaled by K_ACT = 10."""
+    if name == "None":
+        return z
+    if name == "ReLU":
+        return np.maximum(z, 0.0)
+    if name == "LeakyReLU":
+        return np.where(z > 0, z, 0.01 * z)
+    if name == "SiLU":
+        return z * sigmoid(z)
+    if name == "Exponential":
+        return np.exp(z)
+    if name == "Sine":
+        return np.sin(z)
+    if name == "Sigmoid":
+        return sigmoid(z)
+    if name == "Squareplus":
+        X = K_ACT * z
+        return 0.5 * (X + np.sqrt(X * X + 4.0)) / K_ACT
+    if name == "Softplus":
+        return np.logaddexp(0.0, K_ACT * z) / K_ACT          # ln(1 + e^(10z)) / 10 without overflow
+    if name == "Tanh":
+        return np.tanh(z)
+    raise ValueError(name)
+
+
+def act_grad_ref(name, z):
+    """§2.3 derivative from the pre-activation z (the true derivative, also for output Sine/SiLU: §8 A7)."""
+    if name == "None":
+        return np.ones_like(z)
+    if name == "ReLU":
+        return (z > 0).astype(np.float64)
+    if name == "LeakyReLU":
+        return np.where(z > 0, 1.0, 0.01)
+    if name == "SiLU":
+        s = sigmoid(z)
+        return s + z * s * (1 - s)
+    if name == "Exponential":
+        return np.exp(z)
+    if name == "Sine":
+        return np.cos(z)
+    if name == "Sigmoid":
+        return sigmoid(z) * (1 - sigmoid(z))
+    if name == "Squareplus":
+        X = K_ACT * z
+        return 0.5 * (1 + X / np.sqrt(X * X + 4.0))
+    if name == "Softplus":
+        return sigmoid(K_ACT * z)                              # e^(10z) / (e^(10z) + 1)
+    if name == "Tanh":
+        return 1 - np.tanh(z) ** 2
+    raise ValueError(name)
+
+
+def act_grad_from_output_ref(name, y):
+    """§2.3 third column: the derivative written in terms of the output y (None where tcnn has none)."""
+    return {
+        "None": lambda: np.ones_like(y),
+        "ReLU": lambda: (y > 0).astype(np.float64),
+        "LeakyReLU": lambda: np.where(y > 0, 1.0, 0.01),
+        "Exponential": lambda: y,
+        "Sigmoid": lambda: y * (1 - y),
+        "Squareplus": lambda: (K_ACT * y) ** 2 / ((K_ACT * y) ** 2 + 1),
+        "Softplus": lambda: 1 - np.exp(-K_ACT * y),
+        "Tanh": lambda: 1 - y ** 2,
+    }.get(name, lambda: None)()
+
+
+@pytest.mark.parametrize("name", ACTIVATION_NAMES)
+def test_activation_reference_derivatives(name):
+    """The reference derivative equals finite differences of the reference, and the spec's output-based form."""
+    z = np.linspace(-2.3, 2.1, 45) + 0.0137                     # avoids z = 0 (ReLU kink)
+    h = 1e-6
+    fd = (act_ref(name, z + h) - act_ref(name, z - h)) / (2 * h)
+    assert_close(act_grad_ref(name, z), fd, rtol=1e-7, atol=1e-8)
+    from_y = act_grad_from_output_ref(name, act_ref(name, z))
+    if from_y is not None:
+        assert_close(act_grad_ref(name, z), from_y, rtol=1e-12, atol=1e-12)
+    # Spot values of the formulas as printed in §2.3.
+    if name == "Softplus":
+        assert_close(act_ref(name, np.array([0.0, 0.3])), np.log(1 + np.exp(10 * np.array([0.0, 0.3]))) / 10, 1e-12)
+    if name == "Squareplus":
+        assert_close(act_ref(name, np.array([0.0])), [0.1], 1e-12)          # ½·√4 / 10
+
+
+# ---------------------------------------------------------------------------------------------
+# §2.2 MLP reference
+# ---------------------------------------------------------------------------------------------
+
+def mlp_shapes(n_in, n_neurons, n_hidden_layers, n_out):
+    """§2.2: W_0 H×n_in, NL−1 matrices H×H, W_NL P×H with P = next_multiple(n_out, 16); NL = 0: one P×n_in."""
+    P = next_multiple(n_out, 16)
+    if n_hidden_layers == 0:
+        return [(P, n_in)]
+    return [(n_neurons, n_in)] + [(n_neurons, n_neurons)] * (n_hidden_layers - 1) + [(P, n_neurons)]
+
+
+def mlp_unflatten(params, shapes):
+    """§2.2 layout: the matrices in order, each row-major (W[r][c] at offset + r·cols + c)."""
+    Ws, off = [], 0
+    for r, c in shapes:
+        Ws.append(np.asarray(params[off:off + r * c], np.float64).reshape(r, c))
+        off += r * c
+    assert off == len(params)
+    return Ws
+
+
+def mlp_forward_ref(x, Ws, act, out_act):
+    """§2.2: h_0 = x, h_k = act(W_{k−1} h_{k−1}), y = out_act(W_NL h_NL) (padded width P). Returns y, zs, hs."""
+    h = x.astype(np.float64)
+    zs, hs = [], [h]
+    for i, W in enumerate(Ws):
+        z = h @ W.T
+        h = act_ref(out_act if i == len(Ws) - 1 else act, z)
+        zs.append(z)
+        hs.append(h)
+    return h, zs, hs
+
+
+def mlp_backward_ref(Ws, zs, hs, dL_dy, act, out_act):
+    """§2.2: δ = out_act'(z) ⊙ dL/dy; dL/dW_k = δ_{k+1}ᵀ h_k (summed over the batch); δ_k = act'(z_k) ⊙ δ_{k+1} W_k.
+
+    ``dL_dy`` has the padded width P (zero on the padded rows). Returns ([dL/dW_k], dL/dx).
+    """
+    g = dL_dy.astype(np.float64)
+    dWs = [None] * len(Ws)
+    for i in reversed(range(len(Ws))):
+        g = g * act_grad_ref(out_act if i == len(Ws) - 1 else act, zs[i])
+        dWs[i] = g.T @ hs[i]
+        g = g @ Ws[i]
+    return dWs, g
+
+
+def random_weights(shapes, rng, gain=1.0):
+    """Xavier-scaled random matrices (flat, float32) for set_params."""
+    return np.concatenate([rng.uniform(-1, 1, r * c) * gain * np.sqrt(6 / (r + c)) for r, c in shapes]
+                          ).astype(np.float32)
+
+
+@pytest.mark.parametrize("act", ACTIVATION_NAMES)
+@pytest.mark.parametrize("n_hidden_layers", [0, 2])
+def test_mlp_reference_backward_matches_finite_differences(act, n_hidden_layers):
+    """The reference's dW and dx equal central differences (float64) of the reference forward."""
+    rng = np.random.default_rng(0)
+    shapes = mlp_shapes(4, 5, n_hidden_layers, 3)
+    params = random_weights(shapes, rng).astype(np.float64)
+    x = rng.uniform(-1, 1, (6, 4))
+    dL_dy = padded(rng.normal(size=(6, 3)), 16, 0.0)
+
+    def loss_p(p):
+        return (mlp_forward_ref(x, mlp_unflatten(p, shapes), act, act)[0] * dL_dy).sum()
+
+    Ws = mlp_unflatten(params, shapes)
+    _, zs, hs = mlp_forward_ref(x, Ws, act, act)
+    dWs, dx = mlp_backward_ref(Ws, zs, hs, dL_dy, act, act)
+    assert_close(np.concatenate([d.ravel() for d in dWs]), fd_gradient(loss_p, params, 1e-6), rtol=1e-6,
+                 atol_rel=1e-7)
+    assert_close(dx, fd_input_gradient(lambda z: mlp_forward_ref(z, Ws, act, act)[0], x, dL_dy, 1e-6),
+                 rtol=1e-6, atol_rel=1e-7)
+
+
+# ---------------------------------------------------------------------------------------------
+# MLP: tinn vs the reference
+# ---------------------------------------------------------------------------------------------
+
+MlpCase = namedtuple("MlpCase", "n_in n_out n_neurons n_hidden_layers act out_act")
+
+_nets = {}
+
+
+def mlp(case):
+    """One tinn network per configuration, shared by the tests (kernels compile once)."""
+    if case not in _nets:
+        cfg = {"otype": "FullyFusedMLP", "n_neurons": case.n_neurons, "n_hidden_layers": case.n_hidden_layers,
+               "activation": case.act, "output_activation": case.out_act}
+        _nets[case] = tinn.create_network(case.n_in, case.n_out, cfg)
+    return _nets[case]
+
+
+def check_mlp(case, batch, seed=0, gain=1.0):
+    """Forward, inference, backward (dW and dx) of one configuration vs the float64 reference."""
+    net = mlp(case)
+    rng = np.random.default_rng(seed)
+    shapes = mlp_shapes(case.n_in, case.n_neurons, case.n_hidden_layers, case.n_out)
+    params = random_weights(shapes, rng, gain)
+    net.set_params(params)
+    x = rng.uniform(-1, 1, (batch, case.n_in)).astype(np.float32)
+    Ws = mlp_unflatten(params, shapes)
+    y_ref, zs, hs = mlp_forward_ref(x, Ws, case.act, case.out_act)
+
+    y, ctx = net.forward(x)
+    assert y.shape == (batch, case.n_out) and y.dtype == np.float32          # padded rows are trimmed
+    # float32 matmuls err relative to the magnitude of the outputs (e.g. Exponential hidden layers reach ~200),
+    # so the absolute floor is 1e-6 of the largest output (and at least 1e-6).
+    assert_close(y, y_ref[:, :case.n_out], rtol=1e-5, atol_rel=1e-6, atol=1e-6)
+    assert_close(net.inference(x), y, rtol=1e-6, atol=1e-7)
+
+    dL_dy = rng.normal(size=(batch, case.n_out)).astype(np.float32)
+    dWs, dx_ref = mlp_backward_ref(Ws, zs, hs, padded(dL_dy, y_ref.shape[1], 0.0), case.act, case.out_act)
+    dx = net.backward(ctx, dL_dy)
+    assert dx.shape == x.shape and dx.dtype == np.float32
+    assert_close(dx, dx_ref, rtol=1e-4, atol_rel=1e-5)
+    grads = net.gradients()
+    assert grads.shape == (net.n_params,) and grads.dtype == np.float32
+    for k, (g, dW) in enumerate(zip(mlp_unflatten(grads, shapes), dWs)):
+        assert_close(g, dW, rtol=1e-4, atol_rel=1e-5, atol=1e-7)
+    # Padded output rows receive zero loss gradient, so their weights get exactly zero gradient (§2.2).
+    np.testing.assert_array_equal(mlp_unflatten(grads, shapes)[-1][case.n_out:], 0.0)
+    return net
+
+
+@pytest.mark.parametrize("act", ACTIVATION_NAMES)
+def test_mlp_hidden_activation(act):
+    check_mlp(MlpCase(16, 5, 16, 2, act, "None"), batch=257)
+
+
+@pytest.mark.parametrize("act", ACTIVATION_NAMES)
+def test_mlp_output_activation(act):
+    """Output activation applied to the padded output and differentiated truly (Sine/SiLU too, spec §8 A7)."""
+    check_mlp(MlpCase(16, 5, 16, 1, "ReLU", act), batch=257)
+
+
+@pytest.mark.parametrize("n_hidden_layers", [0, 1, 3])
+@pytest.mark.parametrize("batch", [1, 3, 257])
+def test_mlp_depths_odd_widths_and_batches(n_hidden_layers, batch):
+    """NL = 0, 1, 3 with 7 neurons and 5 outputs (padded to 16), any batch size ≥ 1."""
+    check_mlp(MlpCase(32, 5, 7, n_hidden_layers, "Tanh", "Sigmoid"), batch=batch, seed=batch)
+
+
+@pytest.mark.parametrize("n_in, n_out, n_neurons, n_hidden_layers",
+                         [(16, 5, 7, 0), (16, 5, 7, 1), (32, 5, 7, 3), (16, 17, 64, 2), (64, 3, 64, 2)])
+def test_mlp_sizes(n_in, n_out, n_neurons, n_hidden_layers):
+    """§2.2: n_params = H·n_in + (NL−1)·H² + P·H (NL = 0: P·n_in); layer_sizes in storage order."""
+    net = tinn.create_network(n_in, n_out, {"otype": "CutlassMLP", "n_neurons": n_neurons,
+                                            "n_hidden_layers": n_hidden_layers})
+    P = next_multiple(n_out, 16)
+    expected = P * n_in if n_hidden_layers == 0 else (n_neurons * n_in + (n_hidden_layers - 1) * n_neurons ** 2
+                                                      + P * n_neurons)
+    assert net.n_params == expected
+    assert [tuple(s) for s in net.layer_sizes()] == mlp_shapes(n_in, n_neurons, n_hidden_layers, n_out)
+    assert net.padded_output_width == P and net.n_output_dims == n_out
+
+
+def test_mlp_defaults():
+    """§2.1: MLP defaults n_neurons 128, n_hidden_layers 5, ReLU, output None."""
+    net = tinn.create_network(16, 3, {"otype": "MLP"})
+    assert net.n_params == 128 * 16 + 4 * 128 * 128 + 16 * 128
+    x = np.random.default_rng(0).uniform(-1, 1, (4, 16)).astype(np.float32)
+    y_ref = mlp_forward_ref(x, mlp_unflatten(net.params(), mlp_shapes(16, 128, 5, 3)), "ReLU", "None")[0]
+    assert_close(net.inference(x), y_ref[:, :3], rtol=1e-5, atol=1e-6)
+
+
+def test_mlp_xavier_init():
+    """§2.4: each matrix U(−s, s), s = √(6 / (fan_in + fan_out)), fan_in = cols, fan_out = rows (padded P for W_NL)."""
+    net = tinn.create_network(32, 5, {"n_neurons": 24, "n_hidden_layers": 2, "activation": "ReLU"})
+    shapes = mlp_shapes(32, 24, 2, 5)
+    for (rows, cols), W in zip(shapes, mlp_unflatten(net.params(), shapes)):
+        s = np.sqrt(6 / (rows + cols))
+        assert np.abs(W).max() <= s * (1 + 1e-6)
+        assert W.max() > 0.9 * s and W.min() < -0.9 * s                 # the bound is really s, not smaller
+        assert abs(W.std() - s / np.sqrt(3)) < 0.1 * s                 # uniform
+        assert abs(W.mean()) < 0.1 * s
+
+
+def test_mlp_sine_init():
+    """§2.4 with activation Sine: W_0 bound 30 / fan_in, every later matrix √(6 / fan_in)."""
+    net = tinn.create_network(32, 5, {"n_neurons": 24, "n_hidden_layers": 2, "activation": "Sine"})
+    shapes = mlp_shapes(32, 24, 2, 5)
+    for k, ((rows, cols), W) in enumerate(zip(shapes, mlp_unflatten(net.params(), shapes))):
+        s = 30 / cols if k == 0 else np.sqrt(6 / cols)
+        assert np.abs(W).max() <= s * (1 + 1e-6), k
+        assert W.max() > 0.9 * s and W.min() < -0.9 * s, k
+        assert abs(W.std() - s / np.sqrt(3)) < 0.1 * s, k
+
+
+def test_mlp_gradient_modes_and_no_input_gradient():
+    """mode='accumulate' adds dW, the default overwrites; input_gradient=False returns None but still sets dW."""
+    case = MlpCase(16, 5, 7, 1, "Tanh", "Sigmoid")
+    net = mlp(case)
+    rng = np.random.default_rng(3)
+    shapes = mlp_shapes(16, 7, 1, 5)
+    params = random_weights(shapes, rng)
+    net.set_params(params)
+    Ws = mlp_unflatten(params, shapes)
+
+    def ref_grad(x, g):
+        _, zs, hs = mlp_forward_ref(x, Ws, case.act, case.out_act)
+        return np.concatenate([d.ravel() for d in mlp_backward_ref(Ws, zs, hs, padded(g, 16, 0.0), case.act,
+                                                                   case.out_act)[0]])
+
+    x1, x2 = (rng.uniform(-1, 1, (b, 16)).astype(np.float32) for b in (11, 4))
+    g1, g2 = (rng.normal(size=(b, 5)).astype(np.float32) for b in (11, 4))
+    _, c1 = net.forward(x1)
+    _, c2 = net.forward(x2)
+    assert net.backward(c1, g1, input_gradient=False) is None
+    assert_close(net.gradients(), ref_grad(x1, g1), rtol=1e-4, atol_rel=1e-5)
+    net.backward(c2, g2, mode="accumulate")
+    assert_close(net.gradients(), ref_grad(x1, g1) + ref_grad(x2, g2), rtol=1e-4, atol_rel=1e-5)
+    net.backward(c2, g2)
+    assert_close(net.gradients(), ref_grad(x2, g2), rtol=1e-4, atol_rel=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# §2.5 NetworkWithInputEncoding: references of the encodings used (spec §1.1, §1.2, §1.6)
+# ---------------------------------------------------------------------------------------------
+
+def identity_ref(x, scale, offset):
+    """§1.1: y = scale · x + offset."""
+    return scale * x.astype(np.float64) + offset
+
+
+def frequency_ref(x, F):
+    """§1.2: y[d·2F + 2f + s] = sin(2^f · π · x_d + s · π/2)."""
+    x = x.astype(np.float64)
+    return np.stack([np.sin(2.0 ** f * np.pi * x[:, d] + s * np.pi / 2)
+                     for d in range(x.shape[1]) for f in range(F) for s in range(2)], axis=1)
+
+
+Level = namedtuple("Level", "scale res entries offset hashed")
+PRIMES = (1, 2654435761, 805459861, 3674653429)
+
+
+def hash_grid_geometry(D, n_levels, log2_hashmap_size, base_resolution, per_level_scale):
+    """§1.6.2–1.6.3 for type Hash (float32 scale; table capped at 2^log2_hashmap_size; hashed iff smaller than res^D)."""
+    f32 = np.float32
+    log2b = f32(np.log2(f32(per_level_scale)))
+    levels, offset = [], 0
+    for l in range(n_levels):
+        scale = f32(f32(np.exp2(f32(f32(l) * log2b))) * f32(base_resolution)) - f32(1)
+        res = int(np.ceil(np.float64(scale))) + 1
+        entries = min(next_multiple(res ** D, 8), 2 ** log2_hashmap_size)
+        levels.append(Level(scale, res, entries, offset, entries < res ** D))
+        offset += entries
+    return levels
+
+
+def hash_grid_corners(x, level):
+    """§1.6.4–1.6.5, Linear: (entry index, weight) per corner; index = dense Σ p_d·res^d or XOR_d p_d·π_d, mod entries."""
+    pos = np.float64(level.scale) * x.astype(np.float64) + 0.5
+    p = np.floor(pos).astype(np.uint64)
+    w = pos - np.floor(pos)
+    out = []
+    for c in product((0, 1), repeat=x.shape[1]):
+        q = p + np.array(c, np.uint64)
+        idx = np.zeros(len(x), np.uint64)
+        for d in range(x.shape[1]):
+            if level.hashed:
+                idx ^= (q[:, d] * np.uint64(PRIMES[d])) & np.uint64(0xFFFFFFFF)
+            else:
+                idx += q[:, d] * np.uint64(level.res ** d)
+        weight = np.prod([w[:, d] if c[d] else 1 - w[:, d] for d in range(x.shape[1])], axis=0)
+        out.append(((idx % np.uint64(level.entries)).astype(np.int64), weight))
+    return out
+
+
+def hash_grid_ref(x, theta, levels, F):
+    """§1.6.5: y_{l,f} = Σ_c weight_c · θ[(offset_l + index(p + c))·F + f]."""
+    y = np.zeros((len(x), len(levels) * F))
+    for l, level in enumerate(levels):
+        for idx, weight in hash_grid_corners(x, level):
+            y[:, l * F:(l + 1) * F] += weight[:, None] * theta[(level.offset + idx)[:, None] * F + np.arange(F)]
+    return y
+
+
+def hash_grid_param_grad_ref(x, dL_dy, levels, F, n_params):
+    """§1.6.6: scatter weight_c · dL/dy_{l,f} onto θ[(offset_l + index(p + c))·F + f] (np.add.at)."""
+    g = np.zeros(n_params)
+    for l, level in enumerate(levels):
+        for idx, weight in hash_grid_corners(x, level):
+            np.add.at(g, (level.offset + idx)[:, None] * F + np.arange(F), weight[:, None] * dL_dy[:, l * F:(l + 1) * F])
+    return g
+
+
+def interior_points(rng, n, D, levels, margin):
+    """x in [0,1)^D whose cell fraction stays ≥ margin from 0 and 1 at every level (the grid gradient jumps there)."""
+    pts = []
+    while sum(len(p) for p in pts) < n:
+        x = rng.random((4 * n, D)).astype(np.float32)
+        ok = np.ones(len(x), bool)
+        for level in levels:
+            t = np.float64(level.scale) * x + 0.5
+            t -= np.floor(t)
+            ok &= ((t > margin) & (t < 1 - margin)).all(1)
+        pts.append(x[ok])
+    return np.concatenate(pts)[:n]
+
+
+# ---------------------------------------------------------------------------------------------
+# §2.5 NetworkWithInputEncoding: tinn vs composing the references
+# ---------------------------------------------------------------------------------------------
+
+NWIE_CASES = {
+    # name: (n_in, n_out, encoding config, network config)
+    "identity": (3, 5, {"otype": "Identity", "scale": 0.5, "offset": 0.25},
+                 {"otype": "FullyFusedMLP", "n_neurons": 7, "n_hidden_layers": 1, "activation": "Tanh",
+                  "output_activation": "Sigmoid"}),
+    "frequency": (2, 4, {"otype": "Frequency", "n_frequencies": 3},
+                  {"otype": "CutlassMLP", "n_neurons": 7, "n_hidden_layers": 2, "activation": "Softplus",
+                   "output_activation": "None"}),
+    "hashgrid": (2, 3, {"otype": "HashGrid", "n_levels": 3, "n_features_per_level": 2, "log2_hashmap_size": 6,
+                        "base_resolution": 4, "per_level_scale": 2.0},
+                 {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1, "activation": "ReLU",
+                  "output_activation": "None"}),
+}
+
+_models = {}
+
+
+def nwie(name):
+    if name not in _models:
+        n_in, n_out, enc, net = NWIE_CASES[name]
+        _models[name] = tinn.NetworkWithInputEncoding(n_in, n_out, enc, net)
+    return _models[name]
+
+
+class Composition:
+    """The numpy reference of one NWIE case: y = mlp(pad(encoding(x), 16)), params = [network | encoding]."""
+
+    def __init__(self, name, rng):
+        n_in, n_out, enc, net = NWIE_CASES[name]
+        self.name, self.n_in, self.n_out, self.enc, self.net = name, n_in, n_out, enc, net
+        self.n_enc = 0                                      # Identity and Frequency have no parameters
+        if enc["otype"] == "Identity":
+            self.raw, self.fill = n_in, 1.0                 # §1.0: padded with 1 after the values
+        elif enc["otype"] == "Frequency":
+            self.raw, self.fill = 2 * enc["n_frequencies"] * n_in, 1.0
+        else:                                               # grids pad with 0
+            self.levels = hash_grid_geometry(n_in, enc["n_levels"], enc["log2_hashmap_size"], enc["base_resolution"],
+                                             enc["per_level_scale"])
+            self.F = enc["n_features_per_level"]
+            self.raw, self.fill = enc["n_levels"] * self.F, 0.0
+            self.n_enc = self.F * sum(level.entries for level in self.levels)
+        self.width = next_multiple(self.raw, 16)            # §2.5: the encoding is aligned to 16
+        self.shapes = mlp_shapes(self.width, net["n_neurons"], net["n_hidden_layers"], n_out)
+        self.n_net = sum(r * c for r, c in self.shapes)
+        net_params = random_weights(self.shapes, rng)
+        enc_params = rng.uniform(-1, 1, self.n_enc).astype(np.float32)
+        self.params = np.concatenate([net_params, enc_params])   # §2.5: network first, then encoding
+        self.Ws = mlp_unflatten(self.params[:self.n_net], self.shapes)
+        self.theta = self.params[self.n_net:].astype(np.float64)
+
+    def encode(self, x):
+        if self.enc["otype"] == "Identity":
+            e = identity_ref(x, self.enc["scale"], self.enc["offset"])
+        elif self.enc["otype"] == "Frequency":
+            e = frequency_ref(x, self.enc["n_frequencies"])
+        else:
+            e = hash_grid_ref(x, self.theta, self.levels, self.F)
+        return padded(e, self.width, self.fill)
+
+    def forward(self, x):
+        return mlp_forward_ref(self.encode(x), self.Ws, self.net["activation"], self.net["output_activation"])
+
+    def gradients(self, x, dL_dy):
+        """(dL/dparams [network | encoding], dL/d(encoded)) by the reference backward passes."""
+        _, zs, hs = self.forward(x)
+        dWs, d_enc = mlp_backward_ref(self.Ws, zs, hs, padded(dL_dy, zs[-1].shape[1], 0.0),
+                                      self.net["activation"], self.net["output_activation"])
+        g = [d.ravel() for d in dWs]
+        if self.n_enc:
+            g.append(hash_grid_param_grad_ref(x, d_enc[:, :self.raw], self.levels, self.F, self.n_enc))
+        return np.concatenate(g), d_enc
+
+
+def model_inputs(comp, rng, batch):
+    if comp.enc["otype"] == "HashGrid":
+        return interior_points(rng, batch, comp.n_in, comp.levels, margin=0.01)
+    return rng.random((batch, comp.n_in)).astype(np.float32)
+
+
+@pytest.mark.parametrize("name", list(NWIE_CASES))
+def test_nwie_sizes_and_padding(name):
+    """§2.5: the encoding is padded to 16 and the network takes that width; n_params = network + encoding."""
+    model = nwie(name)
+    comp = Composition(name, np.random.default_rng(0))
+    assert model.encoding.padded_output_width == comp.width
+    assert model.network.n_input_dims == comp.width
+    assert model.n_params == comp.n_net + comp.n_enc
+    assert model.network.n_params == comp.n_net and model.encoding.n_params == comp.n_enc
+    assert model.n_input_dims == comp.n_in and model.n_output_dims == comp.n_out
+    assert model.padded_output_width == 16
+    assert [tuple(s) for s in model.layer_sizes()] == comp.shapes
+
+
+@pytest.mark.parametrize("name", list(NWIE_CASES))
+@pytest.mark.parametrize("batch", [1, 3, 257])
+def test_nwie_forward(name, batch):
+    """y = network(pad(encoding(x))) with params() = [network | encoding]; inference equals forward."""
+    model = nwie(name)
+    rng = np.random.default_rng(batch)
+    comp = Composition(name, rng)
+    model.set_params(comp.params)
+    np.testing.assert_array_equal(model.params(), comp.params)
+    x = model_inputs(comp, rng, batch)
+    y, _ = model.forward(x)
+    assert y.shape == (batch, comp.n_out) and y.dtype == np.float32
+    assert_close(y, comp.forward(x)[0][:, :comp.n_out], rtol=1e-5, atol=2e-6)
+    assert_close(model.inference(x), y, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", list(NWIE_CASES))
+@pytest.mark.parametrize("batch", [1, 257])
+def test_nwie_backward(name, batch):
+    """Parameter gradients [network | encoding] and dL/dx vs the composed reference and finite differences."""
+    model = nwie(name)
+    rng = np.random.default_rng(100 + batch)
+    comp = Composition(name, rng)
+    model.set_params(comp.params)
+    x = model_inputs(comp, rng, batch)
+    dL_dy = rng.normal(size=(batch, comp.n_out)).astype(np.float32)
+    _, ctx = model.forward(x)
+    dx = model.backward(ctx, dL_dy)
+    assert dx.shape == x.shape and dx.dtype == np.float32
+    g_ref, d_enc = comp.gradients(x, dL_dy)
+    g = model.gradients()
+    assert g.shape == (model.n_params,)
+    assert_close(g[:comp.n_net], g_ref[:comp.n_net], rtol=1e-4, atol_rel=1e-5)
+    if comp.n_enc:
+        assert_close(g[comp.n_net:], g_ref[comp.n_net:], rtol=1e-4, atol_rel=1e-5)
+    # dL/dx: analytic chain rule for Identity (scale · dL/denc) and against finite differences for all.
+    if comp.enc["otype"] == "Identity":
+        assert_close(dx, comp.enc["scale"] * d_enc[:, :comp.n_in], rtol=1e-4, atol_rel=1e-5)
+    # h = 1e-6 (float64): small enough that no ReLU pre-activation and no grid cell boundary is crossed.
+    fd = fd_input_gradient(lambda z: comp.forward(z)[0], x, padded(dL_dy, 16, 0.0), 1e-6)
+    assert_close(dx, fd, rtol=1e-3, atol_rel=1e-4)
+
+
+def test_nwie_gradient_modes_and_no_input_gradient():
+    """accumulate adds (network and encoding parts), the default overwrites; input_gradient=False → None."""
+    model = nwie("hashgrid")
+    rng = np.random.default_rng(7)
+    comp = Composition("hashgrid", rng)
+    model.set_params(comp.params)
+    x1, x2 = model_inputs(comp, rng, 20), model_inputs(comp, rng, 6)
+    g1, g2 = rng.normal(size=(20, 3)).astype(np.float32), rng.normal(size=(6, 3)).astype(np.float32)
+    r1, r2 = comp.gradients(x1, g1)[0], comp.gradients(x2, g2)[0]
+    _, c1 = model.forward(x1)
+    _, c2 = model.forward(x2)
+    assert model.backward(c1, g1, input_gradient=False) is None
+    assert_close(model.gradients(), r1, rtol=1e-4, atol_rel=1e-5)
+    model.backward(c2, g2, mode="accumulate")
+    assert_close(model.gradients(), r1 + r2, rtol=1e-4, atol_rel=1e-5)
+    model.backward(c2, g2)
+    assert_close(model.gradients(), r2, rtol=1e-4, atol_rel=1e-5)
+
+
+def test_nwie_identity_no_input_gradient():
+    """Without parameters in the encoding and input_gradient=False, network gradients are still produced."""
+    model = nwie("identity")
+    rng = np.random.default_rng(8)
+    comp = Composition("identity", rng)
+    model.set_params(comp.params)
+    x = model_inputs(comp, rng, 9)
+    dL_dy = rng.normal(size=(9, comp.n_out)).astype(np.float32)
+    _, ctx = model.forward(x)
+    assert model.backward(ctx, dL_dy, input_gradient=False) is None
+    assert_close(model.gradients(), comp.gradients(x, dL_dy)[0], rtol=1e-4, atol_rel=1e-5)
+
+
+CONFIG_HASH = {
+    "encoding": {"otype": "HashGrid", "n_levels": 16, "n_features_per_level": 2, "log2_hashmap_size": 15,
+                 "base_resolution": 16, "per_level_scale": 1.5, "fixed_point_pos": False},
+    "network": {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation": "None", "n_neurons": 64,
+                "n_hidden_layers": 2},
+}
+
+
+def test_config_hash_param_count_and_init_order():
+    """§1.6.9/§2.5: 2-D config_hash → 715,536 params: network 7,168 (Xavier) first, then 708,368 grid (±1e−4)."""
+    model = tinn.NetworkWithInputEncoding(2, 3, CONFIG_HASH["encoding"], CONFIG_HASH["network"])
+    assert model.n_params == 715536
+    shapes = mlp_shapes(32, 64, 2, 3)
+    assert sum(r * c for r, c in shapes) == 7168
+    assert [tuple(s) for s in model.layer_sizes()] == shapes
+    p = model.params()
+    assert p.shape == (715536,)
+    for (rows, cols), W in zip(shapes, mlp_unflatten(p[:7168], shapes)):
+        s = np.sqrt(6 / (rows + cols))
+        assert np.abs(W).max() <= s * (1 + 1e-6) and np.abs(W).max() > 0.9 * s
+    grid = p[7168:]
+    assert np.abs(grid).max() <= 1e-4 and grid.max() > 0.95e-4 and grid.min() < -0.95e-4

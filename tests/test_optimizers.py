@@ -1,0 +1,125 @@
+"""Optimizers: several steps on fixed gradients against NumPy versions of spec §4's update equations."""
+import numpy as np
+import pytest
+
+import tinn
+
+
+def adam_reference(w, grads, n_matrix, lr=1e-3, beta1=0.9, beta2=0.999, epsilon=1e-8, l2_reg=1e-8,
+                   non_matrix_l2_reg=0.0, non_matrix_learning_rate_factor=1.0, relative_decay=0.0,
+                   absolute_decay=0.0, clipping_magnitude=0.0, gradient_clipping_magnitude=0.0,
+                   skip_zero_grad_non_matrix_params=True):
+    """tcnn's Adam (spec §4.2) in float64, one gradient array per step."""
+    w = w.astype(np.float64).copy()
+    m, v, t = np.zeros_like(w), np.zeros_like(w), np.zeros_like(w)
+    matrix = np.arange(w.size) < n_matrix
+    for g in grads:
+        g = g.astype(np.float64).copy()
+        run = matrix | ~(skip_zero_grad_non_matrix_params & (g == 0))
+        g += np.where(matrix, l2_reg, non_matrix_l2_reg) * w
+        if gradient_clipping_magnitude:
+            g = np.clip(g, -gradient_clipping_magnitude, gradient_clipping_magnitude)
+        m = np.where(run, beta1 * m + (1 - beta1) * g, m)
+        v = np.where(run, beta2 * v + (1 - beta2) * g * g, v)
+        t = t + run
+        a = lr * np.where(matrix, 1.0, non_matrix_learning_rate_factor)
+        tt = np.maximum(t, 1)
+        a_t = a * np.sqrt(1 - beta2 ** tt) / (1 - beta1 ** tt)
+        new = (1 - relative_decay * a_t) * w - np.copysign(absolute_decay * a_t, w) - a_t / (np.sqrt(v) + epsilon) * m
+        if clipping_magnitude:
+            new = np.clip(new, -clipping_magnitude, clipping_magnitude)
+        w = np.where(run, new, w)
+    return w
+
+
+ADAM_CASES = [
+    {},
+    {"learning_rate": 1e-2, "beta2": 0.99, "epsilon": 1e-15, "l2_reg": 1e-3},
+    {"non_matrix_learning_rate_factor": 0.5, "non_matrix_l2_reg": 0.1},
+    {"relative_decay": 0.1, "absolute_decay": 0.01, "learning_rate": 0.05},
+    {"clipping_magnitude": 0.3, "gradient_clipping_magnitude": 0.2, "learning_rate": 0.1},
+    {"skip_zero_grad_non_matrix_params": False},
+]
+
+
+@pytest.mark.parametrize("keys", ADAM_CASES)
+def test_adam_matches_update_equations(keys, rng):
+    n, n_matrix, steps = 40, 24, 6
+    w0 = rng.normal(size=n).astype(np.float32)
+    grads = [rng.normal(size=n).astype(np.float32) for _ in range(steps)]
+    for g in grads[::2]:
+        g[30:36] = 0.0                       # untouched non-matrix params (sparse Adam)
+    opt = tinn.create_optimizer({"otype": "Adam", **keys})
+    opt.allocate(n, [(4, 6)])
+    w = w0.copy()
+    for g in grads:
+        opt.step(w, g)
+    kw = {("lr" if k == "learning_rate" else k): v for k, v in keys.items()}
+    np.testing.assert_allclose(w, adam_reference(w0, grads, n_matrix, **kw), rtol=2e-5, atol=2e-6)
+
+
+def test_adam_skips_zero_gradient_non_matrix_params_entirely(rng):
+    """A grid entry with zero gradient keeps its value, moments and step count (spec §4.2)."""
+    w0 = rng.normal(size=8).astype(np.float32)
+    opt = tinn.create_optimizer({"otype": "Adam", "learning_rate": 0.1})
+    opt.allocate(8, [(2, 2)])
+    w = w0.copy()
+    g = np.ones(8, np.float32)
+    g[6:] = 0
+    opt.step(w, g)
+    assert np.array_equal(w[6:], w0[6:])
+    assert not np.array_equal(w[4:6], w0[4:6])
+    steps = opt.param_steps.to_numpy()[0]
+    assert list(steps) == [1, 1, 1, 1, 1, 1, 0, 0]
+
+
+def test_adabound_clamps_step_size(rng):
+    """With adabound the effective step lies in [0.1 - 0.1/((1-b2) t + 1), 0.1 + 0.1/((1-b2) t)]."""
+    w = np.zeros(4, np.float32)
+    opt = tinn.create_optimizer({"otype": "Adam", "adabound": True, "learning_rate": 1.0, "l2_reg": 0.0})
+    opt.allocate(4, [(2, 2)])
+    g = np.full(4, 1e-3, np.float32)
+    opt.step(w, g)
+    m = 0.1 * 1e-3
+    one_minus_beta2 = 1 - float(np.float32(0.999))        # beta2 is a float32 kernel argument
+    hi = 0.1 + 0.1 / (one_minus_beta2 * 1)
+    np.testing.assert_allclose(w, -hi * m, rtol=1e-5)
+
+
+def test_sgd_matches_update_equation(rng):
+    w0 = rng.normal(size=10).astype(np.float32)
+    grads = [rng.normal(size=10).astype(np.float32) for _ in range(3)]
+    opt = tinn.create_optimizer({"otype": "SGD", "learning_rate": 0.05, "l2_reg": 0.01})
+    w = w0.copy()
+    ref = w0.astype(np.float64)
+    for g in grads:
+        opt.step(w, g)
+        ref = ref - 0.05 * (g + 0.01 * ref)
+    np.testing.assert_allclose(w, ref, rtol=1e-5, atol=1e-7)
+
+
+def test_loss_scale_divides_gradients(rng):
+    w0 = rng.normal(size=6).astype(np.float32)
+    g = rng.normal(size=6).astype(np.float32)
+    a, b = w0.copy(), w0.copy()
+    tinn.create_optimizer({"otype": "SGD", "learning_rate": 0.1}).step(a, g)
+    tinn.create_optimizer({"otype": "SGD", "learning_rate": 0.1}).step(b, 128 * g, loss_scale=128.0)
+    np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_hyperparams_include_defaults_and_update():
+    opt = tinn.create_optimizer({"otype": "adam", "learning_rate": 0.01})
+    hp = opt.hyperparams()
+    assert hp["otype"] == "Adam" and hp["learning_rate"] == 0.01 and hp["beta2"] == 0.999
+    assert hp["skip_zero_grad_non_matrix_params"] is True
+    assert tinn.create_optimizer(hp).hyperparams() == hp
+    opt.update_hyperparams({"learning_rate": 0.5})
+    assert opt.learning_rate == 0.5
+    assert tinn.create_optimizer({}).hyperparams()["otype"] == "Adam"
+
+
+def test_bad_optimizer_values_name_the_key():
+    with pytest.raises(ValueError, match="beta1"):
+        tinn.create_optimizer({"otype": "Adam", "beta1": 1.5})
+    with pytest.raises(ValueError, match="learning_rate"):
+        tinn.create_optimizer({"otype": "SGD", "learning_rate": "fast"})
