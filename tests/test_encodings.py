@@ -394,6 +394,13 @@ def test_grid_otype_sets_default_type(otype, D, expected_type):
     assert tinn.create_encoding(D, cfg).n_params == 2 * sum(level.entries for level in levels)
 
 
+def test_grid_names_are_case_insensitive():
+    """§0.4: otype and ``type`` values match case-insensitively ("dense" sizes the grid as Dense)."""
+    cfg = {"otype": "hashgrid", "type": "dense", "n_levels": 2, "n_features_per_level": 1, "base_resolution": 4,
+           "per_level_scale": 2.0, "interpolation": "smoothstep"}
+    assert tinn.create_encoding(2, cfg).n_params == sum(level.entries for level in grid_geometry(2, "Dense", 2, 19, 4, 2.0))
+
+
 def test_grid_n_features_alternative_to_n_levels():
     """§1.6.1: n_features = L · F may replace n_levels; giving both is an error."""
     base = {"otype": "HashGrid", "n_features_per_level": 2, "log2_hashmap_size": 8, "base_resolution": 4}

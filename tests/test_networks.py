@@ -244,7 +244,12 @@ _nets = {}
 def mlp(case):
     """One tinn network per configuration, shared by the tests (kernels compile once)."""
     if case not in _nets:
-        cfg = {"otype": "FullyFusedMLP", "n_neurons": case.n_neurons, "n_hidden_layers": case.n_hidden_layers,
+        # §2.1: FullyFusedMLP only takes widths 16–128 (powers of 2), NL ≥ 1 and no SiLU/Sine hidden layers;
+        # CutlassMLP takes everything. Use FullyFusedMLP wherever tcnn allows it.
+        fused = (case.n_neurons in (16, 32, 64, 128) and case.n_hidden_layers >= 1
+                 and case.act not in ("SiLU", "Sine"))
+        cfg = {"otype": "FullyFusedMLP" if fused else "CutlassMLP", "n_neurons": case.n_neurons,
+               "n_hidden_layers": case.n_hidden_layers,
                "activation": case.act, "output_activation": case.out_act}
         _nets[case] = tinn.create_network(case.n_in, case.n_out, cfg)
     return _nets[case]
@@ -320,6 +325,15 @@ def test_mlp_defaults():
     assert net.n_params == 128 * 16 + 4 * 128 * 128 + 16 * 128
     x = np.random.default_rng(0).uniform(-1, 1, (4, 16)).astype(np.float32)
     y_ref = mlp_forward_ref(x, mlp_unflatten(net.params(), mlp_shapes(16, 128, 5, 3)), "ReLU", "None")[0]
+    assert_close(net.inference(x), y_ref[:, :3], rtol=1e-5, atol=1e-6)
+
+
+def test_mlp_names_are_case_insensitive():
+    """§0.4: otype and activation names match case-insensitively."""
+    net = tinn.create_network(16, 3, {"otype": "fullyfusedmlp", "n_neurons": 16, "n_hidden_layers": 1,
+                                      "activation": "TANH", "output_activation": "sigmoid"})
+    x = np.random.default_rng(1).uniform(-1, 1, (5, 16)).astype(np.float32)
+    y_ref = mlp_forward_ref(x, mlp_unflatten(net.params(), mlp_shapes(16, 16, 1, 3)), "Tanh", "Sigmoid")[0]
     assert_close(net.inference(x), y_ref[:, :3], rtol=1e-5, atol=1e-6)
 
 
@@ -465,7 +479,7 @@ def interior_points(rng, n, D, levels, margin):
 NWIE_CASES = {
     # name: (n_in, n_out, encoding config, network config)
     "identity": (3, 5, {"otype": "Identity", "scale": 0.5, "offset": 0.25},
-                 {"otype": "FullyFusedMLP", "n_neurons": 7, "n_hidden_layers": 1, "activation": "Tanh",
+                 {"otype": "CutlassMLP", "n_neurons": 7, "n_hidden_layers": 1, "activation": "Tanh",
                   "output_activation": "Sigmoid"}),
     "frequency": (2, 4, {"otype": "Frequency", "n_frequencies": 3},
                   {"otype": "CutlassMLP", "n_neurons": 7, "n_hidden_layers": 2, "activation": "Softplus",

@@ -1,0 +1,155 @@
+"""Bad input gets a clear Python exception, raised before any kernel runs."""
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import taichi as ti
+
+import tinn
+
+ENC = {"otype": "HashGrid", "n_levels": 2, "log2_hashmap_size": 8, "base_resolution": 4}
+NET = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tinn.NetworkWithInputEncoding(2, 3, ENC, NET)
+
+
+def test_inputs_of_the_wrong_type_shape_or_dtype(model):
+    x = np.random.rand(8, 2).astype(np.float32)
+    with pytest.raises(TypeError, match="numpy array"):
+        model.inference(x.tolist())
+    with pytest.raises(TypeError, match="float32"):
+        model.inference(x.astype(np.float64))
+    with pytest.raises(ValueError, match=r"\(batch, 2\)"):
+        model.inference(np.random.rand(8, 3).astype(np.float32))
+    with pytest.raises(ValueError, match=r"\(batch, 2\)"):
+        model.inference(np.random.rand(8).astype(np.float32))
+    with pytest.raises(ValueError, match="empty"):
+        model.inference(np.zeros((0, 2), np.float32))
+    with pytest.raises(ValueError, match="instance"):
+        model.inference(x, instance=np.zeros(8, np.int32) + 1)
+    with pytest.raises(TypeError, match="int32"):
+        model.inference(x, instance=np.zeros(8, np.int64))
+
+
+def test_ti_ndarray_inputs_are_accepted(model):
+    x = np.random.rand(5, 2).astype(np.float32)
+    arr = ti.ndarray(ti.f32, (5, 2))
+    arr.from_numpy(x)
+    np.testing.assert_array_equal(model.inference(arr), model.inference(x))
+
+
+def test_training_inputs_are_checked(model):
+    trainer = tinn.Trainer(model, tinn.create_optimizer({}), tinn.create_loss({}))
+    x = np.random.rand(8, 2).astype(np.float32)
+    with pytest.raises(ValueError, match="target"):
+        trainer.training_step(x, np.zeros((8, 2), np.float32))
+    with pytest.raises(ValueError, match="target has 7"):
+        trainer.training_step(x, np.zeros((7, 3), np.float32))
+    with pytest.raises(TypeError, match="target"):
+        trainer.training_step(x, np.zeros((8, 3), np.float64))
+
+
+def test_backward_checks_its_context_and_gradient(model):
+    x = np.random.rand(4, 2).astype(np.float32)
+    _, ctx = model.forward(x)
+    other = tinn.NetworkWithInputEncoding(2, 3, ENC, NET)
+    with pytest.raises(ValueError, match="context"):
+        other.backward(ctx, np.ones((4, 3), np.float32))
+    with pytest.raises(ValueError, match="samples"):
+        model.backward(ctx, np.ones((5, 3), np.float32))
+    with pytest.raises(ValueError, match="mode"):
+        model.backward(ctx, np.ones((4, 3), np.float32), mode="sometimes")
+
+
+@pytest.mark.parametrize("factory, config", [
+    (lambda c: tinn.create_encoding(2, c), {"otype": "HashGridd"}),
+    (lambda c: tinn.create_network(16, 1, c), {"otype": "ResNet"}),
+    (tinn.create_loss, {"otype": "Huber"}),
+    (tinn.create_optimizer, {"otype": "AdamW"}),
+])
+def test_unknown_otype_lists_valid_names(factory, config):
+    with pytest.raises(ValueError, match="valid otypes: .*"):
+        factory(config)
+
+
+@pytest.mark.parametrize("config, key", [
+    ({"otype": "HashGrid", "n_features_per_level": 3}, "n_features_per_level"),
+    ({"otype": "HashGrid", "n_levels": 0}, "n_levels"),
+    ({"otype": "HashGrid", "type": "Octree"}, "type"),
+    ({"otype": "HashGrid", "interpolation": "Cubic"}, "interpolation"),
+    ({"otype": "HashGrid", "n_levels": 4, "n_features": 8}, "n_levels"),
+    ({"otype": "HashGrid", "hash": "Prime"}, "hash"),
+    ({"otype": "Frequency", "n_frequencies": "many"}, "n_frequencies"),
+])
+def test_bad_encoding_values_name_the_key(config, key):
+    with pytest.raises(ValueError, match=key):
+        tinn.create_encoding(2, config)
+
+
+@pytest.mark.parametrize("config, key", [
+    ({"activation": "Swish"}, "activation"),
+    ({"output_activation": "relu6"}, "output_activation"),
+    ({"n_neurons": 0}, "n_neurons"),
+    ({"n_hidden_layers": 1.5}, "n_hidden_layers"),
+])
+def test_bad_network_values_name_the_key(config, key):
+    with pytest.raises(ValueError, match=key):
+        tinn.create_network(16, 3, {"otype": "CutlassMLP", **config})
+
+
+def test_grid_dimension_limit():
+    with pytest.raises(ValueError, match="1 to 4 input dims"):
+        tinn.create_encoding(5, {"otype": "HashGrid"})
+
+
+def test_unknown_keys_warn():
+    with pytest.warns(UserWarning, match="n_frequency"):
+        tinn.create_encoding(1, {"otype": "Frequency", "n_frequency": 3})
+
+
+def test_config_must_be_dict_or_path():
+    with pytest.raises(TypeError, match="dict or a path"):
+        tinn.create_from_config(2, 3, 42)
+
+
+def _run(code):
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300)
+
+
+def test_import_does_not_init_and_use_before_init_is_explained():
+    result = _run("""
+        from taichi.lang import impl
+        import tinn
+        assert impl.get_runtime().prog is None, "importing tinn must not call ti.init"
+        try:
+            tinn.create_network(16, 3, {})
+        except RuntimeError as e:
+            print("ERR", e)
+    """)
+    assert result.returncode == 0, result.stderr
+    assert "ERR" in result.stdout and "ti.init" in result.stdout
+
+
+def test_use_after_reinit_raises_instead_of_crashing():
+    result = _run("""
+        import numpy as np, taichi as ti, tinn
+        ti.init(arch=ti.cpu, log_level=ti.WARN)
+        model = tinn.create_from_config(2, 3, {"encoding": {"otype": "Identity"},
+                                               "network": {"n_neurons": 16, "n_hidden_layers": 1}})
+        x = np.random.rand(4, 2).astype(np.float32)
+        model.network.inference(x)
+        ti.init(arch=ti.cpu, log_level=ti.WARN)
+        for call in (lambda: model.network.inference(x), lambda: model.trainer.training_step(x, x[:, :1].repeat(3, 1)),
+                     lambda: model.network.params()):
+            try:
+                call()
+            except tinn.RuntimeResetError as e:
+                print("RESET", e)
+    """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("RESET") == 3

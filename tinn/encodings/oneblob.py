@@ -1,0 +1,62 @@
+"""One-blob encoding (tcnn ``encodings/oneblob.h``, spec §1.4): a quartic kernel integrated over K bins.
+
+Key: ``n_bins`` K (16, a power of two). With the kernel CDF
+``Q(t) = clamp(15/16 u (1 - 2/3 u^2 + 1/5 u^4) + 1/2, 0, 1)``, ``u = K t``, and its
+periodic sum ``C(t) = Q(t) + Q(t - 1) + Q(t + 1)`` (the blob wraps around [0, 1])::
+
+    y[d, k] = C((k + 1) / K - x_d) - C(k / K - x_d)
+    dy/dx_d = C'(k / K - x_d) - C'((k + 1) / K - x_d),   Q'(t) = K * 15/16 * max(1 - u^2, 0)^2
+
+The K outputs of one dim sum to 1. Any K works, including K > 32 (spec §8 A2).
+"""
+import taichi as ti
+
+from ..config import Options, encodings
+from ._per_dim import PerDimEncoding
+
+
+@encodings.register("OneBlob")
+class OneBlobEncoding(PerDimEncoding):
+    def __init__(self, n_input_dims: int, n_bins: int = 16, **kwargs):
+        self.n_bins = self.width_per_dim = n_bins
+        super().__init__(n_input_dims, **kwargs)
+
+    @classmethod
+    def from_config(cls, n_input_dims, config, *, otype="OneBlob", **kwargs):
+        opt = Options("encoding", otype, config)
+        n_bins = opt.get("n_bins", 16, int, check=lambda v: v >= 1 and v & (v - 1) == 0,
+                         rule="must be a power of two")
+        opt.done()
+        return cls(n_input_dims, n_bins, **kwargs)
+
+    def hyperparams(self):
+        return {"otype": "OneBlob", "n_bins": self.n_bins}
+
+    def constants(self):
+        return (self.n_bins,)
+
+    @staticmethod
+    def funcs(K):
+        @ti.func
+        def cdf(t):
+            u = K * t
+            return ti.math.clamp(15.0 / 16.0 * u * (1.0 - 2.0 / 3.0 * u * u + 0.2 * u ** 4) + 0.5, 0.0, 1.0)
+
+        @ti.func
+        def pdf(t):
+            u = K * t
+            return K * 15.0 / 16.0 * ti.max(1.0 - u * u, 0.0) ** 2
+
+        @ti.func
+        def periodic(f: ti.template(), t):
+            return f(t) + f(t - 1.0) + f(t + 1.0)
+
+        @ti.func
+        def value(x, k):
+            return periodic(cdf, (k + 1.0) / K - x) - periodic(cdf, ti.cast(k, ti.f32) / K - x)
+
+        @ti.func
+        def slope(x, k):
+            return periodic(pdf, ti.cast(k, ti.f32) / K - x) - periodic(pdf, (k + 1.0) / K - x)
+
+        return value, slope

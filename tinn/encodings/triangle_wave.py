@@ -1,0 +1,46 @@
+"""Triangle-wave encoding (tcnn ``encodings/triangle_wave.h``, spec §1.3).
+
+Key: ``n_frequencies`` F (12). Output ``d * F + k``, k < F::
+
+    v = x_d * 2^(k - 1) + 0.25 k,   y = 4 |v - floor(v) - 0.5| - 1
+    dy/dx_d = 2^(k + 1) * s,  s = -1 if floor(2 v) is even else +1   (C's % on negatives: -1 % 2 is odd)
+"""
+import taichi as ti
+
+from ..config import Options, encodings
+from ._per_dim import PerDimEncoding
+
+
+@encodings.register("TriangleWave")
+class TriangleWaveEncoding(PerDimEncoding):
+    def __init__(self, n_input_dims: int, n_frequencies: int = 12, **kwargs):
+        self.n_frequencies = self.width_per_dim = n_frequencies
+        super().__init__(n_input_dims, **kwargs)
+
+    @classmethod
+    def from_config(cls, n_input_dims, config, *, otype="TriangleWave", **kwargs):
+        opt = Options("encoding", otype, config)
+        n = opt.get("n_frequencies", 12, int, check=lambda v: 1 <= v <= 32, rule="must lie in [1, 32]")
+        opt.done()
+        return cls(n_input_dims, n, **kwargs)
+
+    def hyperparams(self):
+        return {"otype": "TriangleWave", "n_frequencies": self.n_frequencies}
+
+    @staticmethod
+    def funcs():
+        @ti.func
+        def phase(x, k):
+            return x * ti.pow(2.0, k - 1.0) + 0.25 * k
+
+        @ti.func
+        def value(x, k):
+            v = phase(x, k)
+            return 4.0 * ti.abs(v - ti.floor(v) - 0.5) - 1.0
+
+        @ti.func
+        def slope(x, k):
+            even = ti.cast(ti.floor(2.0 * phase(x, k)), ti.i32) % 2 == 0
+            return ti.pow(2.0, k + 1.0) * ti.select(even, -1.0, 1.0)
+
+        return value, slope
