@@ -395,10 +395,11 @@ def test_grid_otype_sets_default_type(otype, D, expected_type):
 
 
 def test_grid_names_are_case_insensitive():
-    """§0.4: otype and ``type`` values match case-insensitively ("dense" sizes the grid as Dense)."""
-    cfg = {"otype": "hashgrid", "type": "dense", "n_levels": 2, "n_features_per_level": 1, "base_resolution": 4,
+    """§0.4: otype and ``type`` values match case-insensitively ("tiled" caps every level at N_min^D = 16)."""
+    cfg = {"otype": "hashgrid", "type": "tiled", "n_levels": 2, "n_features_per_level": 1, "base_resolution": 4,
            "per_level_scale": 2.0, "interpolation": "smoothstep"}
-    assert tinn.create_encoding(2, cfg).n_params == sum(level.entries for level in grid_geometry(2, "Dense", 2, 19, 4, 2.0))
+    assert tinn.create_encoding(2, cfg).n_params == 32 == sum(level.entries
+                                                              for level in grid_geometry(2, "Tiled", 2, 19, 4, 2.0))
 
 
 def test_grid_n_features_alternative_to_n_levels():

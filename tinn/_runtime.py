@@ -80,7 +80,7 @@ class FieldTree:
             pass
 
 
-def _to_numpy(a, name):
+def to_numpy(a, name):
     if isinstance(a, np.ndarray):
         return a
     if isinstance(a, ti.Ndarray):
@@ -97,7 +97,7 @@ def as_batch(a, n_dims, name: str = "x", *, dtype=np.float32, allow_dense: bool 
     With ``allow_dense`` a ``(K, batch_k, n_dims)`` array is accepted too and
     returned unchanged in shape (the caller flattens it).
     """
-    arr = _to_numpy(a, name)
+    arr = to_numpy(a, name)
     if arr.dtype != dtype:
         raise TypeError(f"{name} must have dtype {np.dtype(dtype).name}, got {arr.dtype} "
                         f"(convert with .astype(np.{np.dtype(dtype).name}))")
@@ -117,7 +117,7 @@ def as_instances(instance, batch: int, n_instances: int) -> np.ndarray | None:
             raise ValueError(f"this object holds {n_instances} networks: pass instance=(batch,) int32 ids "
                              "or a dense (n_instances, batch, dims) array")
         return None
-    arr = _to_numpy(instance, "instance")
+    arr = to_numpy(instance, "instance")
     if arr.dtype != np.int32:
         raise TypeError(f"instance must have dtype int32, got {arr.dtype}")
     if arr.shape != (batch,):

@@ -17,7 +17,7 @@ import functools
 import numpy as np
 import taichi as ti
 
-from ._runtime import RuntimeBound, as_batch, current_program
+from ._runtime import RuntimeBound, to_numpy, as_batch, as_instances, current_program
 from .config import Options, losses
 from .object import Object
 
@@ -30,14 +30,13 @@ def _kernel(program, cls):
     terms = cls.terms()
 
     @ti.kernel
-    def evaluate(pred: _f32_2d, target: _f32_2d, pdf: _f32_2d, weighted: ti.template(), loss_scale: ti.f32,
-                 grad: _f32_2d, row_loss: _f32_1d):
+    def evaluate(pred: _f32_2d, target: _f32_2d, pdf: _f32_2d, weighted: ti.template(), inv_n: _f32_1d,
+                 loss_scale: ti.f32, grad: _f32_2d, row_loss: _f32_1d):
         B, D, P = pred.shape[0], target.shape[1], pred.shape[1]
-        inv_n = 1.0 / (ti.cast(B, ti.f32) * D)
         for b in range(B):
             acc = 0.0
             for d in range(D):
-                scale = inv_n / pdf[b, d] if ti.static(weighted) else inv_n
+                scale = inv_n[b] / pdf[b, d] if ti.static(weighted) else inv_n[b]
                 value, slope = terms(pred[b, d], target[b, d])
                 acc += value * scale
                 grad[b, d] = loss_scale * slope * scale
@@ -70,8 +69,14 @@ class Loss(Object, RuntimeBound):
     def terms():
         raise NotImplementedError
 
-    def evaluate(self, prediction, target, pdf=None, *, loss_scale: float = 1.0):
-        """``(loss, dL_dprediction)``: the mean per-element loss and its gradient, shaped like ``prediction``."""
+    def evaluate(self, prediction, target, pdf=None, *, instance=None, n_instances: int | None = None,
+                 per_instance: bool = False, loss_scale: float = 1.0):
+        """``(loss, dL_dprediction)``: the mean per-element loss and its gradient, shaped like ``prediction``.
+
+        For a network array pass the samples' ``instance`` ids: every network is then
+        normalised by its own sample count, and ``per_instance=True`` also returns the
+        ``(n_instances,)`` per-network losses (0 for networks without samples).
+        """
         self._check_runtime()
         t = as_batch(target, None, "target")
         p = as_batch(prediction, None, "prediction")
@@ -81,13 +86,34 @@ class Loss(Object, RuntimeBound):
         q = np.ones((1, 1), np.float32) if pdf is None else as_batch(pdf, t.shape[1], "pdf")
         if pdf is not None and q.shape != t.shape:
             raise ValueError(f"pdf must have the target's shape {t.shape}, got {q.shape}")
-        return self._evaluate(p, t, q, pdf is not None, loss_scale)
+        if instance is not None:
+            n_instances = n_instances or int(np.max(to_numpy(instance, 'instance'))) + 1
+        inst = None if instance is None else as_instances(instance, p.shape[0], n_instances)
+        loss, grad, per_network = self._evaluate(p, t, q, pdf is not None, loss_scale, inst, n_instances or 1)
+        if not per_instance:
+            return loss, grad
+        return loss, grad, per_network if per_network is not None else np.array([loss])
 
-    def _evaluate(self, p, t, q, weighted, loss_scale):
+    def _evaluate(self, p, t, q, weighted, loss_scale, instance, n_instances=1):
+        """``(loss, gradient, per-network losses or None)``.
+
+        With ``instance``, each network's samples are normalised by that network's own
+        ``N_k = B_k * D``, so a network in an array gets exactly the gradient it would get
+        trained alone; the loss is then the mean of the per-network losses.
+        """
+        B, D = t.shape
+        if instance is None:
+            counts, inv_n = None, np.full(B, 1.0 / (B * D), np.float32)
+        else:
+            counts = np.bincount(instance, minlength=n_instances)
+            inv_n = (1.0 / (counts[instance] * D)).astype(np.float32)
         grad = np.empty_like(p)
-        rows = np.empty(p.shape[0], np.float32)
-        _kernel(current_program(), type(self))(p, t, q, weighted, float(loss_scale), grad, rows)
-        return float(rows.sum(dtype=np.float64)), grad
+        rows = np.empty(B, np.float32)
+        _kernel(current_program(), type(self))(p, t, q, weighted, inv_n, float(loss_scale), grad, rows)
+        if counts is None:
+            return float(rows.sum(dtype=np.float64)), grad, None
+        per_network = np.bincount(instance, weights=rows, minlength=n_instances)
+        return float(per_network.sum() / np.count_nonzero(counts)), grad, per_network
 
 
 def _loss(name: str, doc: str):

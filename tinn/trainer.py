@@ -46,8 +46,8 @@ class Trainer(RuntimeBound):
         q = np.ones((1, 1), np.float32) if pdf is None else as_batch(pdf, model.n_output_dims, "pdf",
                                                                      allow_dense=dense is not None)
         y, ctx = model._forward(x, inst)
-        ctx.loss, ctx.dL_doutput = self.loss._evaluate(y, t, q.reshape(-1, q.shape[-1]), pdf is not None,
-                                                       self.loss_scale)
+        ctx.loss, ctx.dL_doutput, ctx.instance_losses = self.loss._evaluate(
+            y, t, q.reshape(-1, q.shape[-1]), pdf is not None, self.loss_scale, inst, model.n_instances)
         return ctx
 
     def backward(self, ctx: Context):
@@ -61,8 +61,11 @@ class Trainer(RuntimeBound):
         self._check_runtime()
         self.optimizer.step(self.model, loss_scale=self.loss_scale, active=self._active)
 
-    def training_step(self, x, target, instance=None, pdf=None) -> float:
+    def training_step(self, x, target, instance=None, pdf=None, *, per_instance: bool = False):
+        """One step; returns the loss, or ``(loss, per-network losses)`` with ``per_instance=True``."""
         ctx = self.forward(x, target, instance, pdf)
         self.backward(ctx)
         self.optimizer_step()
+        if per_instance:
+            return ctx.loss, ctx.instance_losses if ctx.instance_losses is not None else np.array([ctx.loss])
         return ctx.loss
