@@ -280,7 +280,7 @@ def check_mlp(case, batch, seed=0, gain=1.0):
     assert_close(dx, dx_ref, rtol=1e-4, atol_rel=1e-5)
     grads = net.gradients()
     assert grads.shape == (net.n_params,) and grads.dtype == np.float32
-    for k, (g, dW) in enumerate(zip(mlp_unflatten(grads, shapes), dWs)):
+    for g, dW in zip(mlp_unflatten(grads, shapes), dWs):
         assert_close(g, dW, rtol=1e-4, atol_rel=1e-5, atol=1e-7)
     # Padded output rows receive zero loss gradient, so their weights get exactly zero gradient (§2.2).
     np.testing.assert_array_equal(mlp_unflatten(grads, shapes)[-1][case.n_out:], 0.0)

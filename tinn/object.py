@@ -86,7 +86,7 @@ class ParametricObject(Object, RuntimeBound):
     def reset_params(self, seed: int):
         """Initialise every instance as tcnn does: instance k draws from ``pcg32(seed, seq=k+1)``."""
         values = np.stack([self.initial_params(Pcg32(seed, seq=k + 1)) for k in range(self.n_instances)])
-        self.store.write(self.store.params, self._offset, values)
+        self.store.set(self._offset, values)
 
     def _shape(self, a: np.ndarray) -> np.ndarray:
         return a[0] if self.n_instances == 1 else a
@@ -107,7 +107,7 @@ class ParametricObject(Object, RuntimeBound):
         if arr.size != self.n_instances * self.n_params or arr.ndim not in (1, 2) or arr.shape[-1] != self.n_params:
             want = (self.n_params,) if self.n_instances == 1 else (self.n_instances, self.n_params)
             raise ValueError(f"params must have shape {want}, got {arr.shape}")
-        self.store.write(self.store.params, self._offset, arr.astype(np.float32))
+        self.store.set(self._offset, arr.astype(np.float32))
 
     def _zero_gradients(self):
         if self.n_params:

@@ -54,6 +54,12 @@ class ParamStore(RuntimeBound):
         self.params = ti.field(ti.f32)
         self.grads = ti.field(ti.f32)
         self._tree = FieldTree(lambda b: b.dense(ti.ij, (n_instances, n_params)).place(self.params, self.grads))
+        self.inference_params = self.params
+
+    def use_inference_params(self, field=None):
+        """Make ``inference()`` read ``field`` (an optimizer's averaged weights; tcnn's
+        ``custom_weights``) instead of the training parameters; ``None`` restores them."""
+        self.inference_params = self.params if field is None else field
 
     def zero_grad(self):
         self.grads.fill(0)
@@ -73,6 +79,12 @@ class ParamStore(RuntimeBound):
         values = np.ascontiguousarray(values, dtype=np.float32).reshape(self.n_instances, -1)
         if values.shape[1]:
             _add_slice(field, offset, values)
+
+    def set(self, offset: int, values: np.ndarray):
+        """Set parameters: the training weights and, if separate, the inference weights too."""
+        self.write(self.params, offset, values)
+        if self.inference_params is not self.params:
+            self.write(self.inference_params, offset, values)
 
     def read_rows(self, field, offset: int, n: int, rows: np.ndarray) -> np.ndarray:
         """``field[rows, offset : offset + n]`` for the instances ``rows`` (int32, distinct)."""

@@ -32,8 +32,12 @@ class FrequencyEncoding(PerDimEncoding):
     @staticmethod
     def funcs():
         @ti.func
+        def octave(j):                              # 2^f for output j = 2f + s, exact in float32
+            return ti.pow(2.0, ti.cast(j // 2, ti.f32))
+
+        @ti.func
         def phase(x, j):
-            return ti.cast(1 << (j // 2), ti.f32) * math.pi * x + (j % 2) * (math.pi / 2)
+            return octave(j) * math.pi * x + (j % 2) * (math.pi / 2)
 
         @ti.func
         def value(x, j):
@@ -41,6 +45,6 @@ class FrequencyEncoding(PerDimEncoding):
 
         @ti.func
         def slope(x, j):
-            return ti.cast(1 << (j // 2), ti.f32) * math.pi * ti.cos(phase(x, j))
+            return octave(j) * math.pi * ti.cos(phase(x, j))
 
         return value, slope

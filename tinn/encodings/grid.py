@@ -121,11 +121,16 @@ class GridEncoding(Encoding):
         return (rng.uniform_fill(self.n_params) * np.float32(2) - np.float32(1)) * np.float32(1e-4)
 
     # -- batch API ---------------------------------------------------------------
-    def _forward(self, x, instance):
+    def _encode(self, weights, x, instance):
         y = np.empty((x.shape[0], self.padded_output_width), np.float32)
-        k = self._get_kernels()
-        k.forward(x, _routing(instance), y, instance is not None)
-        return y, Context(self, x, instance)
+        self._get_kernels().forward(weights, x, _routing(instance), y, instance is not None)
+        return y
+
+    def _inference(self, x, instance):
+        return self._encode(self.store.inference_params, x, instance)
+
+    def _forward(self, x, instance):
+        return self._encode(self.store.params, x, instance), Context(self, x, instance)
 
     def _backward(self, ctx, dL_dy, input_gradient):
         k = self._get_kernels()
@@ -156,7 +161,7 @@ class _GridKernels:
         K, n, base = enc.n_instances, enc.n_params, enc._offset
         raw, n_pad = enc.n_raw_output_dims, enc.n_padding
         interp = enc.interpolation
-        params, grads = store.params, store.grads
+        params, grads = store.params, store.grads          # forward() takes the weights to read as an argument
 
         lv_scale, lv_res, lv_entries, lv_offset, lv_hashed = (
             ti.field(ti.f32), ti.field(ti.u32), ti.field(ti.u32), ti.field(ti.i32), ti.field(ti.i32))
@@ -217,7 +222,7 @@ class _GridKernels:
             return (lv_offset[l] + grid_index(l, p + ti.Vector(bits, ti.u32))) * F
 
         @ti.kernel
-        def forward(x: _f32_2d, inst: _i32_1d, y: _f32_2d, routed: ti.template()):
+        def forward(params: ti.template(), x: _f32_2d, inst: _i32_1d, y: _f32_2d, routed: ti.template()):
             for b, l in ti.ndrange(x.shape[0], L):
                 k = inst[b] if ti.static(routed) else 0
                 p, w, _ = locate(x, b, l)

@@ -107,9 +107,9 @@ class MLP(Network):
         return np.concatenate(blocks)
 
     # -- batch API ---------------------------------------------------------------
-    def _matrices(self, groups: Groups):
+    def _matrices(self, groups: Groups, field):
         """Weights of the grouped networks: one ``(G, rows, cols)`` array per layer."""
-        flat = self.store.read_rows(self.store.params, self._offset, self.n_params, groups.active)
+        flat = self.store.read_rows(field, self._offset, self.n_params, groups.active)
         out, start = [], 0
         for rows, cols in self._layers:
             out.append(flat[:, start:start + rows * cols].reshape(-1, rows, cols))
@@ -121,7 +121,7 @@ class MLP(Network):
 
     def _run(self, x, instance, keep: bool):
         groups = Groups(instance, self.n_instances, x.shape[0])
-        weights = self._matrices(groups)
+        weights = self._matrices(groups, self.store.params if keep else self.store.inference_params)
         h = groups.gather(x)
         hs, zs = [h], []
         for i, w in enumerate(weights):
