@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""tinn against its peers on tiny-cuda-nn's image workload, measured side by side.
+
+Every implementation runs as its own process (`tinn_image.py`, `peers/torch_image.py`
+eager and with ``--compile``, `peers/drjit_image.py`), alternating implementations
+within each repetition so that machine noise spreads evenly. Peers that are not
+installed in ``--peer-python`` are skipped with a note. Prints the medians of train and
+inference samples/s, ms per step, PSNR, peak memory, and tinn's ratio to each peer;
+``--json`` prints the raw runs and medians as JSON instead.
+
+    python benchmarks/bench_image.py --batches 16 18 --steps 30 --reps 3
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+IMPLS = {
+    "tinn": ("tinn_image.py", [], "taichi"),
+    "torch": ("peers/torch_image.py", [], "torch"),
+    "torch.compile": ("peers/torch_image.py", ["--compile"], "torch"),
+    "drjit": ("peers/drjit_image.py", [], "drjit"),
+}
+
+
+def available(python, module):
+    return subprocess.run([python, "-c", f"import {module}"], capture_output=True).returncode == 0
+
+
+def run(python, impl, batch, args, infer):
+    script, extra, _ = IMPLS[impl]
+    cmd = [python, os.path.join(HERE, script), "--batch", str(batch), "--steps", str(args.steps),
+           "--threads", str(args.threads), *extra]
+    if args.image:
+        cmd += ["--image", args.image]
+    if not infer:
+        cmd.append("--no-infer")
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(f"  {impl} @ {batch} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
+        return None
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def median(runs, key):
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batches", type=int, nargs="+", default=[16, 18], help="log2 of the batch sizes")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--image", default=None, help="default: data/images/default.jpg")
+    ap.add_argument("--impls", nargs="+", default=list(IMPLS), choices=list(IMPLS))
+    ap.add_argument("--peer-python", default=sys.executable, help="interpreter with torch / drjit installed")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    impls = []
+    for impl in args.impls:
+        python = sys.executable if impl == "tinn" else args.peer_python
+        if available(python, IMPLS[impl][2]):
+            impls.append(impl)
+        else:
+            print(f"note: skipping {impl}: `import {IMPLS[impl][2]}` fails in {python}", file=sys.stderr)
+
+    batches = [1 << b for b in args.batches]
+    runs = {(i, b): [] for i in impls for b in batches}
+    for rep in range(args.reps):
+        for b in batches:
+            for impl in impls:
+                python = sys.executable if impl == "tinn" else args.peer_python
+                result = run(python, impl, b, args, infer=(b == batches[-1]))
+                if result:
+                    runs[impl, b].append(result)
+                    print(f"rep {rep} {impl:14s} batch {b:7d}: {result['train_samples_per_s'] / 1e6:.3f} M/s",
+                          file=sys.stderr)
+
+    summary = {f"{i}@{b}": {k: median(runs[i, b], k) for k in (
+        "train_samples_per_s", "ms_per_step_median", "infer_samples_per_s", "psnr", "peak_rss_mib")}
+        for i, b in runs}
+    if args.json:
+        print(json.dumps({"summary": summary, "runs": {f"{i}@{b}": r for (i, b), r in runs.items()}}, indent=1))
+        return
+
+    print(f"\nmedians of {args.reps} runs, {args.steps} timed steps each, {args.threads} threads\n")
+    print("| impl | batch | train M samples/s | ms/step | inference M samples/s | PSNR dB | peak MiB |")
+    print("|---|---|---|---|---|---|---|")
+    for (i, b) in runs:
+        s = summary[f"{i}@{b}"]
+        fmt = lambda v, f: "–" if v is None else format(v, f)  # noqa: E731
+        print(f"| {i} | 2^{b.bit_length() - 1} | {fmt(s['train_samples_per_s'] and s['train_samples_per_s'] / 1e6, '.3f')}"
+              f" | {fmt(s['ms_per_step_median'], '.1f')} | {fmt(s['infer_samples_per_s'] and s['infer_samples_per_s'] / 1e6, '.2f')}"
+              f" | {fmt(s['psnr'], '.2f')} | {fmt(s['peak_rss_mib'], '.0f')} |")
+    if "tinn" in impls:
+        print("\ntinn / peer ratios (median samples/s)\n")
+        print("| peer | " + " | ".join(f"train 2^{b.bit_length() - 1}" for b in batches) + " | inference |")
+        print("|---|" + "---|" * (len(batches) + 1))
+        for peer in impls:
+            if peer == "tinn":
+                continue
+            cells = []
+            for b in batches + [None]:
+                key = "infer_samples_per_s" if b is None else "train_samples_per_s"
+                bb = batches[-1] if b is None else b
+                t, p = summary[f"tinn@{bb}"][key], summary[f"{peer}@{bb}"][key]
+                cells.append("–" if not t or not p else f"{t / p:.2f}×")
+            print(f"| {peer} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
