@@ -105,7 +105,7 @@ def as_batch(a, n_dims, name: str = "x", *, dtype=np.float32, allow_dense: bool 
     if arr.ndim not in ndims or (n_dims is not None and arr.shape[-1] != n_dims):
         want = f"(batch, {n_dims or 'dims'})" + (f" or (n_instances, batch, {n_dims})" if allow_dense else "")
         raise ValueError(f"{name} must have shape {want}, got {tuple(arr.shape)}")
-    if arr.size == 0 or arr.shape[-2] == 0:
+    if 0 in arr.shape[:-1]:                      # (batch, 0) is fine: an Empty encoding's output
         raise ValueError(f"{name} is an empty batch; a batch needs at least one sample")
     return np.ascontiguousarray(arr)
 

@@ -8,10 +8,13 @@ with ``N = B * D`` and ``q`` the pdf (1 without one)::
     value = l(p, t) / (q * N),     gradient = loss_scale * dl/dp (p, t) / (q * N)
 
 Padded columns get value and gradient 0. The loss is the sum of all values, i.e. the
-mean per-element loss. Each loss below only supplies ``l`` and ``dl/dp``; denominators
-that tcnn treats as constants (RelativeL2's ``p^2 + 0.01``) are constants here too.
+mean per-element loss. Each loss below only supplies ``l`` and ``dl/dp`` as a ``ti.func``
+``terms(p, t, q, c) -> (l, dl/dp)``; ``c`` is an optional per-sample quantity computed
+from the whole prediction row (RelativeL2Luminance's luminance), ``q`` is only needed by
+Variance. Denominators that tcnn treats as constants (RelativeL2's ``p^2 + 0.01``,
+RelativeL1's, Smape's, the luminance) are constants here too, so those gradients are
+*not* the derivative of the value. No loss has JSON keys.
 """
-
 import functools
 
 import numpy as np
@@ -28,6 +31,8 @@ _f32_1d = ti.types.ndarray(dtype=ti.f32, ndim=1)
 @functools.lru_cache(maxsize=None)
 def _kernel(program, cls):
     terms = cls.terms()
+    has_context = cls.context is not None
+    context = cls.context() if has_context else None
 
     @ti.kernel
     def evaluate(pred: _f32_2d, target: _f32_2d, pdf: _f32_2d, weighted: ti.template(), inv_n: _f32_1d,
@@ -35,9 +40,13 @@ def _kernel(program, cls):
         B, D, P = pred.shape[0], target.shape[1], pred.shape[1]
         for b in range(B):
             acc = 0.0
+            c = 0.0
+            if ti.static(has_context):
+                c = context(pred, b, D)
             for d in range(D):
-                scale = inv_n[b] / pdf[b, d] if ti.static(weighted) else inv_n[b]
-                value, slope = terms(pred[b, d], target[b, d])
+                q = pdf[b, d] if ti.static(weighted) else 1.0
+                scale = inv_n[b] / q
+                value, slope = terms(pred[b, d], target[b, d], q, c)
                 acc += value * scale
                 grad[b, d] = loss_scale * slope * scale
             for d in range(D, P):
@@ -48,7 +57,14 @@ def _kernel(program, cls):
 
 
 class Loss(Object, RuntimeBound):
-    """A per-element loss; subclasses give ``terms() -> ti.func (p, t) -> (value, dvalue/dp)``."""
+    """A per-element loss; subclasses give ``terms() -> ti.func (p, t, q, c) -> (value, dvalue/dp)``.
+
+    ``context``, if not None, is a factory of a ``ti.func (prediction, b, D) -> f32`` evaluated once
+    per sample; its result is the ``c`` passed to ``terms``. ``min_dims`` is the least target width.
+    """
+
+    context = None
+    min_dims = 1
 
     def __init__(self):
         self._bind_runtime()
@@ -83,6 +99,8 @@ class Loss(Object, RuntimeBound):
         if p.shape[0] != t.shape[0] or p.shape[1] < t.shape[1]:
             raise ValueError(f"prediction {p.shape} and target {t.shape} do not match: need the same batch and "
                              "at least as many prediction columns as target columns")
+        if t.shape[1] < self.min_dims:
+            raise ValueError(f"loss '{self.otype}' needs targets with at least {self.min_dims} dims, got {t.shape[1]}")
         q = np.ones((1, 1), np.float32) if pdf is None else as_batch(pdf, t.shape[1], "pdf")
         if pdf is not None and q.shape != t.shape:
             raise ValueError(f"pdf must have the target's shape {t.shape}, got {q.shape}")
@@ -116,10 +134,13 @@ class Loss(Object, RuntimeBound):
         return float(per_network.sum() / np.count_nonzero(counts)), grad, per_network
 
 
-def _loss(name: str, doc: str):
-    """Register a loss class whose ``terms`` is the decorated factory."""
+def _loss(name: str, doc: str, **attrs):
+    """Register a loss class whose ``terms`` is the decorated factory (``attrs``: ``context``, ``min_dims``)."""
     def deco(terms):
-        cls = type(name + "Loss", (Loss,), {"otype": name, "terms": staticmethod(terms), "__doc__": doc})
+        attrs.update(otype=name, terms=staticmethod(terms), __doc__=doc)
+        if attrs.get("context") is not None:
+            attrs["context"] = staticmethod(attrs["context"])
+        cls = type(name + "Loss", (Loss,), attrs)
         losses.register(name)(cls)
         return cls
     return deco
@@ -128,7 +149,7 @@ def _loss(name: str, doc: str):
 @_loss("L2", "``(p - t)^2``; gradient ``2 (p - t)``.")
 def L2Loss():
     @ti.func
-    def terms(p, t):
+    def terms(p, t, q, c):
         return (p - t) ** 2, 2.0 * (p - t)
     return terms
 
@@ -136,7 +157,7 @@ def L2Loss():
 @_loss("L1", "``|p - t|``; gradient ``sign(p - t)`` (+1 at 0, as copysign).")
 def L1Loss():
     @ti.func
-    def terms(p, t):
+    def terms(p, t, q, c):
         return ti.abs(p - t), ti.select(p - t >= 0.0, 1.0, -1.0)
     return terms
 
@@ -144,7 +165,74 @@ def L1Loss():
 @_loss("RelativeL2", "``(p - t)^2 / (p^2 + 0.01)``; gradient ``2 (p - t) / (p^2 + 0.01)`` (denominator constant).")
 def RelativeL2Loss():
     @ti.func
-    def terms(p, t):
+    def terms(p, t, q, c):
         denom = p * p + 0.01
         return (p - t) ** 2 / denom, 2.0 * (p - t) / denom
+    return terms
+
+
+@_loss("RelativeL1", "``|p - t| / (|p| + 0.01)``; gradient ``sign(p - t) / (|p| + 0.01)`` (denominator constant).")
+def RelativeL1Loss():
+    @ti.func
+    def terms(p, t, q, c):
+        denom = ti.abs(p) + 0.01
+        return ti.abs(p - t) / denom, ti.select(p - t >= 0.0, 1.0, -1.0) / denom
+    return terms
+
+
+@_loss("Mape", "Mean absolute percentage error ``|p - t| / (|t| + 0.01)``; gradient ``sign(p - t) / (|t| + 0.01)``.")
+def MapeLoss():
+    @ti.func
+    def terms(p, t, q, c):
+        denom = ti.abs(t) + 0.01
+        return ti.abs(p - t) / denom, ti.select(p - t >= 0.0, 1.0, -1.0) / denom
+    return terms
+
+
+@_loss("Smape", "Symmetric MAPE ``|p - t| / ((|t| + |p|) / 2 + 0.01)``; gradient ``sign(p - t)`` over the same "
+                "(constant) denominator.")
+def SmapeLoss():
+    @ti.func
+    def terms(p, t, q, c):
+        denom = 0.5 * (ti.abs(t) + ti.abs(p)) + 0.01
+        return ti.abs(p - t) / denom, ti.select(p - t >= 0.0, 1.0, -1.0) / denom
+    return terms
+
+
+def _luminance():
+    @ti.func
+    def luminance(pred: ti.template(), b, D):
+        """0.299 r + 0.587 g + 0.114 b of the prediction row; with D >= 6, (r, g, b) = (p0 + p3, p1 + p4, p2 + p5)."""
+        r, g, bl = pred[b, 0], pred[b, 1], pred[b, 2]
+        if D >= 6:
+            r, g, bl = r + pred[b, 3], g + pred[b, 4], bl + pred[b, 5]
+        return 0.299 * r + 0.587 * g + 0.114 * bl
+    return luminance
+
+
+@_loss("RelativeL2Luminance", "``(p - t)^2 / (Lum^2 + 0.01)``, Lum the luminance of the sample's predicted colour "
+                              "(its first 3 dims, or dims 0-2 plus 3-5 when D >= 6); gradient ``2 (p - t) / "
+                              "(Lum^2 + 0.01)`` (Lum constant). Needs D >= 3.", context=_luminance, min_dims=3)
+def RelativeL2LuminanceLoss():
+    @ti.func
+    def terms(p, t, q, c):
+        denom = c * c + 0.01
+        return (p - t) ** 2 / denom, 2.0 * (p - t) / denom
+    return terms
+
+
+@_loss("CrossEntropy", "``-t ln(p)``; gradient ``-t / p``. Expects p > 0 (no softmax, no clamping).")
+def CrossEntropyLoss():
+    @ti.func
+    def terms(p, t, q, c):
+        return -t * ti.log(p), -t / p
+    return terms
+
+
+@_loss("Variance", "Importance-sampling variance (Neural Importance Sampling): ``t^2 (1/p - 1/q)``, so the "
+                   "stored value is ``t^2 / (q N) (1/p - 1/q)``; gradient ``-t^2 / p^2``. Expects p > 0.")
+def VarianceLoss():
+    @ti.func
+    def terms(p, t, q, c):
+        return t * t * (1.0 / p - 1.0 / q), -t * t / (p * p)
     return terms

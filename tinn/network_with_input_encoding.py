@@ -4,9 +4,8 @@ The encoding is padded to a multiple of 16 (its padded dims act as a bias input 
 the MLP: fill 1, or 0 for grids). Parameters are one buffer, network first, then
 encoding, and are initialised in that order from one pcg32 generator.
 """
-from __future__ import annotations
-
 import numpy as np
+import taichi as ti
 
 from .config import create_encoding, create_network, load_config
 from .object import Context, DifferentiableObject
@@ -40,6 +39,27 @@ class NetworkWithInputEncoding(DifferentiableObject):
 
     def initial_params(self, rng):
         return np.concatenate([self.network.initial_params(rng), self.encoding.initial_params(rng)])
+
+    @property
+    def func(self):
+        """``ti.func (x: ti.Vector[n_input_dims], instance=0) -> ti.Vector[n_output_dims]`` for user kernels."""
+        encode, network = self.encoding.func, self.network.func
+
+        @ti.func
+        def func(x, k=0):
+            return network(encode(x, k), k)
+        return func
+
+    @property
+    def backward_func(self):
+        """``ti.func (x, dL_dy, instance=0) -> dL_dx``: adds parameter gradients (atomically) and returns dL/dx."""
+        encode, network_backward, encoding_backward = (self.encoding.func, self.network.backward_func,
+                                                       self.encoding.backward_func)
+
+        @ti.func
+        def backward_func(x, dy, k=0):
+            return encoding_backward(x, network_backward(encode(x, k), dy, k), k)
+        return backward_func
 
     def _inference(self, x, instance):
         return self.network._inference(self.encoding._inference(x, instance), instance)

@@ -1,9 +1,13 @@
 """Encodings, one module per tcnn otype (see ``tinn.config.encodings`` for the registry)."""
+from .composite import CompositeEncoding, NRCEncoding
+from .empty import EmptyEncoding
 from .encoding import Encoding
 from .frequency import FrequencyEncoding
 from .grid import GridEncoding
 from .identity import IdentityEncoding
 from .oneblob import OneBlobEncoding
+from .spherical_harmonics import SphericalHarmonicsEncoding
 from .triangle_wave import TriangleWaveEncoding
 
-__all__ = ["Encoding", "FrequencyEncoding", "GridEncoding", "IdentityEncoding", "OneBlobEncoding", "TriangleWaveEncoding"]
+__all__ = ["CompositeEncoding", "EmptyEncoding", "Encoding", "FrequencyEncoding", "GridEncoding", "IdentityEncoding",
+           "NRCEncoding", "OneBlobEncoding", "SphericalHarmonicsEncoding", "TriangleWaveEncoding"]

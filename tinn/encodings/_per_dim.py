@@ -40,7 +40,25 @@ def _kernels(program, cls, constants: tuple, n_dims: int, width: int, n_padding:
                 acc += dy[b, d * width + j] * slope(x[b, d], j)
             dx[b, d] = acc
 
-    return forward, backward
+    @ti.func
+    def func(x, k=0):
+        y = ti.Vector.zero(ti.f32, raw + n_padding)
+        for d in ti.static(range(n_dims)):
+            for j in range(width):
+                y[d * width + j] = value(x[d], j)
+        for j in ti.static(range(n_padding)):
+            y[raw + j] = fill
+        return y
+
+    @ti.func
+    def backward_func(x, dy, k=0):
+        dx = ti.Vector.zero(ti.f32, n_dims)
+        for d in ti.static(range(n_dims)):
+            for j in range(width):
+                dx[d] += dy[d * width + j] * slope(x[d], j)
+        return dx
+
+    return forward, backward, func, backward_func
 
 
 class PerDimEncoding(Encoding):
@@ -63,6 +81,16 @@ class PerDimEncoding(Encoding):
     def _kernels(self):
         return _kernels(current_program(), type(self), self.constants(), self.n_input_dims, self.width_per_dim,
                         self.n_padding, float(self.fill_value))
+
+    @property
+    def func(self):
+        """``ti.func (x: ti.Vector[n_input_dims], instance=0) -> ti.Vector[n_output_dims]`` for user kernels."""
+        return self._kernels()[2]
+
+    @property
+    def backward_func(self):
+        """``ti.func (x, dL_dy, instance=0) -> dL_dx`` for user kernels."""
+        return self._kernels()[3]
 
     def _forward(self, x, instance):
         y = np.empty((x.shape[0], self.padded_output_width), np.float32)

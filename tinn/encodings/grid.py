@@ -147,6 +147,16 @@ class GridEncoding(Encoding):
             self._kernels = _GridKernels(self)
         return self._kernels
 
+    @property
+    def func(self):
+        """``ti.func (x: ti.Vector[n_input_dims], instance=0) -> ti.Vector[n_output_dims]`` for user kernels."""
+        return self._get_kernels().func
+
+    @property
+    def backward_func(self):
+        """``ti.func (x, dL_dy, instance=0) -> dL_dx``; adds the parameter gradients (atomically)."""
+        return self._get_kernels().backward_func
+
 
 def _routing(instance):
     return instance if instance is not None else np.zeros(1, np.int32)
@@ -192,9 +202,9 @@ class _GridKernels:
             return ti.cast(idx % lv_entries[l], ti.i32)
 
         @ti.func
-        def locate(x: ti.template(), b, l):
-            """Lower corner p (u32), interpolation weights w and their slopes dw at sample b, level l."""
-            pos = ti.Vector([x[b, d] for d in ti.static(range(D))]) * lv_scale[l] + 0.5
+        def locate(xs, l):
+            """Lower corner p (u32), interpolation weights w and their slopes dw of point xs at level l."""
+            pos = xs * lv_scale[l] + 0.5
             pf = ti.floor(pos)
             t = pos - pf
             w, dw = t, ti.Vector.one(ti.f32, D)
@@ -203,12 +213,13 @@ class _GridKernels:
             return ti.cast(ti.cast(pf, ti.i32), ti.u32), w, dw
 
         def corners():
-            """Static corner list: (offset vector, per-dim bit) over 2^D corners (one for Nearest)."""
+            """Static list of corner offsets: 2^D of them (one for Nearest)."""
             n_corners = 1 if interp == "Nearest" else 1 << D
             return [tuple((c >> d) & 1 for d in range(D)) for c in range(n_corners)]
 
         @ti.func
         def corner_weight(w, bits: ti.template(), skip: ti.template()):
+            """prod over dims d != skip of (w_d if the corner is upper in d else 1 - w_d)."""
             weight = 1.0
             if ti.static(interp != "Nearest"):
                 for d in ti.static(range(D)):
@@ -221,37 +232,65 @@ class _GridKernels:
             """Index of the corner's first feature, relative to the encoding's parameters."""
             return (lv_offset[l] + grid_index(l, p + ti.Vector(bits, ti.u32))) * F
 
+        # -- one sample, one level: shared by the batch kernels and the in-kernel funcs --
+        @ti.func
+        def level_features(weights: ti.template(), k, xs, l):
+            p, w, _ = locate(xs, l)
+            acc = ti.Vector.zero(ti.f32, F)
+            for bits in ti.static(corners()):
+                weight = corner_weight(w, bits, -1)
+                e = base + entry(l, p, bits)
+                for f in ti.static(range(F)):
+                    acc[f] += weight * weights[k, e + f]
+            return acc
+
+        @ti.func
+        def level_scatter(add: ti.template(), slot, k, xs, l, dy):
+            """add(slot, k, i, weight * dL/dy_f) for every corner entry i (relative to the encoding)."""
+            p, w, _ = locate(xs, l)
+            for bits in ti.static(corners()):
+                weight = corner_weight(w, bits, -1)
+                e = entry(l, p, bits)
+                for f in ti.static(range(F)):
+                    add(slot, k, e + f, weight * dy[f])
+
+        @ti.func
+        def level_input_gradient(weights: ti.template(), k, xs, l, dy):
+            g = ti.Vector.zero(ti.f32, D)
+            if ti.static(interp != "Nearest"):
+                p, w, dw = locate(xs, l)
+                for bits in ti.static(corners()):
+                    e = base + entry(l, p, bits)
+                    value = 0.0
+                    for f in ti.static(range(F)):
+                        value += dy[f] * weights[k, e + f]
+                    for d in ti.static(range(D)):
+                        sign = 1.0 if ti.static(bits[d]) else -1.0
+                        g[d] += sign * corner_weight(w, bits, d) * value * lv_scale[l] * dw[d]
+            return g
+
+        @ti.func
+        def row(a: ti.template(), b, n: ti.template(), start=0):
+            return ti.Vector([a[b, start + i] for i in ti.static(range(n))])
+
+        # -- batch kernels ---------------------------------------------------------
         @ti.kernel
-        def forward(params: ti.template(), x: _f32_2d, inst: _i32_1d, y: _f32_2d, routed: ti.template()):
+        def forward(weights: ti.template(), x: _f32_2d, inst: _i32_1d, y: _f32_2d, routed: ti.template()):
             for b, l in ti.ndrange(x.shape[0], L):
                 k = inst[b] if ti.static(routed) else 0
-                p, w, _ = locate(x, b, l)
-                acc = ti.Vector.zero(ti.f32, F)
-                for bits in ti.static(corners()):
-                    weight = corner_weight(w, bits, -1)
-                    e = base + entry(l, p, bits)
-                    for f in ti.static(range(F)):
-                        acc[f] += weight * params[k, e + f]
+                acc = level_features(weights, k, row(x, b, D), l)
                 for f in ti.static(range(F)):
                     y[b, l * F + f] = acc[f]
             for b, j in ti.ndrange(x.shape[0], n_pad):
                 y[b, raw + j] = 0.0
 
         @ti.func
-        def scatter(x: ti.template(), inst: ti.template(), dy: ti.template(), b, routed: ti.template(),
-                    table: ti.template(), w_id):
-            k = inst[b] if ti.static(routed) else 0
-            for l in range(L):
-                p, w, _ = locate(x, b, l)
-                for bits in ti.static(corners()):
-                    weight = corner_weight(w, bits, -1)
-                    e = entry(l, p, bits)
-                    for f in ti.static(range(F)):
-                        g = weight * dy[b, l * F + f]
-                        if ti.static(private):
-                            table[w_id, k, e + f] = table[w_id, k, e + f] + g
-                        else:
-                            ti.atomic_add(table[k, base + e + f], g)
+        def add_private(w_id, k, i, v):          # worker w_id owns scratch[w_id]: a plain add, no atomic
+            scratch[w_id, k, i] = scratch[w_id, k, i] + v
+
+        @ti.func
+        def add_atomic(w_id, k, i, v):
+            ti.atomic_add(grads[k, base + i], v)
 
         @ti.kernel
         def scatter_private(x: _f32_2d, inst: _i32_1d, dy: _f32_2d, routed: ti.template()):
@@ -259,7 +298,9 @@ class _GridKernels:
             ti.loop_config(block_dim=1)
             for w_id in range(n_workers):
                 for b in range(w_id * B // n_workers, (w_id + 1) * B // n_workers):
-                    scatter(x, inst, dy, b, routed, scratch, w_id)
+                    k = inst[b] if ti.static(routed) else 0
+                    for l in range(L):
+                        level_scatter(add_private, w_id, k, row(x, b, D), l, row(dy, b, F, l * F))
 
         @ti.kernel
         def reduce_private():
@@ -272,25 +313,18 @@ class _GridKernels:
 
         @ti.kernel
         def scatter_atomic(x: _f32_2d, inst: _i32_1d, dy: _f32_2d, routed: ti.template()):
-            for b in range(x.shape[0]):
-                scatter(x, inst, dy, b, routed, grads, 0)
+            for b, l in ti.ndrange(x.shape[0], L):
+                k = inst[b] if ti.static(routed) else 0
+                level_scatter(add_atomic, 0, k, row(x, b, D), l, row(dy, b, F, l * F))
 
         @ti.kernel
         def backward_input(x: _f32_2d, inst: _i32_1d, dy: _f32_2d, dx: _f32_2d, routed: ti.template()):
             for b in range(x.shape[0]):
                 k = inst[b] if ti.static(routed) else 0
+                xs = row(x, b, D)
                 g = ti.Vector.zero(ti.f32, D)
-                if ti.static(interp != "Nearest"):
-                    for l in range(L):
-                        p, w, dw = locate(x, b, l)
-                        for bits in ti.static(corners()):
-                            e = base + entry(l, p, bits)
-                            value = 0.0
-                            for f in ti.static(range(F)):
-                                value += dy[b, l * F + f] * params[k, e + f]
-                            for d in ti.static(range(D)):
-                                sign = 1.0 if ti.static(bits[d]) else -1.0
-                                g[d] += sign * corner_weight(w, bits, d) * value * lv_scale[l] * dw[d]
+                for l in range(L):
+                    g += level_input_gradient(params, k, xs, l, row(dy, b, F, l * F))
                 for d in ti.static(range(D)):
                     dx[b, d] = g[d]
 
@@ -301,4 +335,26 @@ class _GridKernels:
             else:
                 scatter_atomic(x, inst, dy, routed)
 
+        # -- one sample inside a user's kernel --------------------------------------
+        width = enc.padded_output_width
+
+        @ti.func
+        def func(xs, k=0):
+            y = ti.Vector.zero(ti.f32, width)
+            for l in range(L):
+                acc = level_features(params, k, xs, l)
+                for f in ti.static(range(F)):
+                    y[l * F + f] = acc[f]
+            return y
+
+        @ti.func
+        def backward_func(xs, dy, k=0):
+            g = ti.Vector.zero(ti.f32, D)
+            for l in range(L):
+                dy_l = ti.Vector([dy[l * F + f] for f in ti.static(range(F))])
+                level_scatter(add_atomic, 0, k, xs, l, dy_l)
+                g += level_input_gradient(params, k, xs, l, dy_l)
+            return g
+
         self.forward, self.backward_params, self.backward_input = forward, backward_params, backward_input
+        self.func, self.backward_func = func, backward_func

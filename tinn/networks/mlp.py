@@ -106,6 +106,22 @@ class MLP(Network):
             blocks.append(rng.draws(rows * cols) * (s * np.float32(2)) - s)
         return np.concatenate(blocks)
 
+    # -- one sample inside a user's kernel -----------------------------------------
+    @property
+    def func(self):
+        """``ti.func (x: ti.Vector[n_input_dims], instance=0) -> ti.Vector[n_output_dims]`` for user kernels."""
+        return self._sample_funcs()[0]
+
+    @property
+    def backward_func(self):
+        """``ti.func (x, dL_dy, instance=0) -> dL_dx``: adds the parameter gradients (atomically)."""
+        return self._sample_funcs()[1]
+
+    def _sample_funcs(self):
+        if getattr(self, "_funcs", None) is None:
+            self._funcs = sample_funcs(self, self.store.params, atomic=True)
+        return self._funcs
+
     # -- batch API ---------------------------------------------------------------
     def _matrices(self, groups: Groups, field):
         """Weights of the grouped networks: one ``(G, rows, cols)`` array per layer."""
@@ -153,3 +169,92 @@ class MLP(Network):
                 g = np.matmul(g, weights[i])
         self.store.add_rows(self.store.grads, self._offset, groups.active, np.concatenate(grads[::-1], axis=1))
         return groups.scatter(g) if input_gradient else None
+
+
+def sample_funcs(mlp: MLP, weights, atomic: bool):
+    """Per-sample forward and backward ``ti.func``\ s of ``mlp`` reading ``weights[instance, ...]``.
+
+    Activations live in local buffers as wide as the widest layer, indexed dynamically, so
+    only the (few) layers are unrolled. The backward recomputes the forward pass and adds
+    ``dL/dW`` to the gradients: atomically for user kernels (``atomic=True``), or with plain
+    adds where one thread owns a network's gradients.
+    """
+    grads, base = mlp.store.grads, mlp._offset
+    layers = mlp.layer_sizes()
+    offsets = [base + sum(r * c for r, c in layers[:i]) for i in range(len(layers))]
+    acts = [mlp._act(i) for i in range(len(layers))]
+    n_in, n_out, width = mlp.n_input_dims, mlp.n_output_dims, max(max(r, c) for r, c in layers)
+    n_layers = len(layers)
+
+    @ti.func
+    def add(k, i, v):
+        if ti.static(atomic):
+            ti.atomic_add(grads[k, i], v)
+        else:
+            grads[k, i] = grads[k, i] + v
+
+    @ti.func
+    def layer(k, inputs, li: ti.template()):
+        """Pre-activations ``W_li inputs`` of layer li."""
+        rows, cols, off = ti.static(layers[li][0], layers[li][1], offsets[li])
+        pre = ti.Vector.zero(ti.f32, width)
+        for r in range(rows):
+            acc = 0.0
+            for c in range(cols):
+                acc += weights[k, off + r * cols + c] * inputs[c]
+            pre[r] = acc
+        return pre
+
+    @ti.func
+    def activate(pre, li: ti.template()):
+        post = ti.Vector.zero(ti.f32, width)
+        for r in range(layers[li][0]):
+            post[r] = activations.value(acts[li], pre[r])
+        return post
+
+    @ti.func
+    def head(v, n: ti.template()):
+        """The first n entries of a buffer (Taichi 1.7 resolves names in comprehensions
+        inside inlined funcs unreliably, so results are copied out explicitly)."""
+        out = ti.Vector.zero(ti.f32, n)
+        for i in ti.static(range(n)):
+            out[i] = v[i]
+        return out
+
+    @ti.func
+    def func(x, k=0):
+        h = ti.Vector.zero(ti.f32, width)
+        for i in ti.static(range(n_in)):
+            h[i] = x[i]
+        for li in ti.static(range(n_layers)):
+            h = activate(layer(k, h, li), li)
+        return head(h, n_out)
+
+    @ti.func
+    def backward_func(x, dy, k=0):
+        hs = ti.Matrix.zero(ti.f32, n_layers, width)        # input of each layer
+        zs = ti.Matrix.zero(ti.f32, n_layers, width)        # pre-activation of each layer
+        h = ti.Vector.zero(ti.f32, width)
+        for i in ti.static(range(n_in)):
+            h[i] = x[i]
+        for li in ti.static(range(n_layers)):
+            z = layer(k, h, li)
+            for c in range(width):
+                hs[li, c], zs[li, c] = h[c], z[c]
+            h = activate(z, li)
+        g = ti.Vector.zero(ti.f32, width)
+        for i in ti.static(range(n_out)):
+            g[i] = dy[i]
+        for li in ti.static(list(reversed(range(n_layers)))):
+            rows, cols, off = ti.static(layers[li][0], layers[li][1], offsets[li])
+            for r in range(rows):
+                g[r] *= activations.derivative(acts[li], zs[li, r])
+            below = ti.Vector.zero(ti.f32, width)
+            for r in range(rows):
+                for c in range(cols):
+                    add(k, off + r * cols + c, g[r] * hs[li, c])
+                    below[c] += weights[k, off + r * cols + c] * g[r]
+            g = below
+        return head(g, n_in)
+
+    return func, backward_func

@@ -1,0 +1,69 @@
+"""Models called from inside a user's own Taichi kernel (``func`` / ``backward_func``)."""
+import numpy as np
+import pytest
+import taichi as ti
+
+import tinn
+
+NET = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 2, "activation": "Tanh"}
+ENCODINGS = {
+    "HashGrid": {"otype": "HashGrid", "n_levels": 4, "log2_hashmap_size": 8, "base_resolution": 4},
+    "Frequency": {"otype": "Frequency", "n_frequencies": 3},
+    "OneBlob": {"otype": "OneBlob", "n_bins": 8},
+}
+
+
+def run_in_kernel(model, x, dy, instance):
+    """Call model.func and model.backward_func per sample from a kernel of our own."""
+    f, bf = model.func, model.backward_func
+    n_in, n_out = model.n_input_dims, model.n_output_dims
+
+    @ti.kernel
+    def user_kernel(x: ti.types.ndarray(), dy: ti.types.ndarray(), inst: ti.types.ndarray(),
+                    y: ti.types.ndarray(), dx: ti.types.ndarray()):
+        for b in range(x.shape[0]):
+            xv = ti.Vector([x[b, i] for i in ti.static(range(n_in))])
+            gv = ti.Vector([dy[b, i] for i in ti.static(range(n_out))])
+            out = f(xv, inst[b])
+            g = bf(xv, gv, inst[b])
+            for i in ti.static(range(n_out)):
+                y[b, i] = out[i]
+            for i in ti.static(range(n_in)):
+                dx[b, i] = g[i]
+
+    y = np.zeros((len(x), n_out), np.float32)
+    dx = np.zeros_like(x)
+    model.store.zero_grad()
+    user_kernel(x, dy, instance, y, dx)
+    return y, dx, model.gradients()
+
+
+@pytest.mark.parametrize("name", list(ENCODINGS))
+def test_funcs_equal_the_batch_api(name, rng):
+    model = tinn.NetworkWithInputEncoding(2, 3, ENCODINGS[name], NET)
+    x = rng.random((50, 2), dtype=np.float32)
+    dy = rng.normal(size=(50, 3)).astype(np.float32)
+    y, dx, grads = run_in_kernel(model, x, dy, np.zeros(50, np.int32))
+    np.testing.assert_allclose(y, model.inference(x), rtol=1e-5, atol=1e-6)
+    _, ctx = model.forward(x)
+    np.testing.assert_allclose(dx, model.backward(ctx, dy), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(grads, model.gradients(), rtol=1e-4, atol=1e-6)
+
+
+def test_funcs_route_to_the_given_instance(rng):
+    model = tinn.NetworkWithInputEncoding(2, 3, ENCODINGS["HashGrid"], NET, n_instances=3)
+    x = rng.random((60, 2), dtype=np.float32)
+    dy = rng.normal(size=(60, 3)).astype(np.float32)
+    inst = rng.integers(0, 3, 60).astype(np.int32)
+    y, dx, grads = run_in_kernel(model, x, dy, inst)
+    np.testing.assert_allclose(y, model.inference(x, inst), rtol=1e-5, atol=1e-6)
+    _, ctx = model.forward(x, inst)
+    np.testing.assert_allclose(dx, model.backward(ctx, dy), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(grads, model.gradients(), rtol=1e-4, atol=1e-6)
+
+
+def test_standalone_network_func(rng):
+    net = tinn.create_network(5, 2, {"otype": "CutlassMLP", "n_neurons": 7, "n_hidden_layers": 0})
+    x = rng.random((9, 5), dtype=np.float32)
+    y, _, _ = run_in_kernel(net, x, np.zeros((9, 2), np.float32), np.zeros(9, np.int32))
+    np.testing.assert_allclose(y, net.inference(x), rtol=1e-5, atol=1e-6)

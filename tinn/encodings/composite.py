@@ -1,0 +1,238 @@
+"""Composite encoding and the NRC preset (tcnn ``encodings/composite.h``, spec §1.7).
+
+Keys: ``nested`` (required list of encoding configs), ``reduction`` ("Concatenation";
+also "Sum", "Product"). In each nested config, ``n_dims_to_encode`` gives the input dims
+it takes (at most one entry may leave it out and gets the remaining
+``n_input_dims - sum(specified)``) and ``dims_to_encode_begin`` its first input dim
+(default: where the previous entry ended; if any entry gives it, every entry must give
+``n_dims_to_encode``). Entries that resolve to 0 dims are dropped.
+
+* **Concatenation**: ``y = [E_0(x[s_0]) | pad_0 | E_1(x[s_1]) | pad_1 | ...]``. Each nested
+  encoding but the last is padded so the next starts at a multiple of the next one's
+  ``required_output_alignment``: ``width_i = next_multiple(start_i + raw_i, align_(i+1)) - start_i``;
+  each gap holds the fill value of the encoding it belongs to. The composite's own
+  padding (``set_alignment``) goes to the last nested encoding.
+* **Sum** / **Product**: every nested encoding is padded to the composite's alignment
+  (the lcm of the nested ones) and all must end with the same width W (= the output
+  width); ``y = sum_k E_k`` or ``prod_k E_k`` element-wise in float32, padding included.
+  Backward: Sum gives every ``E_k`` the gradient ``dL/dy``; Product gives ``E_k``
+  ``dL/dy * prod_(j != k) E_j``.
+
+``required_output_alignment`` is the lcm of the nested ones. Parameters are the nested
+encodings' parameters concatenated in order, bound at offsets into the composite's
+(or its owner's) parameter store, and initialised in order from one generator.
+
+Backward: every nested encoding adds its ``dL/dx`` slice into ``dL/dx``. Where slices
+overlap (explicit ``dims_to_encode_begin``) tinn *sums* them, which is the true gradient;
+tcnn lets the later slice overwrite the earlier. Input dims no entry reads get 0.
+
+``hyperparams()`` lists every nested entry with its resolved ``n_dims_to_encode`` and
+``dims_to_encode_begin`` (tcnn drops them), so a composite rebuilds from it exactly.
+
+``NRC`` / ``OneBlobFrequency`` (keys ``n_frequencies`` 12, ``n_bins`` 4) is the preset
+composite of neural radiance caching: ``TriangleWave`` on input dims 0-2, ``OneBlob`` on
+dims 3-7, ``Identity`` on the rest (dropped when there are exactly 8 dims).
+"""
+from __future__ import annotations
+
+from math import lcm
+
+import numpy as np
+
+from ..config import Options, create_encoding, encodings
+from ..object import Context
+from .encoding import Encoding, next_multiple
+
+REDUCTIONS = ("Concatenation", "Sum", "Product")
+_NESTED_KEYS = ("n_dims_to_encode", "dims_to_encode_begin")
+
+
+def _resolve(where: str, n_input_dims: int, nested) -> list:
+    """``[(begin, n_dims, config without the composite's keys)]`` for the nested entries with dims, as tcnn."""
+    if not isinstance(nested, (list, tuple)) or not all(isinstance(c, dict) for c in nested):
+        raise ValueError(f"{where}: key 'nested' must be a list of encoding configs, got {nested!r}")
+
+    def count(i, c, key):
+        v = c[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or v < 0:
+            raise ValueError(f"{where}: nested[{i}] key '{key}' must be a non-negative integer, got {v!r}")
+        return int(v)
+
+    explicit = any("dims_to_encode_begin" in c for c in nested)
+    unspecified = [i for i, c in enumerate(nested) if "n_dims_to_encode" not in c]
+    if explicit and unspecified:
+        raise ValueError(f"{where}: when a nested entry gives 'dims_to_encode_begin', every entry must give "
+                         f"'n_dims_to_encode' (missing in nested{unspecified})")
+    if len(unspecified) > 1:
+        raise ValueError(f"{where}: only one nested entry may leave 'n_dims_to_encode' out (nested{unspecified} do)")
+    specified = sum(count(i, c, "n_dims_to_encode") for i, c in enumerate(nested) if "n_dims_to_encode" in c)
+    if not explicit and specified > n_input_dims:
+        raise ValueError(f"{where}: the nested entries' 'n_dims_to_encode' add up to {specified}, more than the "
+                         f"composite's {n_input_dims} input dims")
+    entries, offset = [], 0
+    for i, c in enumerate(nested):
+        if "n_dims_to_encode" in c:
+            if "dims_to_encode_begin" in c:
+                offset = count(i, c, "dims_to_encode_begin")
+            n = count(i, c, "n_dims_to_encode")
+        else:
+            n = n_input_dims - specified
+        if offset + n > n_input_dims:
+            raise ValueError(f"{where}: nested[{i}] encodes input dims {offset}..{offset + n - 1}, beyond the "
+                             f"composite's {n_input_dims} input dims")
+        if n > 0:
+            entries.append((offset, n, {k: v for k, v in c.items() if k not in _NESTED_KEYS}))
+        offset += n
+    if not entries:
+        raise ValueError(f"{where}: no nested encoding has any input dims to encode")
+    return entries
+
+
+@encodings.register("Composite")
+class CompositeEncoding(Encoding):
+    def __init__(self, n_input_dims: int, nested: list, reduction: str = "Concatenation", *, n_instances: int = 1,
+                 seed: int = 1337, where: str = "encoding 'Composite'"):
+        super(Encoding, self).__init__(n_instances, seed)        # the widths are properties of the nested encodings
+        match = [r for r in REDUCTIONS if isinstance(reduction, str) and r.lower() == reduction.lower()]
+        if not match:
+            raise ValueError(f"{where}: key 'reduction' must be one of {', '.join(REDUCTIONS)}; got {reduction!r}")
+        self.reduction = match[0]
+        self.n_input_dims = n_input_dims
+        entries = _resolve(where, n_input_dims, nested)
+        self.slices = [(begin, n) for begin, n, _ in entries]
+        self.nested = [create_encoding(n, cfg, n_instances=n_instances, seed=seed) for _, n, cfg in entries]
+        self.n_params = sum(e.n_params for e in self.nested)
+        if self.reduction == "Concatenation":
+            start = 0
+            for e, following in zip(self.nested[:-1], self.nested[1:]):
+                e.set_padded_output_width(next_multiple(start + e.padded_output_width,
+                                                        following.required_output_alignment) - start)
+                start += e.padded_output_width
+        else:
+            for e in self.nested:
+                e.set_alignment(self.required_output_alignment)
+            widths = [e.padded_output_width for e in self.nested]
+            if len(set(widths)) != 1:
+                raise ValueError(f"{where}: reduction '{self.reduction}' needs nested encodings of equal output "
+                                 f"width, got widths {widths}")
+        self.n_raw_output_dims = self.padded_output_width
+
+    @classmethod
+    def from_config(cls, n_input_dims, config, *, otype="Composite", **kwargs):
+        opt = Options("encoding", otype, config)
+        if not opt.has("nested"):
+            raise ValueError(f"{opt.where}: key 'nested' (a list of encoding configs) is required")
+        opt.used.add("nested")
+        nested = config["nested"]
+        reduction = opt.get("reduction", "Concatenation", str, choices=REDUCTIONS)
+        opt.done()
+        return cls(n_input_dims, nested, reduction, where=opt.where, **kwargs)
+
+    def hyperparams(self):
+        nested = [{**e.hyperparams(), "n_dims_to_encode": n, "dims_to_encode_begin": begin}
+                  for e, (begin, n) in zip(self.nested, self.slices)]
+        return {"otype": "Composite", "nested": nested, "reduction": self.reduction}
+
+    # -- widths: the nested encodings hold them ------------------------------------
+    @property
+    def padded_output_width(self) -> int:
+        if self.reduction == "Concatenation":
+            return sum(e.padded_output_width for e in self.nested)
+        return self.nested[0].padded_output_width
+
+    @property
+    def required_output_alignment(self) -> int:
+        return lcm(*(e.required_output_alignment for e in self.nested))
+
+    def set_padded_output_width(self, width: int):
+        if width < self.n_raw_output_dims:
+            raise ValueError(f"padded width {width} is below the encoding's width {self.n_raw_output_dims}")
+        if self.reduction == "Concatenation":
+            last = self.nested[-1]
+            last.set_padded_output_width(width - (self.padded_output_width - last.padded_output_width))
+        else:
+            for e in self.nested:
+                e.set_padded_output_width(width)
+
+    # -- parameters: one slice per nested encoding, in order -------------------------
+    def bind(self, store, offset):
+        super().bind(store, offset)
+        for e in self.nested:
+            e.bind(store, offset)
+            offset += e.n_params
+
+    def initial_params(self, rng):
+        return np.concatenate([e.initial_params(rng) for e in self.nested] + [np.zeros(0, np.float32)])
+
+    # -- batch API -------------------------------------------------------------------
+    def _run(self, x, instance, keep: bool):
+        if self.n_params:
+            self.store                           # bind the nested encodings before they touch parameters
+        outs, ctxs = [], []
+        for e, (begin, n) in zip(self.nested, self.slices):
+            xi = np.ascontiguousarray(x[:, begin:begin + n])
+            if keep:
+                y, c = e._forward(xi, instance)
+                ctxs.append(c)
+            else:
+                y = e._inference(xi, instance)
+            outs.append(y)
+        if self.reduction == "Concatenation":
+            y = np.concatenate(outs, axis=1)
+        elif self.reduction == "Sum":
+            y = np.sum(outs, axis=0, dtype=np.float32)
+        else:
+            y = np.prod(outs, axis=0, dtype=np.float32)
+        return y, (Context(self, x, instance, nested=ctxs, outs=outs) if keep else None)
+
+    def _inference(self, x, instance):
+        return self._run(x, instance, keep=False)[0]
+
+    def _forward(self, x, instance):
+        return self._run(x, instance, keep=True)
+
+    def _backward(self, ctx, dL_dy, input_gradient):
+        dx = np.zeros_like(ctx.x) if input_gradient else None
+        column = 0
+        for k, (e, (begin, n)) in enumerate(zip(self.nested, self.slices)):
+            width = e.padded_output_width
+            if self.reduction == "Concatenation":
+                g = dL_dy[:, column:column + width]
+                column += width
+            elif self.reduction == "Sum":
+                g = dL_dy
+            else:
+                g = dL_dy.astype(np.float32, copy=True)
+                for j, other in enumerate(ctx.outs):
+                    if j != k:
+                        g *= other
+            if not (input_gradient or e.n_params):
+                continue
+            dxi = e._backward(ctx.nested[k], np.ascontiguousarray(g), input_gradient)
+            if input_gradient:
+                dx[:, begin:begin + n] += dxi
+        return dx
+
+
+@encodings.register("NRC", "OneBlobFrequency")
+class NRCEncoding(CompositeEncoding):
+    def __init__(self, n_input_dims: int, n_frequencies: int = 12, n_bins: int = 4, **kwargs):
+        if n_input_dims < 8:
+            raise ValueError(f"encoding 'NRC' encodes 3 dims with TriangleWave and 5 with OneBlob: n_input_dims "
+                             f"must be at least 8, got {n_input_dims}")
+        self.n_frequencies, self.n_bins = n_frequencies, n_bins
+        nested = [{"otype": "TriangleWave", "n_frequencies": n_frequencies, "n_dims_to_encode": 3},
+                  {"otype": "OneBlob", "n_bins": n_bins, "n_dims_to_encode": 5},
+                  {"otype": "Identity"}]
+        super().__init__(n_input_dims, nested, "Concatenation", where="encoding 'NRC'", **kwargs)
+
+    @classmethod
+    def from_config(cls, n_input_dims, config, *, otype="NRC", **kwargs):
+        opt = Options("encoding", otype, config)
+        n_frequencies = opt.get("n_frequencies", 12, int, check=lambda v: 1 <= v <= 32, rule="must lie in [1, 32]")
+        n_bins = opt.get("n_bins", 4, int, check=lambda v: v >= 1 and v & (v - 1) == 0, rule="must be a power of two")
+        opt.done()
+        return cls(n_input_dims, n_frequencies, n_bins, **kwargs)
+
+    def hyperparams(self):
+        return {"otype": "NRC", "n_frequencies": self.n_frequencies, "n_bins": self.n_bins}

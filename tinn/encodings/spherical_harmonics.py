@@ -1,0 +1,165 @@
+"""Spherical-harmonics encoding (tcnn ``encodings/spherical_harmonics.h``, spec §1.5).
+
+Key: ``degree`` (4), the number of bands, 1 to 8; the input must have exactly 3 dims,
+a direction ``v`` given as ``(v + 1) / 2`` (not renormalised). With
+``(x, y, z) = 2 * input - 1`` the ``degree^2`` outputs are the real spherical harmonics
+of bands ``l < degree``, output ``i = l^2 + l + m`` for ``m = -l .. l``::
+
+    C_m + i S_m = (x + i y)^m
+    K(l, m)     = sqrt((2l + 1) / (4 pi) * (l - |m|)! / (l + |m|)!)
+    P(m, m)     = (1 - 2m) P(m - 1, m - 1),   P(m + 1, m) = (2m + 1) z P(m, m),
+    P(l, m)     = ((2l - 1) z P(l - 1, m) - (l + m - 1) P(l - 2, m)) / (l - m)
+    Y(l, m)     = sqrt(2) K(l, m) C_m P(l, m)  (m > 0),  sqrt(2) K(l, |m|) S_|m| P(l, |m|)  (m < 0),
+                  K(l, 0) P(l, 0)  (m = 0)
+
+which are tcnn's hard-coded polynomials (e.g. ``Y_6 = 0.31539156525252 (3 z^2 - 1)``).
+Backward: ``dL/dinput = 2 * sum_i dL/dY_i * grad_(x,y,z) Y_i`` (the factor 2 is the
+``[0, 1] -> [-1, 1]`` map), using ``dC_m/dx = m C_(m-1)``, ``dC_m/dy = -m S_(m-1)``,
+``dS_m/dx = m S_(m-1)``, ``dS_m/dy = m C_(m-1)`` and the z-derivative of the recurrence.
+
+The kernels evaluate this recurrence (about ``degree^2`` multiply-adds, unrolled at
+compile time) rather than 64 expanded polynomials. Padding (fill 1) is placed *after*
+the values, as for every other encoding (tcnn's non-JIT path puts it before: spec §8 A1).
+"""
+import functools
+import math
+
+import numpy as np
+import taichi as ti
+
+from .._runtime import current_program
+from ..config import Options, encodings
+from ..object import Context
+from .encoding import Encoding
+
+_f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
+
+
+def sh_plan(degree: int):
+    """The static evaluation plan of bands ``l < degree``.
+
+    Returns ``(steps, outputs, n_p)``: ``steps`` computes the associated Legendre values
+    ``P[i] = const + a * z * P[j] - b * P[k]`` in order (``j``/``k`` = -1 when absent), and
+    each output ``(i, coefficient, m, uses_sine, P index)`` is ``coefficient * (S_m or C_m) * P``.
+    """
+    index, steps = {}, []
+    for m in range(degree):
+        for l in range(m, degree):
+            i = index[l, m] = len(index)
+            if l == m:                            # P(m, m) = (1 - 2m) P(m-1, m-1) = prod_k (1 - 2k)
+                steps.append((i, float(np.prod([1.0 - 2 * k for k in range(1, m + 1)])), 0.0, -1, 0.0, -1))
+            elif l == m + 1:
+                steps.append((i, 0.0, float(2 * m + 1), index[m, m], 0.0, -1))
+            else:
+                steps.append((i, 0.0, (2 * l - 1) / (l - m), index[l - 1, m], (l + m - 1) / (l - m), index[l - 2, m]))
+    outputs = []
+    for l in range(degree):
+        for m in range(-l, l + 1):
+            a = abs(m)
+            K = math.sqrt((2 * l + 1) / (4 * math.pi) * math.factorial(l - a) / math.factorial(l + a))
+            coefficient = K if m == 0 else math.sqrt(2.0) * K
+            outputs.append((l * l + l + m, coefficient, a, m < 0, index[l, a]))
+    return steps, outputs, len(index)
+
+
+def _chunks(items, size=32):
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels(program, degree: int, n_padding: int, fill: float):
+    steps, outputs, n_p = sh_plan(degree)
+    steps, outputs = _chunks(steps), _chunks(outputs)       # static loops of <= 32 (Taichi warns beyond)
+    raw = degree * degree
+
+    @ti.func
+    def basis(x: ti.template(), b):
+        """C_m, S_m (m < degree) and P, dP/dz at sample b."""
+        v = 2.0 * ti.Vector([x[b, 0], x[b, 1], x[b, 2]]) - 1.0
+        C = ti.Vector.zero(ti.f32, degree)
+        S = ti.Vector.zero(ti.f32, degree)
+        C[0] = 1.0
+        for m in ti.static(range(1, degree)):
+            C[m] = v[0] * C[m - 1] - v[1] * S[m - 1]
+            S[m] = v[0] * S[m - 1] + v[1] * C[m - 1]
+        P = ti.Vector.zero(ti.f32, n_p)
+        dP = ti.Vector.zero(ti.f32, n_p)
+        for chunk in ti.static(steps):
+            for i, const, a, j, c, k in ti.static(chunk):
+                if ti.static(j < 0):
+                    P[i] = const
+                elif ti.static(k < 0):
+                    P[i] = a * v[2] * P[j]
+                    dP[i] = a * (P[j] + v[2] * dP[j])
+                else:
+                    P[i] = a * v[2] * P[j] - c * P[k]
+                    dP[i] = a * (P[j] + v[2] * dP[j]) - c * dP[k]
+        return C, S, P, dP
+
+    @ti.kernel
+    def forward(x: _f32_2d, y: _f32_2d):
+        for b in range(x.shape[0]):
+            C, S, P, _ = basis(x, b)
+            for chunk in ti.static(outputs):
+                for i, coefficient, m, sine, p in ti.static(chunk):
+                    if ti.static(sine):
+                        y[b, i] = coefficient * S[m] * P[p]
+                    else:
+                        y[b, i] = coefficient * C[m] * P[p]
+            for j in range(n_padding):
+                y[b, raw + j] = fill
+
+    @ti.kernel
+    def backward(x: _f32_2d, dy: _f32_2d, dx: _f32_2d):
+        for b in range(x.shape[0]):
+            C, S, P, dP = basis(x, b)
+            g = ti.Vector.zero(ti.f32, 3)
+            for chunk in ti.static(outputs):
+                for i, coefficient, m, sine, p in ti.static(chunk):
+                    w = dy[b, i] * coefficient
+                    if ti.static(m == 0):
+                        g[2] += w * dP[p]
+                    elif ti.static(sine):
+                        g += w * ti.Vector([m * S[m - 1] * P[p], m * C[m - 1] * P[p], S[m] * dP[p]])
+                    else:
+                        g += w * ti.Vector([m * C[m - 1] * P[p], -m * S[m - 1] * P[p], C[m] * dP[p]])
+            for d in ti.static(range(3)):
+                dx[b, d] = 2.0 * g[d]
+
+    return forward, backward
+
+
+@encodings.register("SphericalHarmonics")
+class SphericalHarmonicsEncoding(Encoding):
+    def __init__(self, n_input_dims: int = 3, degree: int = 4, **kwargs):
+        if n_input_dims != 3:
+            raise ValueError(f"encoding 'SphericalHarmonics' encodes a direction: n_input_dims must be 3, got {n_input_dims}")
+        if not 1 <= degree <= 8:
+            raise ValueError(f"encoding 'SphericalHarmonics': key 'degree' must lie in [1, 8]; got {degree!r}")
+        self.degree = int(degree)
+        super().__init__(n_input_dims, self.degree ** 2, **kwargs)
+
+    @classmethod
+    def from_config(cls, n_input_dims, config, *, otype="SphericalHarmonics", **kwargs):
+        opt = Options("encoding", otype, config)
+        degree = opt.get("degree", 4, int, check=lambda v: 1 <= v <= 8, rule="must lie in [1, 8]")
+        opt.done()
+        return cls(n_input_dims, degree, **kwargs)
+
+    def hyperparams(self):
+        return {"otype": "SphericalHarmonics", "degree": self.degree}
+
+    def _kernels(self):
+        return _kernels(current_program(), self.degree, self.n_padding, float(self.fill_value))
+
+    def _forward(self, x, instance):
+        y = np.empty((x.shape[0], self.padded_output_width), np.float32)
+        self._kernels()[0](x, y)
+        return y, Context(self, x, instance)
+
+    def _backward(self, ctx, dL_dy, input_gradient):
+        if not input_gradient:
+            return None
+        dx = np.empty_like(ctx.x)
+        self._kernels()[1](ctx.x, np.ascontiguousarray(dL_dy), dx)
+        return dx
