@@ -24,6 +24,7 @@ import functools
 import numpy as np
 import taichi as ti
 
+from .. import _blas
 from .._runtime import current_program
 from ..config import Options, networks
 from ..object import Context
@@ -141,7 +142,7 @@ class MLP(Network):
         h = groups.gather(x)
         hs, zs = [h], []
         for i, w in enumerate(weights):
-            z = np.matmul(h, w.transpose(0, 2, 1))
+            z = _blas.matmul(h, w.transpose(0, 2, 1))
             h = _activate(self._act(i), z)
             if keep:
                 zs.append(z)
@@ -164,9 +165,9 @@ class MLP(Network):
         grads = []
         for i in reversed(range(len(weights))):
             _times_derivative(self._act(i), zs[i], g)
-            grads.append(np.matmul(g.transpose(0, 2, 1), hs[i]).reshape(len(groups.active), -1))
+            grads.append(_blas.matmul_tn(g, hs[i]).reshape(len(groups.active), -1))
             if i > 0 or input_gradient:
-                g = np.matmul(g, weights[i])
+                g = _blas.matmul(g, weights[i])
         self.store.add_rows(self.store.grads, self._offset, groups.active, np.concatenate(grads[::-1], axis=1))
         return groups.scatter(g) if input_gradient else None
 
