@@ -13,36 +13,31 @@ import taichi as ti
 from ._runtime import FieldTree, RuntimeBound
 
 
-@ti.kernel
-def _read_slice(src: ti.template(), offset: ti.i32, out: ti.types.ndarray(dtype=ti.f32, ndim=2)):
-    for k, i in ti.ndrange(out.shape[0], out.shape[1]):
-        out[k, i] = src[k, offset + i]
-
-
+# Copies between a field slice and a numpy array. The loops run over flat indices with
+# the row width as a divisor: ti.ndrange over a dynamic ndarray shape costs an integer
+# division per element, several times the copy itself.
 @ti.kernel
 def _read_rows(src: ti.template(), offset: ti.i32, rows: ti.types.ndarray(dtype=ti.i32, ndim=1),
                out: ti.types.ndarray(dtype=ti.f32, ndim=2)):
-    for g, i in ti.ndrange(out.shape[0], out.shape[1]):
-        out[g, i] = src[rows[g], offset + i]
+    for g in range(out.shape[0]):
+        for i in range(out.shape[1]):
+            out[g, i] = src[rows[g], offset + i]
 
 
 @ti.kernel
 def _add_rows(dst: ti.template(), offset: ti.i32, rows: ti.types.ndarray(dtype=ti.i32, ndim=1),
               src: ti.types.ndarray(dtype=ti.f32, ndim=2)):
-    for g, i in ti.ndrange(src.shape[0], src.shape[1]):
-        dst[rows[g], offset + i] = dst[rows[g], offset + i] + src[g, i]
+    for g in range(src.shape[0]):
+        for i in range(src.shape[1]):
+            dst[rows[g], offset + i] = dst[rows[g], offset + i] + src[g, i]
 
 
 @ti.kernel
-def _write_slice(dst: ti.template(), offset: ti.i32, src: ti.types.ndarray(dtype=ti.f32, ndim=2)):
-    for k, i in ti.ndrange(src.shape[0], src.shape[1]):
-        dst[k, offset + i] = src[k, i]
-
-
-@ti.kernel
-def _add_slice(dst: ti.template(), offset: ti.i32, src: ti.types.ndarray(dtype=ti.f32, ndim=2)):
-    for k, i in ti.ndrange(src.shape[0], src.shape[1]):
-        dst[k, offset + i] += src[k, i]
+def _write_rows(dst: ti.template(), offset: ti.i32, rows: ti.types.ndarray(dtype=ti.i32, ndim=1),
+                src: ti.types.ndarray(dtype=ti.f32, ndim=2)):
+    for g in range(src.shape[0]):
+        for i in range(src.shape[1]):
+            dst[rows[g], offset + i] = src[g, i]
 
 
 class ParamStore(RuntimeBound):
@@ -64,21 +59,16 @@ class ParamStore(RuntimeBound):
     def zero_grad(self):
         self.grads.fill(0)
 
+    def _all(self):
+        return np.arange(self.n_instances, dtype=np.int32)
+
     def read(self, field, offset: int, n: int) -> np.ndarray:
-        out = np.empty((self.n_instances, n), np.float32)
-        if n:
-            _read_slice(field, offset, out)
-        return out
+        return self.read_rows(field, offset, n, self._all())
 
     def write(self, field, offset: int, values: np.ndarray):
         values = np.ascontiguousarray(values, dtype=np.float32).reshape(self.n_instances, -1)
         if values.shape[1]:
-            _write_slice(field, offset, values)
-
-    def add(self, field, offset: int, values: np.ndarray):
-        values = np.ascontiguousarray(values, dtype=np.float32).reshape(self.n_instances, -1)
-        if values.shape[1]:
-            _add_slice(field, offset, values)
+            _write_rows(field, offset, self._all(), values)
 
     def set(self, offset: int, values: np.ndarray):
         """Set parameters: the training weights and, if separate, the inference weights too."""

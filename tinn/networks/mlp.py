@@ -32,20 +32,24 @@ from ..routing import Groups
 from . import activations
 from .network import Network
 
+_f32_1d = ti.types.ndarray(dtype=ti.f32, ndim=1)
 _f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
+_i32_1d = ti.types.ndarray(dtype=ti.i32, ndim=1)
+GROUPED_KERNEL_MIN_GROUPS = 10**9     # from this many networks in a batch on, one thread per network beats BLAS
 
 
 @functools.lru_cache(maxsize=None)
 def _activation_kernels(program, name: str):
+    """Elementwise act(z) and g *= act'(z) over flat arrays (flat loops vectorise; 2-D ones do not)."""
     @ti.kernel
-    def forward(z: _f32_2d, h: _f32_2d):
-        for i, j in ti.ndrange(z.shape[0], z.shape[1]):
-            h[i, j] = activations.value(name, z[i, j])
+    def forward(z: _f32_1d, h: _f32_1d):
+        for i in range(z.shape[0]):
+            h[i] = activations.value(name, z[i])
 
     @ti.kernel
-    def backward(z: _f32_2d, g: _f32_2d):
-        for i, j in ti.ndrange(z.shape[0], z.shape[1]):
-            g[i, j] *= activations.derivative(name, z[i, j])
+    def backward(z: _f32_1d, g: _f32_1d):
+        for i in range(z.shape[0]):
+            g[i] *= activations.derivative(name, z[i])
 
     return forward, backward
 
@@ -54,13 +58,13 @@ def _activate(name: str, z: np.ndarray) -> np.ndarray:
     if name == "None":
         return z
     h = np.empty_like(z)
-    _activation_kernels(current_program(), name)[0](z.reshape(-1, z.shape[-1]), h.reshape(-1, h.shape[-1]))
+    _activation_kernels(current_program(), name)[0](z.reshape(-1), h.reshape(-1))
     return h
 
 
 def _times_derivative(name: str, z: np.ndarray, g: np.ndarray):
     if name != "None":
-        _activation_kernels(current_program(), name)[1](z.reshape(-1, z.shape[-1]), g.reshape(-1, g.shape[-1]))
+        _activation_kernels(current_program(), name)[1](z.reshape(-1), g.reshape(-1))
 
 
 @networks.register("CutlassMLP", "MLP", "FullyFusedMLP", "MegakernelMLP")
@@ -138,6 +142,11 @@ class MLP(Network):
 
     def _run(self, x, instance, keep: bool):
         groups = Groups(instance, self.n_instances, x.shape[0])
+        if groups.n_groups >= GROUPED_KERNEL_MIN_GROUPS:
+            field = self.store.params if keep else self.store.inference_params
+            y = np.zeros((x.shape[0], self.padded_output_width), np.float32)
+            self._grouped(field).forward(x, groups.order, groups.starts, groups.active, y)
+            return y, (Context(self, x, instance, groups=groups) if keep else None)
         weights = self._matrices(groups, self.store.params if keep else self.store.inference_params)
         h = groups.gather(x)
         hs, zs = [h], []
@@ -157,7 +166,20 @@ class MLP(Network):
     def _forward(self, x, instance):
         return self._run(x, instance, keep=True)
 
+    def _grouped(self, field):
+        """Kernels for many small groups: one thread per network, its weights and gradients private."""
+        cache = self.__dict__.setdefault("_grouped_kernels", {})
+        if field not in cache:
+            cache[field] = _GroupedKernels(self, field)
+        return cache[field]
+
     def _backward(self, ctx, dL_dy, input_gradient):
+        if not hasattr(ctx, "weights"):                      # the forward pass used the grouped kernels
+            groups = ctx.groups
+            dx = np.empty((ctx.x.shape[0], self.n_input_dims), np.float32)
+            self._grouped(self.store.params).backward(ctx.x, np.ascontiguousarray(dL_dy), groups.order,
+                                                      groups.starts, groups.active, dx)
+            return dx if input_gradient else None
         groups, weights, zs, hs = ctx.groups, ctx.weights, ctx.zs, ctx.hs
         g = groups.gather(dL_dy)
         if g is dL_dy or g.base is dL_dy:
@@ -259,3 +281,39 @@ def sample_funcs(mlp: MLP, weights, atomic: bool):
         return head(g, n_in)
 
     return func, backward_func
+
+
+class _GroupedKernels:
+    """Forward and backward over samples sorted by network: group g (network active[g]) owns
+    samples order[starts[g]:starts[g+1]], handled by one thread with plain gradient adds."""
+
+    def __init__(self, mlp: MLP, weights):
+        forward_one, backward_one = sample_funcs(mlp, weights, atomic=False)
+        n_in, n_out = mlp.n_input_dims, mlp.n_output_dims
+
+        @ti.func
+        def row(a: ti.template(), b, n: ti.template()):
+            v = ti.Vector.zero(ti.f32, n)
+            for i in ti.static(range(n)):
+                v[i] = a[b, i]
+            return v
+
+        @ti.kernel
+        def forward(x: _f32_2d, order: _i32_1d, starts: _i32_1d, active: _i32_1d, y: _f32_2d):
+            for g in range(active.shape[0]):
+                for s in range(starts[g], starts[g + 1]):
+                    b = order[s]
+                    out = forward_one(row(x, b, n_in), active[g])
+                    for i in ti.static(range(n_out)):
+                        y[b, i] = out[i]
+
+        @ti.kernel
+        def backward(x: _f32_2d, dy: _f32_2d, order: _i32_1d, starts: _i32_1d, active: _i32_1d, dx: _f32_2d):
+            for g in range(active.shape[0]):
+                for s in range(starts[g], starts[g + 1]):
+                    b = order[s]
+                    grad = backward_one(row(x, b, n_in), row(dy, b, n_out), active[g])
+                    for i in ti.static(range(n_in)):
+                        dx[b, i] = grad[i]
+
+        self.forward, self.backward = forward, backward
