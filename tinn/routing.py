@@ -17,8 +17,6 @@ class Groups:
         if instance is None:                       # one network, samples in order
             self.active = np.zeros(1, np.int32)
             self.size = batch
-            self.order = None
-            self.starts = np.array([0, batch], np.int32)
             self._slots = None
             return
         counts = np.bincount(instance, minlength=n_instances)
@@ -28,8 +26,6 @@ class Groups:
         group_of[self.active] = np.arange(len(self.active))
         order = np.argsort(instance, kind="stable")
         starts = np.cumsum(counts) - counts
-        self.order = order.astype(np.int32)                                   # samples sorted by network
-        self.starts = np.append(starts[self.active], batch).astype(np.int32)  # group g: order[starts[g]:starts[g+1]]
         sorted_ids = instance[order]
         slot = group_of[sorted_ids] * self.size + (np.arange(batch) - starts[sorted_ids])
         self._slots = np.empty(batch, np.int64)

@@ -34,8 +34,6 @@ from .network import Network
 
 _f32_1d = ti.types.ndarray(dtype=ti.f32, ndim=1)
 _f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
-_i32_1d = ti.types.ndarray(dtype=ti.i32, ndim=1)
-GROUPED_KERNEL_MIN_GROUPS = 10**9     # from this many networks in a batch on, one thread per network beats BLAS
 
 
 @functools.lru_cache(maxsize=None)
@@ -124,7 +122,7 @@ class MLP(Network):
 
     def _sample_funcs(self):
         if getattr(self, "_funcs", None) is None:
-            self._funcs = sample_funcs(self, self.store.params, atomic=True)
+            self._funcs = sample_funcs(self, self.store.params)
         return self._funcs
 
     # -- batch API ---------------------------------------------------------------
@@ -142,11 +140,6 @@ class MLP(Network):
 
     def _run(self, x, instance, keep: bool):
         groups = Groups(instance, self.n_instances, x.shape[0])
-        if groups.n_groups >= GROUPED_KERNEL_MIN_GROUPS:
-            field = self.store.params if keep else self.store.inference_params
-            y = np.zeros((x.shape[0], self.padded_output_width), np.float32)
-            self._grouped(field).forward(x, groups.order, groups.starts, groups.active, y)
-            return y, (Context(self, x, instance, groups=groups) if keep else None)
         weights = self._matrices(groups, self.store.params if keep else self.store.inference_params)
         h = groups.gather(x)
         hs, zs = [h], []
@@ -166,20 +159,7 @@ class MLP(Network):
     def _forward(self, x, instance):
         return self._run(x, instance, keep=True)
 
-    def _grouped(self, field):
-        """Kernels for many small groups: one thread per network, its weights and gradients private."""
-        cache = self.__dict__.setdefault("_grouped_kernels", {})
-        if field not in cache:
-            cache[field] = _GroupedKernels(self, field)
-        return cache[field]
-
     def _backward(self, ctx, dL_dy, input_gradient):
-        if not hasattr(ctx, "weights"):                      # the forward pass used the grouped kernels
-            groups = ctx.groups
-            dx = np.empty((ctx.x.shape[0], self.n_input_dims), np.float32)
-            self._grouped(self.store.params).backward(ctx.x, np.ascontiguousarray(dL_dy), groups.order,
-                                                      groups.starts, groups.active, dx)
-            return dx if input_gradient else None
         groups, weights, zs, hs = ctx.groups, ctx.weights, ctx.zs, ctx.hs
         g = groups.gather(dL_dy)
         if g is dL_dy or g.base is dL_dy:
@@ -194,13 +174,12 @@ class MLP(Network):
         return groups.scatter(g) if input_gradient else None
 
 
-def sample_funcs(mlp: MLP, weights, atomic: bool):
-    """Per-sample forward and backward ``ti.func``\ s of ``mlp`` reading ``weights[instance, ...]``.
+def sample_funcs(mlp: MLP, weights):
+    """Per-sample forward and backward ``ti.func``\\ s of ``mlp`` reading ``weights[instance, ...]``.
 
     Activations live in local buffers as wide as the widest layer, indexed dynamically, so
     only the (few) layers are unrolled. The backward recomputes the forward pass and adds
-    ``dL/dW`` to the gradients: atomically for user kernels (``atomic=True``), or with plain
-    adds where one thread owns a network's gradients.
+    ``dL/dW`` to the gradients atomically (user kernels run samples in parallel).
     """
     grads, base = mlp.store.grads, mlp._offset
     layers = mlp.layer_sizes()
@@ -208,13 +187,6 @@ def sample_funcs(mlp: MLP, weights, atomic: bool):
     acts = [mlp._act(i) for i in range(len(layers))]
     n_in, n_out, width = mlp.n_input_dims, mlp.n_output_dims, max(max(r, c) for r, c in layers)
     n_layers = len(layers)
-
-    @ti.func
-    def add(k, i, v):
-        if ti.static(atomic):
-            ti.atomic_add(grads[k, i], v)
-        else:
-            grads[k, i] = grads[k, i] + v
 
     @ti.func
     def layer(k, inputs, li: ti.template()):
@@ -275,45 +247,10 @@ def sample_funcs(mlp: MLP, weights, atomic: bool):
             below = ti.Vector.zero(ti.f32, width)
             for r in range(rows):
                 for c in range(cols):
-                    add(k, off + r * cols + c, g[r] * hs[li, c])
+                    ti.atomic_add(grads[k, off + r * cols + c], g[r] * hs[li, c])
                     below[c] += weights[k, off + r * cols + c] * g[r]
             g = below
         return head(g, n_in)
 
     return func, backward_func
 
-
-class _GroupedKernels:
-    """Forward and backward over samples sorted by network: group g (network active[g]) owns
-    samples order[starts[g]:starts[g+1]], handled by one thread with plain gradient adds."""
-
-    def __init__(self, mlp: MLP, weights):
-        forward_one, backward_one = sample_funcs(mlp, weights, atomic=False)
-        n_in, n_out = mlp.n_input_dims, mlp.n_output_dims
-
-        @ti.func
-        def row(a: ti.template(), b, n: ti.template()):
-            v = ti.Vector.zero(ti.f32, n)
-            for i in ti.static(range(n)):
-                v[i] = a[b, i]
-            return v
-
-        @ti.kernel
-        def forward(x: _f32_2d, order: _i32_1d, starts: _i32_1d, active: _i32_1d, y: _f32_2d):
-            for g in range(active.shape[0]):
-                for s in range(starts[g], starts[g + 1]):
-                    b = order[s]
-                    out = forward_one(row(x, b, n_in), active[g])
-                    for i in ti.static(range(n_out)):
-                        y[b, i] = out[i]
-
-        @ti.kernel
-        def backward(x: _f32_2d, dy: _f32_2d, order: _i32_1d, starts: _i32_1d, active: _i32_1d, dx: _f32_2d):
-            for g in range(active.shape[0]):
-                for s in range(starts[g], starts[g + 1]):
-                    b = order[s]
-                    grad = backward_one(row(x, b, n_in), row(dy, b, n_out), active[g])
-                    for i in ti.static(range(n_in)):
-                        dx[b, i] = grad[i]
-
-        self.forward, self.backward = forward, backward
