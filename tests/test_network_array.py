@@ -1,0 +1,134 @@
+"""Network arrays: K networks in one object, each sample routed to its own (DESIGN "Network arrays")."""
+import numpy as np
+import pytest
+
+import tinn
+
+CONFIG = {"loss": {"otype": "L2"}, "optimizer": {"otype": "Adam", "learning_rate": 1e-2, "l2_reg": 0.0},
+          "encoding": {"otype": "HashGrid", "n_levels": 3, "log2_hashmap_size": 7, "base_resolution": 4},
+          "network": {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 2}}
+K = 4
+
+
+@pytest.fixture
+def data(rng):
+    return rng.random((K, 32, 2), dtype=np.float32), rng.random((K, 32, 3), dtype=np.float32)
+
+
+def singles_like(array_model):
+    """K single-network models starting from the array's instance parameters."""
+    models = [tinn.create_from_config(2, 3, CONFIG) for _ in range(K)]
+    for k, m in enumerate(models):
+        m.network.set_params(array_model.network.params()[k])
+    return models
+
+
+def test_shapes_of_parameters_and_outputs(data):
+    model = tinn.create_from_config(2, 3, CONFIG, n_instances=K)
+    n = model.network.n_params
+    assert model.network.params().shape == (K, n)
+    assert model.network.gradients().shape == (K, n)
+    x, _ = data
+    assert model.network.inference(x).shape == (K, 32, 3)                          # dense batch
+    ids = np.repeat(np.arange(K, dtype=np.int32), 32)
+    assert model.network.inference(x.reshape(-1, 2), ids).shape == (K * 32, 3)      # routed batch
+
+
+def test_instances_start_different_and_set_params_per_instance(data):
+    model = tinn.create_from_config(2, 3, CONFIG, n_instances=K)
+    p = model.network.params()
+    assert not np.array_equal(p[0], p[1])
+    p[2] = 0.5
+    model.network.set_params(p)
+    np.testing.assert_array_equal(model.network.params()[2], np.full(p.shape[1], 0.5, np.float32))
+
+
+def test_joint_training_equals_training_each_alone(data):
+    """Adam, l2_reg 0, equal counts: the array ends where K separately trained networks end."""
+    x, y = data
+    array = tinn.create_from_config(2, 3, CONFIG, n_instances=K)
+    singles = singles_like(array)
+    for _ in range(4):
+        array.trainer.training_step(x, y)
+        for k, m in enumerate(singles):
+            m.trainer.training_step(x[k], y[k])
+    for k, m in enumerate(singles):
+        np.testing.assert_allclose(array.network.params()[k], m.network.params(), rtol=1e-5, atol=1e-6)
+
+
+def test_outputs_and_gradients_equal_single_networks(data, rng):
+    x, _ = data
+    array = tinn.create_from_config(2, 3, CONFIG, n_instances=K)
+    singles = singles_like(array)
+    dy = rng.normal(size=(K, 32, 3)).astype(np.float32)
+    out, ctx = array.network.forward(x)
+    dx = array.network.backward(ctx, dy)
+    for k, m in enumerate(singles):
+        o, c = m.network.forward(x[k])
+        np.testing.assert_allclose(out[k], o, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(dx[k], m.network.backward(c, dy[k]), rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(array.network.gradients()[k], m.network.gradients(), rtol=1e-4, atol=1e-6)
+
+
+def test_networks_without_samples_are_left_exactly_as_they_were(data):
+    x, y = data
+    model = tinn.create_from_config(2, 3, CONFIG, n_instances=K)
+    model.trainer.training_step(x, y)                                   # give every network Adam state
+    before = model.network.params().copy()
+    ids = np.repeat(np.array([0, 2], np.int32), 32)
+    xs = np.concatenate([x[0], x[2]])
+    ys = np.concatenate([y[0], y[2]])
+    for _ in range(3):
+        model.trainer.training_step(xs, ys, instance=ids)
+    after = model.network.params()
+    np.testing.assert_array_equal(after[1], before[1])
+    np.testing.assert_array_equal(after[3], before[3])
+    assert not np.array_equal(after[0], before[0]) and not np.array_equal(after[2], before[2])
+
+
+def test_unbalanced_shuffled_routing_equals_sorted_routing(rng):
+    counts = [5, 0, 40, 11]
+    ids = np.repeat(np.arange(K, dtype=np.int32), counts)
+    x = rng.random((len(ids), 2), dtype=np.float32)
+    y = rng.random((len(ids), 3), dtype=np.float32)
+    perm = rng.permutation(len(ids))
+    a = tinn.create_from_config(2, 3, CONFIG, n_instances=K)
+    b = tinn.create_from_config(2, 3, CONFIG, n_instances=K)
+    for _ in range(3):
+        loss_a = a.trainer.training_step(x, y, instance=ids)
+        loss_b = b.trainer.training_step(x[perm], y[perm], instance=ids[perm])
+        assert loss_a == pytest.approx(loss_b, rel=1e-5)
+    np.testing.assert_allclose(a.network.params(), b.network.params(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(a.network.inference(x[perm], ids[perm]), a.network.inference(x, ids)[perm],
+                               rtol=1e-6, atol=1e-7)
+
+
+def test_per_network_losses(data):
+    x, y = data
+    model = tinn.create_from_config(2, 3, CONFIG, n_instances=K)
+    singles = singles_like(model)
+    loss, per_network = model.trainer.training_step(x, y, per_instance=True)
+    assert per_network.shape == (K,)
+    expected = [m.trainer.training_step(x[k], y[k]) for k, m in enumerate(singles)]
+    np.testing.assert_allclose(per_network, expected, rtol=1e-5)
+    assert loss == pytest.approx(np.mean(expected), rel=1e-5)
+
+
+def test_routing_errors(data):
+    x, y = data
+    model = tinn.create_from_config(2, 3, CONFIG, n_instances=K)
+    flat = x.reshape(-1, 2)
+    with pytest.raises(ValueError, match="instance="):
+        model.network.inference(flat)
+    with pytest.raises(ValueError, match=r"\[0, 4\)"):
+        model.network.inference(flat, np.full(len(flat), 4, np.int32))
+    with pytest.raises(ValueError, match=r"\[0, 4\)"):
+        model.network.inference(flat, np.full(len(flat), -1, np.int32))
+    with pytest.raises(TypeError, match="int32"):
+        model.network.inference(flat, np.zeros(len(flat), np.float32))
+    with pytest.raises(ValueError, match="shape"):
+        model.network.inference(flat, np.zeros(3, np.int32))
+    with pytest.raises(ValueError, match="dense batch"):
+        model.network.inference(x[:3])
+    with pytest.raises(ValueError, match="n_instances"):
+        tinn.create_from_config(2, 3, CONFIG, n_instances=0)
