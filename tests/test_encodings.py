@@ -1,80 +1,26 @@
 """Encodings (spec §1.0–1.2, §1.6) against independent NumPy references.
 
-Every formula below is written from ``shared/spec/TCNN_REFERENCE.md``; nothing in
-this file computes an expected value with tinn code. Forward values are compared
+The references (``tests/reference.py``) are written from ``shared/spec/TCNN_REFERENCE.md``;
+nothing here computes an expected value with tinn code. Forward values are compared
 with a float64 evaluation of the formula, analytic gradients with central finite
 differences of that reference (float64) or with the reference's own gradient,
-which is itself checked against finite differences first.
+which is itself checked against finite differences first. Every registered encoding
+is also swept in ``tests/test_registry_sweep.py``.
 """
 from collections import namedtuple
-from itertools import product
 
 import numpy as np
 import pytest
 
 import tinn
-
-
-# ---------------------------------------------------------------------------------------------
-# Shared helpers
-# ---------------------------------------------------------------------------------------------
-
-def next_multiple(v, k):
-    """§0.1: ceil(v / k) · k."""
-    return -(-v // k) * k
-
-
-def padded(y, width, fill):
-    """§1.0: the padded output: real values first, then ``fill`` up to ``width`` columns."""
-    out = np.full((y.shape[0], width), fill, np.float64)
-    out[:, : y.shape[1]] = y
-    return out
-
-
-def fd_input_gradient(f, x, dL_dy, h):
-    """Central differences, in float64, of L(x) = Σ_j dL_dy_j · f(x)_j with respect to every input.
-
-    Samples are independent, so one dimension is perturbed for the whole batch at once.
-    """
-    x = x.astype(np.float64)
-    g = np.zeros_like(x)
-    for d in range(x.shape[1]):
-        e = np.zeros_like(x)
-        e[:, d] = h
-        g[:, d] = ((f(x + e) - f(x - e)) * dL_dy).sum(1) / (2 * h)
-    return g
-
-
-def assert_within(actual, expected, tol):
-    """|actual − expected| ≤ tol elementwise (tol may be an array), with a readable failure message."""
-    err = np.abs(np.asarray(actual, np.float64) - np.asarray(expected, np.float64))
-    tol = np.broadcast_to(tol, err.shape)
-    bad = err > tol
-    assert not bad.any(), (f"{bad.sum()} of {bad.size} elements exceed the tolerance; worst excess at "
-                           f"{np.unravel_index(np.argmax(err - tol), err.shape)}: err {err.max():.3g}, "
-                           f"first bad: actual {np.asarray(actual)[bad][:5]}, expected {np.asarray(expected)[bad][:5]}")
-
-
-def assert_close(actual, expected, rtol, atol_rel=None, atol=0.0):
-    """``assert_allclose`` with an absolute floor relative to the largest expected magnitude."""
-    expected = np.asarray(expected, np.float64)
-    if atol_rel is not None:
-        atol = max(atol, atol_rel * float(np.abs(expected).max(initial=0.0)))
-    np.testing.assert_allclose(np.asarray(actual, np.float64), expected, rtol=rtol, atol=atol)
+from reference import (assert_close, assert_within, coherent_prime_hash, fd_input_gradient, frequency_grad_ref,
+                       frequency_ref, grid_geometry, grid_index, grid_param_grad_ref, grid_ref, identity_grad_ref,
+                       identity_ref, interior_points, next_multiple, padded)
 
 
 # ---------------------------------------------------------------------------------------------
 # §1.1 Identity
 # ---------------------------------------------------------------------------------------------
-
-def identity_ref(x, scale, offset):
-    """§1.1: y_j = scale · x_j + offset."""
-    return scale * x.astype(np.float64) + offset
-
-
-def identity_grad_ref(dL_dy, scale):
-    """§1.1: dL/dx_j = scale · dL/dy_j."""
-    return scale * dL_dy.astype(np.float64)
 
 
 @pytest.mark.parametrize("scale, offset", [(1.0, 0.0), (2.5, -0.75)])
@@ -114,23 +60,6 @@ def test_identity_padding_is_one_after_the_values():
 # ---------------------------------------------------------------------------------------------
 # §1.2 Frequency
 # ---------------------------------------------------------------------------------------------
-
-def frequency_ref(x, F):
-    """§1.2: y[d·2F + 2f + s] = sin(2^f · π · x_d + s · π/2)."""
-    x = x.astype(np.float64)
-    y = np.empty((x.shape[0], x.shape[1] * 2 * F))
-    for d, f, s in product(range(x.shape[1]), range(F), range(2)):
-        y[:, d * 2 * F + 2 * f + s] = np.sin(2.0 ** f * np.pi * x[:, d] + s * np.pi / 2)
-    return y
-
-
-def frequency_grad_ref(x, dL_dy, F):
-    """§1.2: dL/dx_d = Σ_{f,s} dL/dy[d,f,s] · 2^f · π · cos(2^f · π · x_d + s · π/2)."""
-    x = x.astype(np.float64)
-    g = np.zeros(x.shape)
-    for d, f, s in product(range(x.shape[1]), range(F), range(2)):
-        g[:, d] += dL_dy[:, d * 2 * F + 2 * f + s] * 2.0 ** f * np.pi * np.cos(2.0 ** f * np.pi * x[:, d] + s * np.pi / 2)
-    return g
 
 
 def frequency_phase_error(x, F):
@@ -198,124 +127,6 @@ def test_frequency_backward(n_dims, F, alignment, batch):
     atol = (np.abs(dL_dy[:, :raw]) * term_scale * err).reshape(batch, n_dims, 2 * F).sum(-1)
     assert_within(dx, expected, atol + 1e-5 * np.abs(expected) + 1e-6)
     assert enc.backward(ctx, dL_dy, input_gradient=False) is None
-
-
-# ---------------------------------------------------------------------------------------------
-# §1.6 Grid encodings: reference
-# ---------------------------------------------------------------------------------------------
-
-Level = namedtuple("Level", "scale res entries offset hashed")
-
-PRIMES = (1, 2654435761, 805459861, 3674653429, 2097192037, 1434869437, 2165219737)
-MAX_BASE = {1: 0xFFFFFFFF, 2: 0xFFFF, 3: 0x659, 4: 0xFF}   # D = 1 is a tinn extension (spec §8 A12)
-
-
-def grid_geometry(D, grid_type, n_levels, log2_hashmap_size=19, base_resolution=16, per_level_scale=2.0):
-    """§1.6.2–1.6.4: per level the float32 scale, resolution, entries, entry offset and hashed-or-dense.
-
-    scale_l = exp2(l · log2 b) · N_min − 1 (float32), res_l = ceil(scale_l) + 1,
-    entries_l = next_multiple(res_l^D, 8), capped at 2^log2_hashmap_size (Hash) or N_min^D (Tiled);
-    a Hash level is hashed only when its table is smaller than res_l^D.
-    """
-    f32 = np.float32
-    log2b = f32(np.log2(f32(per_level_scale)))
-    levels, offset = [], 0
-    for l in range(n_levels):
-        scale = f32(f32(np.exp2(f32(f32(l) * log2b))) * f32(base_resolution)) - f32(1)
-        res = int(np.ceil(np.float64(scale))) + 1
-        entries = next_multiple(min(res ** D, (2 ** 32 - 1) // 2), 8)
-        if grid_type == "Tiled":
-            entries = min(entries, base_resolution ** D)
-        elif grid_type == "Hash":
-            entries = min(entries, 2 ** log2_hashmap_size)
-        stride = res ** D if res <= MAX_BASE[D] else 0xFFFFFFFF
-        levels.append(Level(scale, res, entries, offset, grid_type == "Hash" and entries < stride))
-        offset += entries
-    return levels
-
-
-def coherent_prime_hash(p):
-    """§1.6.4: hash(p) = XOR_d (p_d · π_d mod 2^32)."""
-    p = np.asarray(p, np.uint64)
-    h = np.zeros(p.shape[:-1], np.uint64)
-    for d in range(p.shape[-1]):
-        h ^= (p[..., d] * np.uint64(PRIMES[d])) & np.uint64(0xFFFFFFFF)
-    return h
-
-
-def grid_index(p, level):
-    """§1.6.4: entry of integer position p at a level: dense Σ_d p_d·res^d (uint32) or the hash, mod entries."""
-    p = np.asarray(p, np.uint64)
-    if level.hashed:
-        idx = coherent_prime_hash(p)
-    else:
-        idx = np.zeros(p.shape[:-1], np.uint64)
-        for d in range(p.shape[-1]):
-            idx = (idx + p[..., d] * np.uint64(level.res ** d)) & np.uint64(0xFFFFFFFF)
-    return (idx % np.uint64(level.entries)).astype(np.int64)
-
-
-def grid_corners(x, level, interpolation, exact=False):
-    """§1.6.5 at one level: (entry index, weight) of each interpolation corner, per sample.
-
-    pos = scale·x + 0.5, p = floor(pos), t = pos − p; w = t (Linear) or t²(3 − 2t) (Smoothstep);
-    a corner c weighs Π_d (c_d ? w_d : 1 − w_d). Nearest uses the lower corner with weight 1.
-    ``exact=False`` forms pos in float32 as tcnn does; ``exact=True`` in float64 (for finite differences).
-    """
-    if exact:
-        pos = np.float64(level.scale) * x.astype(np.float64) + 0.5
-    else:
-        pos = level.scale * x.astype(np.float32) + np.float32(0.5)
-    p = np.floor(pos)
-    t = (pos - p).astype(np.float64)
-    p = p.astype(np.int64)
-    D = x.shape[1]
-    if interpolation == "Nearest":
-        return [(grid_index(p, level), np.ones(x.shape[0]))]
-    w = t * t * (3 - 2 * t) if interpolation == "Smoothstep" else t
-    out = []
-    for c in product((0, 1), repeat=D):
-        weight = np.prod([w[:, d] if c[d] else 1 - w[:, d] for d in range(D)], axis=0)
-        out.append((grid_index(p + np.array(c), level), weight))
-    return out
-
-
-def grid_ref(x, params, levels, F, interpolation, exact=False):
-    """§1.6.5: y_{l,f} = Σ_c weight_c · θ[(offset_l + index(p + c)) · F + f], output index l·F + f."""
-    theta = params.astype(np.float64)
-    y = np.zeros((x.shape[0], len(levels) * F))
-    for l, level in enumerate(levels):
-        for idx, weight in grid_corners(x, level, interpolation, exact):
-            y[:, l * F:(l + 1) * F] += weight[:, None] * theta[(level.offset + idx)[:, None] * F + np.arange(F)]
-    return y
-
-
-def grid_param_grad_ref(x, dL_dy, levels, F, interpolation, n_params):
-    """§1.6.6: dL/dθ[(offset_l + index(p + c))·F + f] += weight_c · dL/dy_{l,f}, summed over the batch."""
-    g = np.zeros(n_params)
-    for l, level in enumerate(levels):
-        for idx, weight in grid_corners(x, level, interpolation):
-            np.add.at(g, (level.offset + idx)[:, None] * F + np.arange(F),
-                      weight[:, None] * dL_dy[:, l * F:(l + 1) * F].astype(np.float64))
-    return g
-
-
-def interior_points(rng, n, D, levels, margin=0.01):
-    """Uniform x in [0,1)^D with every level's cell fraction t at least ``margin`` from 0 and 1.
-
-    The grid's input gradient and the Nearest output jump at cell boundaries, so finite
-    differences (and float32-vs-float64 floor) are only meaningful away from them.
-    """
-    pts = []
-    while sum(len(p) for p in pts) < n:
-        x = rng.random((4 * n, D)).astype(np.float32)
-        ok = np.ones(len(x), bool)
-        for level in levels:
-            t = np.float64(level.scale) * x.astype(np.float64) + 0.5
-            t -= np.floor(t)
-            ok &= ((t > margin) & (t < 1 - margin)).all(1)
-        pts.append(x[ok])
-    return np.concatenate(pts)[:n]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,142 +1,25 @@
 """Networks (spec §2) and NetworkWithInputEncoding (§2.5) against independent NumPy references.
 
-The MLP reference below is written from ``shared/spec/TCNN_REFERENCE.md`` §2.2–2.4 and
-evaluated in float64; its backward pass is checked against central finite differences
-before tinn's gradients are compared with it. Nothing here computes an expected value
-with tinn code.
+The MLP and activation references (``tests/reference.py``) are written from
+``shared/spec/TCNN_REFERENCE.md`` §2.2–2.4 and evaluated in float64; the reference backward
+pass is checked against central finite differences before tinn's gradients are compared
+with it. Nothing here computes an expected value with tinn code.
 """
 from collections import namedtuple
-from itertools import product
 
 import numpy as np
 import pytest
 
 import tinn
-
-ACTIVATION_NAMES = ("None", "ReLU", "LeakyReLU", "SiLU", "Exponential", "Sine", "Sigmoid", "Squareplus",
-                    "Softplus", "Tanh")
-K_ACT = 10.0
-
-
-# ---------------------------------------------------------------------------------------------
-# Shared helpers
-# ---------------------------------------------------------------------------------------------
-
-def next_multiple(v, k):
-    """§0.1: ceil(v / k) · k."""
-    return -(-v // k) * k
-
-
-def padded(y, width, fill):
-    """§1.0: real values first, then ``fill`` up to ``width`` columns."""
-    out = np.full((y.shape[0], width), fill, np.float64)
-    out[:, : y.shape[1]] = y
-    return out
-
-
-def assert_close(actual, expected, rtol, atol_rel=None, atol=0.0):
-    """``assert_allclose`` with an absolute floor relative to the largest expected magnitude."""
-    expected = np.asarray(expected, np.float64)
-    if atol_rel is not None:
-        atol = max(atol, atol_rel * float(np.abs(expected).max(initial=0.0)))
-    np.testing.assert_allclose(np.asarray(actual, np.float64), expected, rtol=rtol, atol=atol)
-
-
-def fd_gradient(loss, v, h):
-    """Central differences, in float64, of the scalar ``loss`` with respect to every entry of ``v``."""
-    v = np.array(v, np.float64)
-    g = np.zeros_like(v)
-    for i in np.ndindex(v.shape):
-        e = np.zeros_like(v)
-        e[i] = h
-        g[i] = (loss(v + e) - loss(v - e)) / (2 * h)
-    return g
-
-
-def fd_input_gradient(f, x, dL_dy, h):
-    """Central differences of L(x) = Σ dL_dy · f(x) per input, perturbing one dimension of all samples at once."""
-    x = x.astype(np.float64)
-    g = np.zeros_like(x)
-    for d in range(x.shape[1]):
-        e = np.zeros_like(x)
-        e[:, d] = h
-        g[:, d] = ((f(x + e) - f(x - e)) * dL_dy).sum(1) / (2 * h)
-    return g
+from reference import (ACTIVATIONS as ACTIVATION_NAMES, act_grad_from_output_ref, act_grad_ref, act_ref,
+                       assert_close, fd_gradient, fd_input_gradient, frequency_ref, grid_geometry,
+                       grid_param_grad_ref, grid_ref, identity_ref, interior_points, mlp_backward_ref,
+                       mlp_forward_ref, mlp_shapes, mlp_unflatten, next_multiple, padded, random_weights)
 
 
 # ---------------------------------------------------------------------------------------------
 # §2.3 Activations
 # ---------------------------------------------------------------------------------------------
-
-def sigmoid(z):
-    return 1.0 / (1.0 + np.exp(-z))
-
-
-def act_ref(name, z):
-    """§2.3 forward y(z); Softplus and Squareplus are rescaled by K_ACT = 10."""
-    if name == "None":
-        return z
-    if name == "ReLU":
-        return np.maximum(z, 0.0)
-    if name == "LeakyReLU":
-        return np.where(z > 0, z, 0.01 * z)
-    if name == "SiLU":
-        return z * sigmoid(z)
-    if name == "Exponential":
-        return np.exp(z)
-    if name == "Sine":
-        return np.sin(z)
-    if name == "Sigmoid":
-        return sigmoid(z)
-    if name == "Squareplus":
-        X = K_ACT * z
-        return 0.5 * (X + np.sqrt(X * X + 4.0)) / K_ACT
-    if name == "Softplus":
-        return np.logaddexp(0.0, K_ACT * z) / K_ACT          # ln(1 + e^(10z)) / 10 without overflow
-    if name == "Tanh":
-        return np.tanh(z)
-    raise ValueError(name)
-
-
-def act_grad_ref(name, z):
-    """§2.3 derivative from the pre-activation z (the true derivative, also for output Sine/SiLU: §8 A7)."""
-    if name == "None":
-        return np.ones_like(z)
-    if name == "ReLU":
-        return (z > 0).astype(np.float64)
-    if name == "LeakyReLU":
-        return np.where(z > 0, 1.0, 0.01)
-    if name == "SiLU":
-        s = sigmoid(z)
-        return s + z * s * (1 - s)
-    if name == "Exponential":
-        return np.exp(z)
-    if name == "Sine":
-        return np.cos(z)
-    if name == "Sigmoid":
-        return sigmoid(z) * (1 - sigmoid(z))
-    if name == "Squareplus":
-        X = K_ACT * z
-        return 0.5 * (1 + X / np.sqrt(X * X + 4.0))
-    if name == "Softplus":
-        return sigmoid(K_ACT * z)                              # e^(10z) / (e^(10z) + 1)
-    if name == "Tanh":
-        return 1 - np.tanh(z) ** 2
-    raise ValueError(name)
-
-
-def act_grad_from_output_ref(name, y):
-    """§2.3 third column: the derivative written in terms of the output y (None where tcnn has none)."""
-    return {
-        "None": lambda: np.ones_like(y),
-        "ReLU": lambda: (y > 0).astype(np.float64),
-        "LeakyReLU": lambda: np.where(y > 0, 1.0, 0.01),
-        "Exponential": lambda: y,
-        "Sigmoid": lambda: y * (1 - y),
-        "Squareplus": lambda: (K_ACT * y) ** 2 / ((K_ACT * y) ** 2 + 1),
-        "Softplus": lambda: 1 - np.exp(-K_ACT * y),
-        "Tanh": lambda: 1 - y ** 2,
-    }.get(name, lambda: None)()
 
 
 @pytest.mark.parametrize("name", ACTIVATION_NAMES)
@@ -159,56 +42,6 @@ def test_activation_reference_derivatives(name):
 # ---------------------------------------------------------------------------------------------
 # §2.2 MLP reference
 # ---------------------------------------------------------------------------------------------
-
-def mlp_shapes(n_in, n_neurons, n_hidden_layers, n_out):
-    """§2.2: W_0 H×n_in, NL−1 matrices H×H, W_NL P×H with P = next_multiple(n_out, 16); NL = 0: one P×n_in."""
-    P = next_multiple(n_out, 16)
-    if n_hidden_layers == 0:
-        return [(P, n_in)]
-    return [(n_neurons, n_in)] + [(n_neurons, n_neurons)] * (n_hidden_layers - 1) + [(P, n_neurons)]
-
-
-def mlp_unflatten(params, shapes):
-    """§2.2 layout: the matrices in order, each row-major (W[r][c] at offset + r·cols + c)."""
-    Ws, off = [], 0
-    for r, c in shapes:
-        Ws.append(np.asarray(params[off:off + r * c], np.float64).reshape(r, c))
-        off += r * c
-    assert off == len(params)
-    return Ws
-
-
-def mlp_forward_ref(x, Ws, act, out_act):
-    """§2.2: h_0 = x, h_k = act(W_{k−1} h_{k−1}), y = out_act(W_NL h_NL) (padded width P). Returns y, zs, hs."""
-    h = x.astype(np.float64)
-    zs, hs = [], [h]
-    for i, W in enumerate(Ws):
-        z = h @ W.T
-        h = act_ref(out_act if i == len(Ws) - 1 else act, z)
-        zs.append(z)
-        hs.append(h)
-    return h, zs, hs
-
-
-def mlp_backward_ref(Ws, zs, hs, dL_dy, act, out_act):
-    """§2.2: δ = out_act'(z) ⊙ dL/dy; dL/dW_k = δ_{k+1}ᵀ h_k (summed over the batch); δ_k = act'(z_k) ⊙ δ_{k+1} W_k.
-
-    ``dL_dy`` has the padded width P (zero on the padded rows). Returns ([dL/dW_k], dL/dx).
-    """
-    g = dL_dy.astype(np.float64)
-    dWs = [None] * len(Ws)
-    for i in reversed(range(len(Ws))):
-        g = g * act_grad_ref(out_act if i == len(Ws) - 1 else act, zs[i])
-        dWs[i] = g.T @ hs[i]
-        g = g @ Ws[i]
-    return dWs, g
-
-
-def random_weights(shapes, rng, gain=1.0):
-    """Xavier-scaled random matrices (flat, float32) for set_params."""
-    return np.concatenate([rng.uniform(-1, 1, r * c) * gain * np.sqrt(6 / (r + c)) for r, c in shapes]
-                          ).astype(np.float32)
-
 
 @pytest.mark.parametrize("act", ACTIVATION_NAMES)
 @pytest.mark.parametrize("n_hidden_layers", [0, 2])
@@ -388,91 +221,6 @@ def test_mlp_gradient_modes_and_no_input_gradient():
 
 
 # ---------------------------------------------------------------------------------------------
-# §2.5 NetworkWithInputEncoding: references of the encodings used (spec §1.1, §1.2, §1.6)
-# ---------------------------------------------------------------------------------------------
-
-def identity_ref(x, scale, offset):
-    """§1.1: y = scale · x + offset."""
-    return scale * x.astype(np.float64) + offset
-
-
-def frequency_ref(x, F):
-    """§1.2: y[d·2F + 2f + s] = sin(2^f · π · x_d + s · π/2)."""
-    x = x.astype(np.float64)
-    return np.stack([np.sin(2.0 ** f * np.pi * x[:, d] + s * np.pi / 2)
-                     for d in range(x.shape[1]) for f in range(F) for s in range(2)], axis=1)
-
-
-Level = namedtuple("Level", "scale res entries offset hashed")
-PRIMES = (1, 2654435761, 805459861, 3674653429)
-
-
-def hash_grid_geometry(D, n_levels, log2_hashmap_size, base_resolution, per_level_scale):
-    """§1.6.2–1.6.3 for type Hash (float32 scale; table capped at 2^log2_hashmap_size; hashed iff smaller than res^D)."""
-    f32 = np.float32
-    log2b = f32(np.log2(f32(per_level_scale)))
-    levels, offset = [], 0
-    for l in range(n_levels):
-        scale = f32(f32(np.exp2(f32(f32(l) * log2b))) * f32(base_resolution)) - f32(1)
-        res = int(np.ceil(np.float64(scale))) + 1
-        entries = min(next_multiple(res ** D, 8), 2 ** log2_hashmap_size)
-        levels.append(Level(scale, res, entries, offset, entries < res ** D))
-        offset += entries
-    return levels
-
-
-def hash_grid_corners(x, level):
-    """§1.6.4–1.6.5, Linear: (entry index, weight) per corner; index = dense Σ p_d·res^d or XOR_d p_d·π_d, mod entries."""
-    pos = np.float64(level.scale) * x.astype(np.float64) + 0.5
-    p = np.floor(pos).astype(np.uint64)
-    w = pos - np.floor(pos)
-    out = []
-    for c in product((0, 1), repeat=x.shape[1]):
-        q = p + np.array(c, np.uint64)
-        idx = np.zeros(len(x), np.uint64)
-        for d in range(x.shape[1]):
-            if level.hashed:
-                idx ^= (q[:, d] * np.uint64(PRIMES[d])) & np.uint64(0xFFFFFFFF)
-            else:
-                idx += q[:, d] * np.uint64(level.res ** d)
-        weight = np.prod([w[:, d] if c[d] else 1 - w[:, d] for d in range(x.shape[1])], axis=0)
-        out.append(((idx % np.uint64(level.entries)).astype(np.int64), weight))
-    return out
-
-
-def hash_grid_ref(x, theta, levels, F):
-    """§1.6.5: y_{l,f} = Σ_c weight_c · θ[(offset_l + index(p + c))·F + f]."""
-    y = np.zeros((len(x), len(levels) * F))
-    for l, level in enumerate(levels):
-        for idx, weight in hash_grid_corners(x, level):
-            y[:, l * F:(l + 1) * F] += weight[:, None] * theta[(level.offset + idx)[:, None] * F + np.arange(F)]
-    return y
-
-
-def hash_grid_param_grad_ref(x, dL_dy, levels, F, n_params):
-    """§1.6.6: scatter weight_c · dL/dy_{l,f} onto θ[(offset_l + index(p + c))·F + f] (np.add.at)."""
-    g = np.zeros(n_params)
-    for l, level in enumerate(levels):
-        for idx, weight in hash_grid_corners(x, level):
-            np.add.at(g, (level.offset + idx)[:, None] * F + np.arange(F), weight[:, None] * dL_dy[:, l * F:(l + 1) * F])
-    return g
-
-
-def interior_points(rng, n, D, levels, margin):
-    """x in [0,1)^D whose cell fraction stays ≥ margin from 0 and 1 at every level (the grid gradient jumps there)."""
-    pts = []
-    while sum(len(p) for p in pts) < n:
-        x = rng.random((4 * n, D)).astype(np.float32)
-        ok = np.ones(len(x), bool)
-        for level in levels:
-            t = np.float64(level.scale) * x + 0.5
-            t -= np.floor(t)
-            ok &= ((t > margin) & (t < 1 - margin)).all(1)
-        pts.append(x[ok])
-    return np.concatenate(pts)[:n]
-
-
-# ---------------------------------------------------------------------------------------------
 # §2.5 NetworkWithInputEncoding: tinn vs composing the references
 # ---------------------------------------------------------------------------------------------
 
@@ -512,8 +260,8 @@ class Composition:
         elif enc["otype"] == "Frequency":
             self.raw, self.fill = 2 * enc["n_frequencies"] * n_in, 1.0
         else:                                               # grids pad with 0
-            self.levels = hash_grid_geometry(n_in, enc["n_levels"], enc["log2_hashmap_size"], enc["base_resolution"],
-                                             enc["per_level_scale"])
+            self.levels = grid_geometry(n_in, "Hash", enc["n_levels"], enc["log2_hashmap_size"],
+                                        enc["base_resolution"], enc["per_level_scale"])
             self.F = enc["n_features_per_level"]
             self.raw, self.fill = enc["n_levels"] * self.F, 0.0
             self.n_enc = self.F * sum(level.entries for level in self.levels)
@@ -532,7 +280,7 @@ class Composition:
         elif self.enc["otype"] == "Frequency":
             e = frequency_ref(x, self.enc["n_frequencies"])
         else:
-            e = hash_grid_ref(x, self.theta, self.levels, self.F)
+            e = grid_ref(x, self.theta, self.levels, self.F, "Linear", exact=True)
         return padded(e, self.width, self.fill)
 
     def forward(self, x):
@@ -545,7 +293,7 @@ class Composition:
                                       self.net["activation"], self.net["output_activation"])
         g = [d.ravel() for d in dWs]
         if self.n_enc:
-            g.append(hash_grid_param_grad_ref(x, d_enc[:, :self.raw], self.levels, self.F, self.n_enc))
+            g.append(grid_param_grad_ref(x, d_enc[:, :self.raw], self.levels, self.F, "Linear", self.n_enc))
         return np.concatenate(g), d_enc
 
 

@@ -5,7 +5,7 @@ was built in; calling it after ``ti.init`` ran again (which frees every field)
 raises :class:`RuntimeResetError` instead of crashing the process.
 
 Batches cross the public API as row-major ``(batch, dims)`` float32 arrays:
-numpy arrays, ``ti.ndarray``\\ s or torch tensors. :func:`as_batch` checks and
+numpy arrays, ``ti.ndarray``s or torch tensors. :func:`as_batch` checks and
 converts them to contiguous numpy arrays *before* any kernel runs.
 """
 from __future__ import annotations

@@ -93,10 +93,14 @@ class ParametricObject(Object, RuntimeBound):
 
     def params(self) -> np.ndarray:
         self._check_runtime()
+        if not self.n_params:                       # no store to read (a Taichi field cannot have size 0)
+            return self._shape(np.zeros((self.n_instances, 0), np.float32))
         return self._shape(self.store.read(self.store.params, self._offset, self.n_params))
 
     def gradients(self) -> np.ndarray:
         self._check_runtime()
+        if not self.n_params:
+            return self._shape(np.zeros((self.n_instances, 0), np.float32))
         return self._shape(self.store.read(self.store.grads, self._offset, self.n_params))
 
     def set_params(self, values):
@@ -107,7 +111,8 @@ class ParametricObject(Object, RuntimeBound):
         if arr.size != self.n_instances * self.n_params or arr.ndim not in (1, 2) or arr.shape[-1] != self.n_params:
             want = (self.n_params,) if self.n_instances == 1 else (self.n_instances, self.n_params)
             raise ValueError(f"params must have shape {want}, got {arr.shape}")
-        self.store.set(self._offset, arr.astype(np.float32))
+        if self.n_params:
+            self.store.set(self._offset, arr.astype(np.float32))
 
     def _zero_gradients(self):
         if self.n_params:
@@ -157,7 +162,7 @@ class DifferentiableObject(ParametricObject):
         if mode not in GRADIENT_MODES:
             raise ValueError(f"mode must be one of {GRADIENT_MODES}, got {mode!r}")
         g = as_batch(dL_doutput, self.n_output_dims, "dL_doutput", allow_dense=ctx.dense is not None)
-        g = g.reshape(-1, self.n_output_dims)
+        g = g.reshape(int(np.prod(g.shape[:-1])), self.n_output_dims)      # (batch, 0) has no -1 reshape
         if g.shape[0] != ctx.x.shape[0]:
             raise ValueError(f"dL_doutput has {g.shape[0]} samples, the forward pass had {ctx.x.shape[0]}")
         if self.padded_output_width != self.n_output_dims:

@@ -3,7 +3,7 @@
 A :class:`ParamStore` holds ``params`` and ``grads`` as Taichi fields of shape
 ``(n_instances, n_params)`` in tcnn's order (network matrices, then encoding
 parameters). Components receive an offset into it, like tcnn's
-``set_params(params + offset, ...)``; kernels and ``ti.func``\\ s read the fields
+``set_params(params + offset, ...)``; kernels and ``ti.func``s read the fields
 directly, so a model can be called from inside a user's Taichi kernel.
 """
 

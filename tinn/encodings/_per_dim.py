@@ -3,7 +3,7 @@
 Identity, Frequency (and any encoding of the same shape) produce ``width``
 outputs per input dim, ``y[d * width + j] = value(x_d, j)``, so their backward
 is ``dL/dx_d = sum_j dL/dy[d * width + j] * slope(x_d, j)``. A component only
-supplies the two ``ti.func``\\ s; the batch kernels are built here once per
+supplies the two ``ti.func``s; the batch kernels are built here once per
 (component, config) and shared by every object with that config.
 """
 
@@ -75,7 +75,7 @@ class PerDimEncoding(Encoding):
 
     @staticmethod
     def funcs(*constants):
-        """``(value, slope)`` ``ti.func``\\ s of ``(x: f32, j: i32) -> f32``."""
+        """``(value, slope)`` ``ti.func``s of ``(x: f32, j: i32) -> f32``."""
         raise NotImplementedError
 
     def _kernels(self):

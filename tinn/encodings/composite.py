@@ -38,6 +38,7 @@ from __future__ import annotations
 from math import lcm
 
 import numpy as np
+import taichi as ti
 
 from ..config import Options, create_encoding, encodings
 from ..object import Context
@@ -45,6 +46,11 @@ from .encoding import Encoding, next_multiple
 
 REDUCTIONS = ("Concatenation", "Sum", "Product")
 _NESTED_KEYS = ("n_dims_to_encode", "dims_to_encode_begin")
+
+
+def _chunks(n: int, size: int = 32) -> list:
+    """range(n) as static loops of at most 32 iterations (Taichi warns about longer unrolled loops)."""
+    return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
 
 
 def _resolve(where: str, n_input_dims: int, nested) -> list:
@@ -183,13 +189,79 @@ class CompositeEncoding(Encoding):
             y = np.sum(outs, axis=0, dtype=np.float32)
         else:
             y = np.prod(outs, axis=0, dtype=np.float32)
-        return y, (Context(self, x, instance, nested=ctxs, outs=outs) if keep else None)
+        if not keep:
+            return y, None
+        return y, Context(self, x, instance, nested=ctxs, outs=outs if self.reduction == "Product" else None)
 
     def _inference(self, x, instance):
         return self._run(x, instance, keep=False)[0]
 
     def _forward(self, x, instance):
         return self._run(x, instance, keep=True)
+
+    # -- one sample inside a user's kernel ------------------------------------------------
+    def _layout(self):
+        """Static layout: per nested encoding (its func, backward func, input begin, dims, output column, width)."""
+        if self.n_params:
+            self.store                           # bind the nested encodings before their funcs capture fields
+        out, column = [], 0
+        for e, (begin, n) in zip(self.nested, self.slices):
+            out.append((e.func, e.backward_func, begin, n, column, e.padded_output_width))
+            if self.reduction == "Concatenation":
+                column += e.padded_output_width
+        return out
+
+    @property
+    def func(self):
+        """``ti.func (x: ti.Vector[n_input_dims], instance=0) -> ti.Vector[n_output_dims]`` for user kernels."""
+        parts, width, reduction = self._layout(), self.padded_output_width, self.reduction
+
+        @ti.func
+        def func(x, k=0):
+            y = ti.Vector.zero(ti.f32, width)
+            if ti.static(reduction == "Product"):
+                y.fill(1.0)
+            for i in ti.static(range(len(parts))):
+                f, _, begin, n, column, w = ti.static(parts[i])
+                yi = f(ti.Vector([x[begin + d] for d in ti.static(range(n))]), k)
+                if ti.static(reduction == "Concatenation"):
+                    for chunk in ti.static(_chunks(w)):
+                        for j in ti.static(chunk):
+                            y[column + j] = yi[j]
+                elif ti.static(reduction == "Sum"):
+                    y += yi
+                else:
+                    y *= yi
+            return y
+        return func
+
+    @property
+    def backward_func(self):
+        """``ti.func (x, dL_dy, instance=0) -> dL_dx``; nested parameter gradients are added atomically."""
+        parts, reduction, n_in = self._layout(), self.reduction, self.n_input_dims
+
+        @ti.func
+        def backward_func(x, dy, k=0):
+            dx = ti.Vector.zero(ti.f32, n_in)
+            for i in ti.static(range(len(parts))):
+                _, b, begin, n, column, w = ti.static(parts[i])
+                g = ti.Vector.zero(ti.f32, w)
+                if ti.static(reduction == "Concatenation"):
+                    for chunk in ti.static(_chunks(w)):
+                        for j in ti.static(chunk):
+                            g[j] = dy[column + j]
+                elif ti.static(reduction == "Sum"):
+                    g = dy
+                else:                                        # dL/dy * prod of the other factors
+                    g = dy
+                    for j in ti.static(range(len(parts))):
+                        if ti.static(j != i):
+                            g *= parts[j][0](ti.Vector([x[parts[j][2] + d] for d in ti.static(range(parts[j][3]))]), k)
+                dxi = b(ti.Vector([x[begin + d] for d in ti.static(range(n))]), g, k)
+                for d in ti.static(range(n)):
+                    dx[begin + d] += dxi[d]
+            return dx
+        return backward_func
 
     def _backward(self, ctx, dL_dy, input_gradient):
         dx = np.zeros_like(ctx.x) if input_gradient else None

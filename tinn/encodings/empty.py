@@ -5,6 +5,7 @@ normal path; its JIT path fills 0, spec §8 A6). Backward: ``dL/dx = 0``.
 Typical use is inside a ``Composite``, to drop input dims.
 """
 import numpy as np
+import taichi as ti
 
 from ..config import Options, encodings
 from ..object import Context
@@ -23,6 +24,28 @@ class EmptyEncoding(Encoding):
 
     def hyperparams(self):
         return {"otype": "Empty"}
+
+    @property
+    def func(self):
+        """``ti.func (x, instance=0) -> ti.Vector[n_output_dims]`` of ones, for user kernels."""
+        width, fill = self.padded_output_width, self.fill_value
+        if not width:
+            raise ValueError("an Empty encoding without padding has no outputs, so no per-sample func")
+
+        @ti.func
+        def func(x, k=0):
+            return ti.Vector([fill] * width, ti.f32)
+        return func
+
+    @property
+    def backward_func(self):
+        """``ti.func (x, dL_dy, instance=0) -> 0`` for user kernels."""
+        n = self.n_input_dims
+
+        @ti.func
+        def backward_func(x, dy, k=0):
+            return ti.Vector.zero(ti.f32, n)
+        return backward_func
 
     def _forward(self, x, instance):
         return np.full((x.shape[0], self.padded_output_width), self.fill_value, np.float32), Context(self, x, instance)

@@ -143,6 +143,14 @@ class GridEncoding(Encoding):
         k.backward_input(ctx.x, _routing(ctx.instance), dL_dy, dx, ctx.instance is not None)
         return dx
 
+    def bind(self, store, offset):
+        super().bind(store, offset)
+        self._kernels = None                    # kernels close over the store and offset: rebuild on next use
+
+    def set_padded_output_width(self, width):
+        super().set_padded_output_width(width)
+        self._kernels = None
+
     def _get_kernels(self):
         if self._kernels is None:
             self._kernels = _GridKernels(self)

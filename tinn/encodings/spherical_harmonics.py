@@ -71,11 +71,12 @@ def _kernels(program, degree: int, n_padding: int, fill: float):
     steps, outputs, n_p = sh_plan(degree)
     steps, outputs = _chunks(steps), _chunks(outputs)       # static loops of <= 32 (Taichi warns beyond)
     raw = degree * degree
+    width = raw + n_padding
+    columns = _chunks(list(range(width)))
 
     @ti.func
-    def basis(x: ti.template(), b):
-        """C_m, S_m (m < degree) and P, dP/dz at sample b."""
-        v = 2.0 * ti.Vector([x[b, 0], x[b, 1], x[b, 2]]) - 1.0
+    def basis(v):
+        """C_m, S_m (m < degree) and P, dP/dz at the direction v = 2 * input - 1."""
         C = ti.Vector.zero(ti.f32, degree)
         S = ti.Vector.zero(ti.f32, degree)
         C[0] = 1.0
@@ -96,44 +97,68 @@ def _kernels(program, degree: int, n_padding: int, fill: float):
                     dP[i] = a * (P[j] + v[2] * dP[j]) - c * dP[k]
         return C, S, P, dP
 
+    @ti.func
+    def func(x, k=0):
+        """The padded output for one input ``x`` (a 3-vector in [0, 1])."""
+        C, S, P, _ = basis(2.0 * x - 1.0)
+        y = ti.Vector.zero(ti.f32, width)
+        for chunk in ti.static(outputs):
+            for i, coefficient, m, sine, p in ti.static(chunk):
+                if ti.static(sine):
+                    y[i] = coefficient * S[m] * P[p]
+                else:
+                    y[i] = coefficient * C[m] * P[p]
+        for chunk in ti.static(columns):
+            for j in ti.static(chunk):
+                if ti.static(j >= raw):
+                    y[j] = fill
+        return y
+
+    @ti.func
+    def backward_func(x, dy, k=0):
+        """dL/dinput = 2 * sum_i dy_i * grad Y_i for one input ``x`` and output gradient ``dy`` (padded width)."""
+        C, S, P, dP = basis(2.0 * x - 1.0)
+        g = ti.Vector.zero(ti.f32, 3)
+        for chunk in ti.static(outputs):
+            for i, coefficient, m, sine, p in ti.static(chunk):
+                w = dy[i] * coefficient
+                if ti.static(m == 0):
+                    g[2] += w * dP[p]
+                elif ti.static(sine):
+                    g += w * ti.Vector([m * S[m - 1] * P[p], m * C[m - 1] * P[p], S[m] * dP[p]])
+                else:
+                    g += w * ti.Vector([m * C[m - 1] * P[p], -m * S[m - 1] * P[p], C[m] * dP[p]])
+        return 2.0 * g
+
     @ti.kernel
     def forward(x: _f32_2d, y: _f32_2d):
         for b in range(x.shape[0]):
-            C, S, P, _ = basis(x, b)
-            for chunk in ti.static(outputs):
-                for i, coefficient, m, sine, p in ti.static(chunk):
-                    if ti.static(sine):
-                        y[b, i] = coefficient * S[m] * P[p]
-                    else:
-                        y[b, i] = coefficient * C[m] * P[p]
-            for j in range(n_padding):
-                y[b, raw + j] = fill
+            out = func(ti.Vector([x[b, 0], x[b, 1], x[b, 2]]))
+            for chunk in ti.static(columns):
+                for j in ti.static(chunk):
+                    y[b, j] = out[j]
 
     @ti.kernel
     def backward(x: _f32_2d, dy: _f32_2d, dx: _f32_2d):
         for b in range(x.shape[0]):
-            C, S, P, dP = basis(x, b)
-            g = ti.Vector.zero(ti.f32, 3)
-            for chunk in ti.static(outputs):
-                for i, coefficient, m, sine, p in ti.static(chunk):
-                    w = dy[b, i] * coefficient
-                    if ti.static(m == 0):
-                        g[2] += w * dP[p]
-                    elif ti.static(sine):
-                        g += w * ti.Vector([m * S[m - 1] * P[p], m * C[m - 1] * P[p], S[m] * dP[p]])
-                    else:
-                        g += w * ti.Vector([m * C[m - 1] * P[p], -m * S[m - 1] * P[p], C[m] * dP[p]])
-            for d in ti.static(range(3)):
-                dx[b, d] = 2.0 * g[d]
+            g = ti.Vector.zero(ti.f32, width)
+            for chunk in ti.static(columns):
+                for j in ti.static(chunk):
+                    if ti.static(j < raw):
+                        g[j] = dy[b, j]
+            d = backward_func(ti.Vector([x[b, 0], x[b, 1], x[b, 2]]), g)
+            for i in ti.static(range(3)):
+                dx[b, i] = d[i]
 
-    return forward, backward
+    return forward, backward, func, backward_func
 
 
 @encodings.register("SphericalHarmonics")
 class SphericalHarmonicsEncoding(Encoding):
     def __init__(self, n_input_dims: int = 3, degree: int = 4, **kwargs):
         if n_input_dims != 3:
-            raise ValueError(f"encoding 'SphericalHarmonics' encodes a direction: n_input_dims must be 3, got {n_input_dims}")
+            raise ValueError("encoding 'SphericalHarmonics' encodes a direction: n_input_dims must be 3, "
+                             f"got {n_input_dims}")
         if not 1 <= degree <= 8:
             raise ValueError(f"encoding 'SphericalHarmonics': key 'degree' must lie in [1, 8]; got {degree!r}")
         self.degree = int(degree)
@@ -151,6 +176,16 @@ class SphericalHarmonicsEncoding(Encoding):
 
     def _kernels(self):
         return _kernels(current_program(), self.degree, self.n_padding, float(self.fill_value))
+
+    @property
+    def func(self):
+        """``ti.func (x: ti.Vector[3], instance=0) -> ti.Vector[n_output_dims]`` for user kernels."""
+        return self._kernels()[2]
+
+    @property
+    def backward_func(self):
+        """``ti.func (x, dL_dy, instance=0) -> dL_dx`` for user kernels."""
+        return self._kernels()[3]
 
     def _forward(self, x, instance):
         y = np.empty((x.shape[0], self.padded_output_width), np.float32)

@@ -162,7 +162,7 @@ class MLP(Network):
     def _backward(self, ctx, dL_dy, input_gradient):
         groups, weights, zs, hs = ctx.groups, ctx.weights, ctx.zs, ctx.hs
         g = groups.gather(dL_dy)
-        if g is dL_dy or g.base is dL_dy:
+        if np.shares_memory(g, dL_dy):                      # the derivatives are applied in place
             g = g.copy()
         grads = []
         for i in reversed(range(len(weights))):
@@ -175,7 +175,7 @@ class MLP(Network):
 
 
 def sample_funcs(mlp: MLP, weights):
-    """Per-sample forward and backward ``ti.func``\\ s of ``mlp`` reading ``weights[instance, ...]``.
+    """Per-sample forward and backward ``ti.func``s of ``mlp`` reading ``weights[instance, ...]``.
 
     Activations live in local buffers as wide as the widest layer, indexed dynamically, so
     only the (few) layers are unrolled. The backward recomputes the forward pass and adds
