@@ -5,11 +5,21 @@ available separately: ``forward(x, target) -> ctx`` (``ctx.loss``), ``backward(c
 and ``optimizer_step()``. With a network array, pass ``instance`` (or a dense
 ``(K, B_k, dims)`` batch); networks that got no samples in a step are untouched.
 tinn computes in float32, so the loss scale is 1.
+
+If the optimizer keeps separate inference weights (tcnn's ``custom_weights``: EMA,
+Average, Lookahead, Composite with one of those), ``model.inference()`` reads them.
+
+Checkpoints (see ``tinn.serialization``): ``save(path)`` / ``load(path)`` write and
+restore everything needed to resume training bit-identically (configs, training and
+inference weights, optimizer state) in one pickle-free ``.npz`` file;
+``export_tcnn(path)`` / ``load_tcnn(path)`` exchange weights with tcnn through its
+``Trainer::serialize()`` JSON snapshot.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from . import serialization
 from ._runtime import RuntimeBound, as_batch
 from .object import Context, DifferentiableObject
 
@@ -30,10 +40,55 @@ class Trainer(RuntimeBound):
         return {"otype": "Trainer", "optimizer": self.optimizer.hyperparams(), "loss": self.loss.hyperparams()}
 
     def update_hyperparams(self, config: dict):
+        """Change optimizer and loss keys between steps, e.g. ``{"optimizer": {"learning_rate": 1e-4}}``.
+
+        A top-level ``learning_rate`` acts as tcnn's ``set_learning_rate`` on every
+        optimizer (wrappers forward it; ExponentialDecay sets ``base = value / factor``;
+        Composite treats it as a factor on its nested rates).
+        """
+        if not isinstance(config, dict):
+            raise TypeError(f"trainer hyperparameters must be a dict, got {type(config).__name__}")
+        unknown = set(config) - {"otype", "optimizer", "loss"}
+        if unknown:
+            raise ValueError(f"Trainer.update_hyperparams: unknown sections {sorted(unknown)} "
+                             "(valid: 'optimizer', 'loss')")
         if "optimizer" in config:
             self.optimizer.update_hyperparams(config["optimizer"])
         if "loss" in config:
             self.loss.update_hyperparams(config["loss"])
+
+    @property
+    def n_params(self) -> int:
+        return self.model.n_params
+
+    def params(self) -> np.ndarray:
+        """The training parameters (tcnn's ``params()``), as ``model.params()``."""
+        return self.model.params()
+
+    def params_inference(self) -> np.ndarray:
+        """The weights ``inference()`` reads (tcnn's ``params_inference()``)."""
+        self._check_runtime()
+        store = self.model.store
+        values = store.read(store.inference_params, 0, self.model.n_params)
+        return values[0] if self.model.n_instances == 1 else values
+
+    # -- checkpoints -------------------------------------------------------------------
+    def save(self, path):
+        """Write configs, parameters and optimizer state to one ``.npz`` file at ``path``."""
+        serialization.save(self, path)
+
+    def load(self, path):
+        """Restore a :meth:`save` checkpoint; a bad or mismatched file raises ``ValueError``
+        and leaves the trainer unchanged."""
+        serialization.load(self, path)
+
+    def export_tcnn(self, path, instance: int | None = None):
+        """Write tcnn's snapshot JSON (``n_params``, ``params_type``, ``params_binary``) of one network."""
+        serialization.export_tcnn(self, path, instance)
+
+    def load_tcnn(self, source, instance: int | None = None):
+        """Load one network's parameters from a tcnn snapshot JSON (a path or the parsed dict)."""
+        serialization.load_tcnn(self, source, instance)
 
     def forward(self, x, target, instance=None, pdf=None) -> Context:
         """Model forward and loss; the context carries ``loss`` and ``dL_doutput``."""

@@ -1,6 +1,21 @@
-"""Optimizers (see ``tinn.config.optimizers`` for the registry)."""
-from .adam import Adam
+"""Optimizers, one file per tcnn otype (see ``tinn.config.optimizers`` for the registry).
+
+Leaf optimizers: ``SGD``, ``Adam``, ``Novograd``, ``Shampoo``. Wrappers around a
+``nested`` optimizer: ``EMA``, ``Average``, ``Batched``, ``ExponentialDecay``,
+``Lookahead``, and ``Composite`` (a list of nested optimizers on parameter slices).
+"""
 from .optimizer import Optimizer
 from .sgd import SGD
+from .adam import Adam
+from .novograd import Novograd
+from .shampoo import Shampoo
+from .wrapper import Wrapper
+from .ema import EMA
+from .average import Average
+from .batched import Batched
+from .composite import Composite
+from .exponential_decay import ExponentialDecay
+from .lookahead import Lookahead
 
-__all__ = ["Adam", "Optimizer", "SGD"]
+__all__ = ["Adam", "Average", "Batched", "Composite", "EMA", "ExponentialDecay", "Lookahead", "Novograd", "Optimizer",
+           "SGD", "Shampoo", "Wrapper"]

@@ -5,43 +5,200 @@ whose first ``n_matrix = sum(rows * cols of layer_sizes)`` entries are "matrix"
 parameters (MLP weights) and the rest "non-matrix" ones (e.g. hash-grid entries).
 ``step(model)`` reads the model's gradients (divided by ``loss_scale``) and updates
 its parameters in place. ``step(params, gradients)`` does the same on numpy arrays.
-Networks listed as inactive (no samples this step) are left exactly as they were.
+
+Network arrays: every state array is per instance, and so is the step counter
+(``step_counts()``, tcnn's ``step()``). Instances that are not ``active`` in a step
+(no samples) are left exactly as they were: no update, no moment decay, no count.
+
 Runtime scalars (learning rate, betas, ...) are kernel arguments, so changing them
-never recompiles.
+never recompiles. The learning rate reaches a kernel as a per-instance ``(K,)``
+array, ``learning_rate * lr_scale``: wrappers such as ``ExponentialDecay`` scale it
+per network without touching the nested optimizer's configured value.
+
+Internals shared with the wrappers (``wrapper.py``):
+
+* ``_allocate(slot, layer_sizes)`` — a :class:`Slot` says where this optimizer's
+  weights and gradients live (a field and an offset each, so a ``Composite`` can
+  hand out slices and ``Batched`` its gradient pool);
+* ``_update(active, loss_scale, lr_scale)`` — one step of the active instances;
+* ``_custom()`` — ``(field, offset)`` of separate inference weights (tcnn's
+  ``custom_weights``: EMA, Average, Lookahead, Composite) or ``None``.
 """
+from __future__ import annotations
 
 import numpy as np
+import taichi as ti
 
-from .._runtime import FieldTree, RuntimeBound
+from .._runtime import FieldTree, RuntimeBound, current_program
+from ..config import Options
 from ..object import Object, ParametricObject
 from ..params import ParamStore
 
 
+I32_1D = ti.types.ndarray(dtype=ti.i32, ndim=1)
+I32_2D = ti.types.ndarray(dtype=ti.i32, ndim=2)
+F32_1D = ti.types.ndarray(dtype=ti.f32, ndim=1)
+F32_2D = ti.types.ndarray(dtype=ti.f32, ndim=2)
+F32_3D = ti.types.ndarray(dtype=ti.f32, ndim=3)
+
+
+def zeros(shape, dtype):
+    """A zeroed ``ti.ndarray``: optimizer state that no model kernel reads (no per-array recompiles)."""
+    a = ti.ndarray(dtype, shape)
+    a.fill(0)
+    return a
+
+
+class Slot:
+    """Weights ``params[k, p_off + i]`` and gradients ``grads[k, g_off + i]`` for ``i < n``."""
+
+    def __init__(self, store: ParamStore, params, p_off: int, grads, g_off: int, n: int):
+        self.store, self.params, self.p_off, self.grads, self.g_off, self.n = store, params, p_off, grads, g_off, n
+
+    def read(self, field, offset: int) -> np.ndarray:
+        return self.store.read(field, offset, self.n)
+
+    def write(self, field, offset: int, values: np.ndarray):
+        self.store.write(field, offset, values)
+
+
+_SCRATCH: dict = {}
+
+
+def scratch_store(n_instances: int, n_params: int) -> ParamStore:
+    """The store that stages numpy arrays for ``step(params, gradients)``, shared per shape.
+
+    Every numpy step writes the parameters and gradients before updating, so optimizers
+    of the same shape can share it (and the kernels compiled for its fields).
+    """
+    program = current_program()
+    store = _SCRATCH.get((n_instances, n_params))
+    if store is None or store._program is not program:
+        store = _SCRATCH[(n_instances, n_params)] = ParamStore(n_instances, n_params)
+    return store
+
+
+def _positive(v):
+    return v >= 1
+
+
 class Optimizer(Object, RuntimeBound):
-    def __init__(self):
+    """Base of every optimizer: hyperparameters, allocation, stepping, state.
+
+    Subclasses declare ``DEFAULTS`` (key -> default; the default's type is the key's
+    type) and ``RULES`` (key -> (check, rule text)), and implement
+    ``_allocate_state(builder)`` (Taichi fields, only for arrays that model kernels
+    read, e.g. inference weights), ``_setup()`` (other state, as ``ti.ndarray``s or numpy
+    arrays, and kernels) and ``_kernel_step(active, loss_scale, lr)``. ``STATE`` names
+    the attributes (fields, ndarrays or numpy arrays) that ``state_dict()`` saves
+    besides the step counter.
+    """
+
+    DEFAULTS: dict = {}
+    RULES: dict = {}
+    STATE: tuple = ()
+
+    def __init__(self, **hparams):
         self._bind_runtime()
-        self._store = None
+        unknown = set(hparams) - set(self.DEFAULTS)
+        if unknown:
+            raise TypeError(f"{self.otype} got unknown hyperparameters {sorted(unknown)}")
+        self.hparams = {**self.DEFAULTS, **hparams}
+        self._slot: Slot | None = None
         self._tree = None
+        self.n_params, self.n_instances, self.n_matrix, self.layer_sizes = 0, 1, 0, []
 
-    # -- allocation --------------------------------------------------------------
+    # -- configuration -------------------------------------------------------------
+    @classmethod
+    def _read_hparams(cls, opt: Options) -> dict:
+        values = {}
+        for key, default in cls.DEFAULTS.items():
+            kind = bool if isinstance(default, bool) else int if isinstance(default, int) else float
+            check, rule = cls.RULES.get(key, (None, ""))
+            values[key] = opt.get(key, default, kind, check=check, rule=rule)
+        return values
+
+    @classmethod
+    def from_config(cls, config, *, otype=None):
+        opt = Options("optimizer", otype or cls.otype, config)
+        values = cls._read_hparams(opt)
+        opt.done()
+        return cls(**values)
+
+    def _validated(self, changes: dict) -> dict:
+        """This optimizer's hyperparameters with ``changes`` applied, checked like a config."""
+        opt = Options("optimizer", self.otype, {**self.hparams, **changes})
+        values = self._read_hparams(opt)
+        opt.done()
+        return values
+
+    def hyperparams(self) -> dict:
+        return {"otype": self.otype, **self.hparams}
+
+    def update_hyperparams(self, config: dict):
+        """Change any of this optimizer's keys (e.g. the learning rate) between steps."""
+        if not isinstance(config, dict):
+            raise TypeError(f"optimizer hyperparameters must be a dict, got {type(config).__name__}")
+        self.hparams = self._validated({k: v for k, v in config.items() if k != "otype"})
+
+    @property
+    def learning_rate(self) -> float:
+        return self.hparams["learning_rate"]
+
+    @learning_rate.setter
+    def learning_rate(self, value: float):
+        self.hparams = self._validated({"learning_rate": value})
+
+    # -- allocation ----------------------------------------------------------------
     def allocate(self, n_params: int, layer_sizes=(), n_instances: int = 1, store: ParamStore | None = None):
-        """Create state for ``n_instances`` x ``n_params`` parameters (tcnn's ``allocate``)."""
-        self._check_runtime()
-        self.n_params, self.n_instances = n_params, n_instances
-        self.n_matrix = sum(r * c for r, c in layer_sizes)
-        self._store = store or ParamStore(n_instances, n_params)
-        self._tree = FieldTree(self._allocate_state) if self._has_state else None
-        self._build_kernels()
+        """Create state for ``n_instances`` x ``n_params`` parameters (tcnn's ``allocate``).
 
-    _has_state = False
+        With a model's ``store``, inference then reads this optimizer's separate
+        inference weights if it keeps any (EMA, Average, Lookahead, Composite).
+        Without one, the optimizer works on numpy arrays (``step(params, gradients)``)
+        staged through a scratch store.
+        """
+        self._check_runtime()
+        model_store = store is not None
+        store = store if model_store else scratch_store(n_instances, n_params)
+        if (store.n_instances, store.n_params) != (n_instances, n_params):
+            raise ValueError(f"store holds {store.n_instances} x {store.n_params} params, "
+                             f"not {n_instances} x {n_params}")
+        self._allocate(Slot(store, store.params, 0, store.grads, 0, n_params), layer_sizes)
+        if model_store:
+            custom = self._custom()
+            store.use_inference_params(None if custom is None else custom[0])
+
+    def _allocate(self, slot: Slot, layer_sizes):
+        self._bind_slot(slot, layer_sizes)
+        if self.n_params:
+            self._setup()
+
+    def _bind_slot(self, slot: Slot, layer_sizes):
+        """Record where the weights live and allocate this optimizer's own state fields."""
+        self._slot = slot
+        self.n_instances, self.n_params = slot.store.n_instances, slot.n
+        self.layer_sizes = [(int(r), int(c)) for r, c in layer_sizes]
+        self.n_matrix = sum(r * c for r, c in self.layer_sizes)
+        if self.n_matrix > self.n_params:
+            raise ValueError(f"layer_sizes cover {self.n_matrix} params, more than the {self.n_params} to optimize")
+        self._steps = np.zeros(self.n_instances, np.int64)
+        self._tree = FieldTree(self._allocate_state) if self._has_fields() else None
+
+    def _has_fields(self) -> bool:
+        return self.n_params > 0 and type(self)._allocate_state is not Optimizer._allocate_state
 
     def _allocate_state(self, builder):
         """Place the optimizer's state fields into ``builder``."""
 
-    def _build_kernels(self):
-        raise NotImplementedError
+    def _setup(self):
+        """Allocate non-field state and prepare kernels (called once the slot and fields exist, n_params > 0)."""
 
-    # -- stepping ----------------------------------------------------------------
+    def _require_allocated(self):
+        if self._slot is None:
+            raise RuntimeError(f"{self.otype} optimizer is not allocated yet: call allocate() or step() first")
+
+    # -- stepping ------------------------------------------------------------------
     def step(self, target, gradients=None, *, loss_scale: float = 1.0, active=None):
         """Update ``target``'s parameters from its gradients.
 
@@ -52,7 +209,7 @@ class Optimizer(Object, RuntimeBound):
         self._check_runtime()
         if isinstance(target, ParametricObject):
             store = target.store
-            if self._store is not store:
+            if self._slot is None or self._slot.store is not store:
                 self.allocate(target.n_params, target.layer_sizes(), target.n_instances, store)
             self._step_store(loss_scale, active)
             return
@@ -63,35 +220,113 @@ class Optimizer(Object, RuntimeBound):
         if grads.shape != params.shape:
             raise ValueError(f"gradients must have the parameters' shape {params.shape}, got {grads.shape}")
         flat = params.reshape(-1, params.shape[-1])
-        if self._store is None or (self._store.n_instances, self._store.n_params) != flat.shape:
+        store = None if self._slot is None else self._slot.store
+        if store is None or (store.n_instances, store.n_params) != flat.shape:
             self.allocate(flat.shape[1], [(1, flat.shape[1])], flat.shape[0])
-        self._store.write(self._store.params, 0, flat)
-        self._store.write(self._store.grads, 0, grads.reshape(flat.shape))
+            store = self._slot.store
+        store.write(store.params, 0, flat)
+        store.write(store.grads, 0, grads.reshape(flat.shape))
         self._step_store(loss_scale, active)
-        flat[...] = self._store.read(self._store.params, 0, flat.shape[1])
+        flat[...] = store.read(store.params, 0, flat.shape[1])
 
     def _step_store(self, loss_scale, active):
-        if active is None:
-            active = np.ones(self.n_instances, np.int32)
-        else:
-            mask = np.zeros(self.n_instances, np.int32)
-            mask[np.asarray(active)] = 1
-            active = mask
-        self._kernel_step(active, float(loss_scale))
+        mask = np.ones(self.n_instances, np.int32)
+        if active is not None:
+            mask[:] = 0
+            mask[np.asarray(active, dtype=np.int64)] = 1
+        self._update(mask, float(loss_scale), None)
 
-    # -- hyperparameters -----------------------------------------------------------
-    @property
-    def learning_rate(self) -> float:
-        return self.hparams["learning_rate"]
+    def _update(self, active: np.ndarray, loss_scale: float, lr_scale):
+        """One step for the instances with ``active[k] != 0`` (int32 mask); ``lr_scale`` (K,) or None."""
+        self._steps += active
+        if self.n_params:
+            self._kernel_step(active, loss_scale, self._lr_array(lr_scale))
 
-    @learning_rate.setter
-    def learning_rate(self, value: float):
-        self.hparams["learning_rate"] = float(value)
+    def _lr_array(self, lr_scale) -> np.ndarray:
+        lr = np.float32(self.learning_rate)
+        if lr_scale is None:
+            return np.full(self.n_instances, lr, np.float32)
+        return (lr * lr_scale).astype(np.float32)
 
-    def hyperparams(self):
-        return {"otype": self.otype, **self.hparams}
+    def _kernel_step(self, active, loss_scale, lr):
+        raise NotImplementedError
 
-    def update_hyperparams(self, config: dict):
-        """Change any of this optimizer's keys (e.g. the learning rate) between steps."""
-        merged = {**self.hparams, **{k: v for k, v in config.items() if k != "otype"}}
-        self.hparams = type(self).from_config(merged).hparams
+    def step_counts(self) -> np.ndarray:
+        """Completed steps per instance, ``(n_instances,)`` (tcnn's ``step()``)."""
+        self._require_allocated()
+        return self._steps.copy()
+
+    # -- inference weights ---------------------------------------------------------
+    def _custom(self):
+        """``(field, offset)`` of separate inference weights, or ``None``."""
+        return None
+
+    def custom_weights(self):
+        """The separate inference weights (tcnn's ``custom_weights``) as numpy, or ``None``."""
+        self._require_allocated()
+        custom = self._custom()
+        if custom is None:
+            return None
+        values = self._slot.read(*custom)
+        return values[0] if self.n_instances == 1 else values
+
+    # -- state ---------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything needed to resume: numpy arrays by name (nested optimizers' keys prefixed)."""
+        self._require_allocated()
+        return {"current_step": self._steps.copy(), **self._own_state()}
+
+    def _own_state(self) -> dict:
+        out = {}
+        for name in self._state_names():
+            value = getattr(self, name)
+            out[name] = value.copy() if isinstance(value, np.ndarray) else value.to_numpy()
+        return out
+
+    def _state_names(self):
+        return self.STATE if self.n_params else ()
+
+    def _load_own(self, state: dict):
+        for name in self._state_names():
+            value = getattr(self, name)
+            if isinstance(value, np.ndarray):
+                value[...] = state[name]
+            else:
+                value.from_numpy(np.ascontiguousarray(state[name]))
+
+    def load_state_dict(self, state: dict):
+        """Restore :meth:`state_dict`; checks every array before changing anything."""
+        check_state(self.state_dict(), state, self.otype)
+        self._load_state(state)
+
+    def _load_state(self, state: dict):
+        self._steps[...] = state["current_step"]
+        self._load_own(state)
+
+
+def check_state(expected: dict, state, what: str):
+    """Raise ``ValueError`` unless ``state`` has exactly ``expected``'s keys, shapes and dtypes."""
+    if not isinstance(state, dict):
+        raise TypeError(f"{what} state must be a dict of numpy arrays, got {type(state).__name__}")
+    missing, extra = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or extra:
+        raise ValueError(f"{what} state does not match this optimizer: missing {missing}, unexpected {extra}")
+    for key, want in expected.items():
+        got = state[key]
+        if not isinstance(got, np.ndarray) or got.shape != want.shape or got.dtype != want.dtype:
+            desc = f"{got.dtype}{list(got.shape)}" if isinstance(got, np.ndarray) else type(got).__name__
+            raise ValueError(f"{what} state '{key}' must be {want.dtype}{list(want.shape)}, got {desc}")
+
+
+def prefixed(prefix: str, state: dict) -> dict:
+    return {f"{prefix}.{k}": v for k, v in state.items()}
+
+
+def unprefixed(prefix: str, state: dict) -> dict:
+    p = prefix + "."
+    return {k[len(p):]: v for k, v in state.items() if k.startswith(p)}
+
+
+POSITIVE_INT = (_positive, "must be >= 1")
+NON_NEGATIVE = (lambda v: v >= 0, "must be >= 0")
+UNIT_INTERVAL = (lambda v: 0 <= v < 1, "must lie in [0, 1)")

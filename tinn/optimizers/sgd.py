@@ -1,42 +1,29 @@
-"""SGD (tcnn ``optimizers/sgd.h``): ``w <- w - lr * (g + l2_reg * w)`` for every parameter.
+"""SGD (tcnn ``optimizers/sgd.h``, spec §4.1): ``w <- w - lr * (g + l2_reg * w)`` for every parameter.
 
-Keys: ``learning_rate`` (1e-3), ``l2_reg`` (1e-8).
+Keys (defaults): ``learning_rate`` (1e-3), ``l2_reg`` (1e-8). No matrix/non-matrix distinction.
+State: ``current_step``.
 """
 import taichi as ti
 
-from ..config import Options, optimizers
-from .optimizer import Optimizer
+from ..config import optimizers
+from .optimizer import F32_1D, I32_1D, NON_NEGATIVE, Optimizer
 
-_i32_1d = ti.types.ndarray(dtype=ti.i32, ndim=1)
+
+@ti.kernel
+def _sgd_step(P: ti.template(), po: ti.i32, G: ti.template(), go: ti.i32, n: ti.i32, active: I32_1D,
+              loss_scale: ti.f32, lr: F32_1D, l2_reg: ti.f32):
+    for k, i in ti.ndrange(active.shape[0], n):
+        if active[k]:
+            w = P[k, po + i]
+            P[k, po + i] = w - lr[k] * (G[k, go + i] / loss_scale + l2_reg * w)
 
 
 @optimizers.register("SGD")
 class SGD(Optimizer):
     otype = "SGD"
+    DEFAULTS = {"learning_rate": 1e-3, "l2_reg": 1e-8}
+    RULES = {"learning_rate": NON_NEGATIVE}
 
-    def __init__(self, learning_rate: float = 1e-3, l2_reg: float = 1e-8):
-        super().__init__()
-        self.hparams = {"learning_rate": float(learning_rate), "l2_reg": float(l2_reg)}
-
-    @classmethod
-    def from_config(cls, config, *, otype="SGD"):
-        opt = Options("optimizer", otype, config)
-        sgd = cls(opt.get("learning_rate", 1e-3), opt.get("l2_reg", 1e-8))
-        opt.done()
-        return sgd
-
-    def _build_kernels(self):
-        params, grads = self._store.params, self._store.grads
-        K, n = self.n_instances, self.n_params
-
-        @ti.kernel
-        def step(active: _i32_1d, loss_scale: ti.f32, lr: ti.f32, l2_reg: ti.f32):
-            for k, i in ti.ndrange(K, n):
-                if active[k]:
-                    w = params[k, i]
-                    params[k, i] = w - lr * (grads[k, i] / loss_scale + l2_reg * w)
-
-        self._step = step
-
-    def _kernel_step(self, active, loss_scale):
-        self._step(active, loss_scale, self.hparams["learning_rate"], self.hparams["l2_reg"])
+    def _kernel_step(self, active, loss_scale, lr):
+        s = self._slot
+        _sgd_step(s.params, s.p_off, s.grads, s.g_off, s.n, active, loss_scale, lr, self.hparams["l2_reg"])

@@ -1,0 +1,63 @@
+"""Average (tcnn ``optimizers/average.h``, spec §4.5): the mean of the last ``n_samples`` weights for inference.
+
+Keys (defaults): ``nested`` ({} -> Adam), ``n_samples`` (128).
+
+After the nested step, with ``j = nested.step_counts() mod N`` (per instance) and a
+ring buffer of N weight snapshots::
+
+    avg += (w - snap[j]) / N,    snap[j] = w
+
+Both buffers start at zero, so for the first N steps the average is biased toward 0
+(as in tcnn; before the first step inference therefore returns the output of all-zero
+weights). ``avg`` is what ``inference()`` reads. Changing ``n_samples`` re-allocates
+and zeroes both buffers (tcnn does so even when the value is unchanged).
+State: ``weights_samples`` ``(N, K, n)``, ``weights_average`` plus ``nested.*``.
+"""
+import numpy as np
+import taichi as ti
+
+from ..config import optimizers
+from .optimizer import F32_3D, I32_1D, POSITIVE_INT, zeros
+from .wrapper import Wrapper
+
+
+@ti.kernel
+def _average_step(avg: ti.template(), W: ti.template(), wo: ti.i32, n: ti.i32, snap: F32_3D, active: I32_1D,
+                  sample: I32_1D, n_samples: ti.i32):
+    for k, i in ti.ndrange(active.shape[0], n):
+        if active[k]:
+            j = sample[k]
+            w = W[k, wo + i]
+            avg[k, i] = avg[k, i] + (w - snap[j, k, i]) / ti.cast(n_samples, ti.f32)
+            snap[j, k, i] = w
+
+
+@optimizers.register("Average")
+class Average(Wrapper):
+    otype = "Average"
+    DEFAULTS = {"n_samples": 128}
+    RULES = {"n_samples": POSITIVE_INT}
+    STATE = ("weights_samples", "weights_average")
+
+    def _allocate_state(self, builder):
+        self.weights_average = ti.field(ti.f32)
+        builder.dense(ti.ij, (self.n_instances, self.n_params)).place(self.weights_average)
+
+    def _setup(self):
+        self.weights_samples = zeros((self.hparams["n_samples"], self.n_instances, self.n_params), ti.f32)
+        self.weights_average.fill(0)
+
+    def _set_hparams(self, values):
+        resize = self._slot is not None and values["n_samples"] != self.hparams["n_samples"]
+        super()._set_hparams(values)
+        if resize and self.n_params:
+            self._setup()
+
+    def _after(self, active):
+        if self.n_params:
+            N, s = self.hparams["n_samples"], self._slot
+            sample = (self.nested.step_counts() % N).astype(np.int32)
+            _average_step(self.weights_average, s.params, s.p_off, s.n, self.weights_samples, active, sample, N)
+
+    def _custom(self):
+        return (self.weights_average, 0) if self.n_params else None

@@ -1,0 +1,184 @@
+"""Composite (tcnn ``optimizers/composite.h``, spec §4.5): different optimizers for consecutive parameter slices.
+
+Keys: ``nested`` — a non-empty list of optimizer configs, each with
+``n_params_to_optimize`` (default 0). Slice ``i`` is
+``[sum_{j<i} n_j, sum_{j<=i} n_j)``; parameters beyond ``sum n_j`` are never updated.
+
+Layer slicing: the matrix layers (``layer_sizes``) lying inside a slice become that
+slice's layers (so its nested optimizer sees them as matrix params, followed by its
+non-matrix params); a slice boundary strictly inside a layer raises ``ValueError``.
+tcnn's ``slice_weights`` instead hands every slice all layers from its first one on
+(and its boundary search is off by one layer); tinn implements the intended rule.
+
+``learning_rate`` is a factor (initially 1): setting it to ``f`` sets each nested
+learning rate to ``base_i * f`` (``base_i`` = nested learning rate at construction;
+changing a nested ``learning_rate`` through ``update_hyperparams`` sets
+``base_i = value / f``). ``step_counts()`` are the first nested optimizer's. If any
+nested optimizer keeps inference weights, the Composite keeps a full-size inference
+buffer: after each nested step, slice ``i`` is copied from that optimizer's inference
+weights (or its trained weights), and the unoptimized tail from the parameters.
+``hyperparams()`` includes ``n_params_to_optimize`` in each nested entry (tcnn drops
+it, so its configs do not round-trip).
+State: ``base_learning_rates``, ``learning_rate_factor``, ``custom_weights`` (only with
+inference weights) plus ``nested.<i>.*``.
+"""
+import warnings
+
+import numpy as np
+import taichi as ti
+
+from .._runtime import FieldTree
+from ..config import Options, create_optimizer, optimizers
+from .optimizer import Optimizer, Slot, prefixed, unprefixed
+from .wrapper import Wrapper, _check_learning_rate, copy_kernel
+
+
+def _merged(config: dict, changes: dict) -> dict:
+    """``config`` with the partial update ``changes`` applied, nested configs included."""
+    out = dict(config)
+    for key, value in changes.items():
+        if key in ("otype", "n_params_to_optimize") or (key == "learning_rate" and "nested" in config):
+            continue                                 # a wrapper's learning_rate is set_learning_rate, not a key
+        old = config.get(key)
+        if key == "nested" and isinstance(old, dict) and isinstance(value, dict):
+            value = _merged(old, value)
+        elif key == "nested" and isinstance(old, list) and isinstance(value, list) and len(old) == len(value):
+            value = [_merged(o, v) if isinstance(o, dict) and isinstance(v, dict) else v for o, v in zip(old, value)]
+        out[key] = value
+    return out
+
+
+def slice_layers(layer_sizes, offset: int, size: int):
+    """The layers inside ``[offset, offset + size)``; a boundary inside a layer is an error."""
+    out, start = [], 0
+    for j, (rows, cols) in enumerate(layer_sizes):
+        end = start + rows * cols
+        for b in (offset, offset + size):
+            if start < b < end:
+                raise ValueError(f"Composite optimizer: the slice [{offset}, {offset + size}) cuts layer {j} "
+                                 f"(params [{start}, {end})); slices may not split a layer")
+        if offset <= start and end <= offset + size:
+            out.append((rows, cols))
+        start = end
+    return out
+
+
+@optimizers.register("Composite")
+class Composite(Wrapper):
+    otype = "Composite"
+
+    def __init__(self, nested, sizes):
+        Optimizer.__init__(self)
+        if not nested or len(nested) != len(sizes):
+            raise ValueError("Composite optimizer needs a non-empty list of nested optimizers and their sizes")
+        self.nested_list, self.sizes = list(nested), [int(n) for n in sizes]
+        self.offsets = list(np.cumsum([0] + self.sizes[:-1]))
+        self.base_learning_rates = np.array([o.learning_rate for o in self.nested_list], np.float64)
+        self.learning_rate_factor = np.array(1.0)
+        self.nested = self.nested_list[0]
+
+    @classmethod
+    def from_config(cls, config, *, otype=None):
+        opt = Options("optimizer", otype or cls.otype, config)
+        opt.used.add("nested")
+        entries = config.get("nested")
+        if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
+            raise ValueError(f"{opt.where}: key 'nested' must be a non-empty list of optimizer configs")
+        nested, sizes = [], []
+        for i, entry in enumerate(entries):
+            sub = Options(f"optimizer 'Composite' nested[{i}]", "", entry)
+            sizes.append(sub.get("n_params_to_optimize", 0, int, check=lambda v: v >= 0, rule="must be >= 0"))
+            nested.append(create_optimizer({k: v for k, v in entry.items() if k != "n_params_to_optimize"}))
+        opt.done()
+        return cls(nested, sizes)
+
+    def hyperparams(self):
+        return {"otype": self.otype, "nested": [{**o.hyperparams(), "n_params_to_optimize": n}
+                                                for o, n in zip(self.nested_list, self.sizes)]}
+
+    def _update_nested(self, config):
+        if not isinstance(config, list) or len(config) != len(self.nested_list):
+            raise ValueError(f"Composite optimizer: 'nested' must be a list of {len(self.nested_list)} configs")
+        for i, (entry, n) in enumerate(zip(config, self.sizes)):
+            if not isinstance(entry, dict):
+                raise ValueError(f"Composite optimizer: nested[{i}] must be a dict")
+            if entry.get("n_params_to_optimize", n) != n:
+                raise ValueError(f"Composite optimizer: nested[{i}] 'n_params_to_optimize' cannot change "
+                                 f"({n} -> {entry['n_params_to_optimize']})")
+        with warnings.catch_warnings():              # validate every entry before changing any
+            warnings.simplefilter("ignore")
+            for opt, entry in zip(self.nested_list, config):
+                create_optimizer(_merged(opt.hyperparams(), entry))
+        for i, entry in enumerate(config):
+            entry = {k: v for k, v in entry.items() if k != "n_params_to_optimize"}
+            self.nested_list[i].update_hyperparams(entry)
+            if "learning_rate" in entry:
+                self.base_learning_rates[i] = np.float32(self.nested_list[i].learning_rate) / \
+                    np.float32(self.learning_rate_factor)
+
+    @property
+    def learning_rate(self) -> float:
+        return float(self.learning_rate_factor)
+
+    @learning_rate.setter
+    def learning_rate(self, value: float):
+        self.learning_rate_factor = np.array(float(np.float32(_check_learning_rate(value))))
+        for opt, base in zip(self.nested_list, self.base_learning_rates):
+            opt.learning_rate = float(np.float32(base) * np.float32(value))
+
+    # -- allocation and stepping ------------------------------------------------------
+    def _allocate(self, slot: Slot, layer_sizes):
+        total = sum(self.sizes)
+        if total > slot.n:
+            raise ValueError(f"Composite optimizer: n_params_to_optimize sums to {total}, "
+                             f"but the model has only {slot.n} params")
+        self._bind_slot(slot, layer_sizes)
+        for opt, off, n in zip(self.nested_list, self.offsets, self.sizes):
+            opt._allocate(Slot(slot.store, slot.params, slot.p_off + off, slot.grads, slot.g_off + off, n),
+                          slice_layers(self.layer_sizes, off, n))
+        self._has_custom = any(o._custom() is not None for o in self.nested_list)
+        self._tree = None
+        if self._has_custom:
+            self.custom_weights_field = ti.field(ti.f32)
+            self._tree = FieldTree(lambda b: b.dense(ti.ij, (self.n_instances, self.n_params))
+                                   .place(self.custom_weights_field))
+            K, C = self.n_instances, self.custom_weights_field
+            copy_kernel(C, 0, slot.params, slot.p_off, K, self.n_params)(np.ones(K, np.int32))
+            self._copies = [copy_kernel(C, off, *(o._custom() or (slot.params, slot.p_off + off)), K, n)
+                            if n else None for o, off, n in zip(self.nested_list, self.offsets, self.sizes)]
+            tail = self.n_params - total
+            self._copies.append(copy_kernel(C, total, slot.params, slot.p_off + total, K, tail) if tail else None)
+
+    def _update(self, active, loss_scale, lr_scale):
+        for opt, copy in zip(self.nested_list, self._copies if self._has_custom else [None] * len(self.nested_list)):
+            opt._update(active, loss_scale, lr_scale)
+            if copy is not None:
+                copy(active)
+        if self._has_custom and self._copies[-1] is not None:
+            self._copies[-1](active)                       # the unoptimized tail mirrors the parameters
+
+    def _custom(self):
+        return (self.custom_weights_field, 0) if self._slot is not None and self._has_custom else None
+
+    # -- state ------------------------------------------------------------------------
+    def _own_state(self):
+        state = {"base_learning_rates": self.base_learning_rates.copy(),
+                 "learning_rate_factor": self.learning_rate_factor.copy()}
+        if self._has_custom:
+            state["custom_weights"] = self.custom_weights_field.to_numpy()
+        return state
+
+    def state_dict(self):
+        self._require_allocated()
+        state = self._own_state()
+        for i, opt in enumerate(self.nested_list):
+            state.update(prefixed(f"nested.{i}", opt.state_dict()))
+        return state
+
+    def _load_state(self, state):
+        self.base_learning_rates[...] = state["base_learning_rates"]
+        self.learning_rate_factor = state["learning_rate_factor"].copy()
+        if self._has_custom:
+            self.custom_weights_field.from_numpy(np.ascontiguousarray(state["custom_weights"]))
+        for i, opt in enumerate(self.nested_list):
+            opt._load_state(unprefixed(f"nested.{i}", state))

@@ -1,0 +1,63 @@
+"""EMA (tcnn ``optimizers/ema.h``, spec §4.5): a bias-corrected moving average of the weights for inference.
+
+Keys (defaults): ``nested`` ({} -> Adam), ``decay`` (0.99), ``full_precision`` (false).
+Registered as ``Ema`` (and ``EMA``); ``hyperparams()`` reports ``"EMA"``.
+
+After the nested step, with ``t = nested.step_counts()`` (per instance, >= 1)::
+
+    E_t = (d (1 - d^(t-1)) E_{t-1} + (1 - d) w) / (1 - d^t)
+
+``w`` are the nested optimizer's inference weights if it has any, else the trained
+weights. ``E`` is what ``inference()`` reads. tinn keeps ``E`` in float32 always, so
+``full_precision`` is accepted and reported but changes nothing. Differences from
+tcnn: ``E`` starts as a copy of the weights (tcnn: zeros; irrelevant after the first
+step, since ``E_1 = w``), and an instance whose nested optimizer has not stepped yet
+(``t = 0``, e.g. under ``Batched``) keeps ``E`` (tcnn divides by zero).
+State: ``weights_ema`` plus ``nested.*``.
+"""
+import numpy as np
+import taichi as ti
+
+from ..config import optimizers
+from .optimizer import F32_1D, I32_1D, UNIT_INTERVAL
+from .wrapper import Wrapper, copy_kernel
+
+
+@optimizers.register("Ema")
+class EMA(Wrapper):
+    otype = "EMA"
+    DEFAULTS = {"decay": 0.99, "full_precision": False}
+    RULES = {"decay": UNIT_INTERVAL}
+    STATE = ("weights_ema",)
+
+    def _allocate_state(self, builder):
+        self.weights_ema = ti.field(ti.f32)
+        builder.dense(ti.ij, (self.n_instances, self.n_params)).place(self.weights_ema)
+
+    def _setup(self):
+        E, K, n = self.weights_ema, self.n_instances, self.n_params
+        W, wo = self._nested_weights()
+
+        @ti.kernel
+        def ema(active: I32_1D, decay: ti.f32, debias_old: F32_1D, debias_new: F32_1D):
+            for k, i in ti.ndrange(K, n):
+                if active[k]:
+                    E[k, i] = (E[k, i] * decay * debias_old[k] + W[k, wo + i] * (1.0 - decay)) * debias_new[k]
+
+        self._ema = ema
+        copy_kernel(E, 0, W, wo, K, n)(np.ones(K, np.int32))
+
+    def _after(self, active):
+        if not self.n_params:
+            return
+        t = self.nested.step_counts()
+        d = np.float32(self.hparams["decay"])
+        one = np.float32(1)
+        debias_old = one - np.power(np.float64(d), np.maximum(t - 1, 0)).astype(np.float32)
+        with np.errstate(divide="ignore"):
+            debias_new = one / (one - np.power(np.float64(d), t).astype(np.float32))
+        mask = (active != 0) & (t > 0)
+        self._ema(mask.astype(np.int32), d, debias_old, debias_new.astype(np.float32))
+
+    def _custom(self):
+        return (self.weights_ema, 0) if self.n_params else None
