@@ -364,11 +364,13 @@ class _GridKernels:
                 scatter_atomic(x, inst, dy, routed)
 
         # -- one sample inside a user's kernel --------------------------------------
+        inference = store.inference_params
+
         @ti.func
         def func(xs, k=0):
             y = ti.Vector.zero(ti.f32, width)
             for l in ti.static(range(L)):
-                acc = level_features(params, k, xs, levels[l])
+                acc = level_features(inference, k, xs, levels[l])
                 for f in ti.static(range(F)):
                     y[l * F + f] = acc[f]
             return y

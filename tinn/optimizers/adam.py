@@ -37,12 +37,13 @@ FLT_MAX = float(np.finfo(np.float32).max)
 
 
 @ti.kernel
-def _adam_step(P: ti.template(), po: ti.i32, G: ti.template(), go: ti.i32, n_matrix: ti.i32, n: ti.i32,
-               m: F32_2D, v: F32_2D, param_steps: I32_2D, active: I32_1D, steps: I32_1D, loss_scale: ti.f32,
+def _adam_step(P: ti.template(), po: ti.i32, G: ti.template(), go: ti.i32, n_matrix: ti.i32, n: ti.template(),
+               m: F32_2D, v: F32_2D, param_steps: I32_2D, active: I32_1D, steps: I32_1D, bias: F32_1D,
+               loss_scale: ti.f32,
                lr: F32_1D, beta1: ti.f32, beta2: ti.f32, eps: ti.f32, l2_reg: ti.f32, nm_l2_reg: ti.f32,
                nm_lr_factor: ti.f32, rel_decay: ti.f32, abs_decay: ti.f32, adabound: ti.i32, wclip: ti.f32,
                gclip: ti.f32, opt_matrix: ti.i32, opt_non_matrix: ti.i32, skip_zero: ti.i32):
-    for k, i in ti.ndrange(active.shape[0], n):
+    for k, i in ti.ndrange(active.shape[0], n):          # n is a compile-time constant: no division per element
         g = G[k, go + i] / loss_scale
         is_matrix = i < n_matrix
         run = active[k] != 0
@@ -61,7 +62,7 @@ def _adam_step(P: ti.template(), po: ti.i32, G: ti.template(), go: ti.i32, n_mat
             t = param_steps[k, i] + 1
             param_steps[k, i] = t
             a_i = lr[k] * (1.0 if is_matrix else nm_lr_factor)
-            a_t = a_i * ti.sqrt(1.0 - ti.pow(beta2, ti.cast(t, ti.f32))) / (1.0 - ti.pow(beta1, ti.cast(t, ti.f32)))
+            a_t = a_i * bias[t]
             lo, hi = 0.0, FLT_MAX
             if adabound != 0:
                 T = ti.cast(steps[k], ti.f32)
@@ -87,10 +88,23 @@ class Adam(Optimizer):
         self.first_moments, self.second_moments = zeros((K, n), ti.f32), zeros((K, n), ti.f32)
         self.param_steps = zeros((K, n), ti.i32)
 
+    def _bias_correction(self) -> np.ndarray:
+        """``sqrt(1 - beta2^t) / (1 - beta1^t)`` for every step count t a parameter can have, computed
+        once on the host in float64 (a per-parameter pow in the kernel costs more than the rest of Adam)."""
+        b1, b2, t_max = self.hparams["beta1"], self.hparams["beta2"], int(self._steps.max())
+        cached = getattr(self, "_bias", None)
+        if cached is None or cached[0] != (b1, b2) or len(cached[1]) <= t_max:
+            t = np.arange(2 * t_max + 64, dtype=np.float64)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                table = np.where(t > 0, np.sqrt(1 - b2 ** t) / (1 - b1 ** t), 0.0)
+            self._bias = ((b1, b2), table.astype(np.float32))
+        return self._bias[1]
+
     def _kernel_step(self, active, loss_scale, lr):
         h, s = self.hparams, self._slot
         _adam_step(s.params, s.p_off, s.grads, s.g_off, self.n_matrix, s.n, self.first_moments,
-                   self.second_moments, self.param_steps, active, self._steps.astype(np.int32), loss_scale, lr,
+                   self.second_moments, self.param_steps, active, self._steps.astype(np.int32),
+                   self._bias_correction(), loss_scale, lr,
                    h["beta1"], h["beta2"], h["epsilon"], h["l2_reg"], h["non_matrix_l2_reg"],
                    h["non_matrix_learning_rate_factor"], h["relative_decay"],
                    h["absolute_decay"], int(h["adabound"]), h["clipping_magnitude"],
