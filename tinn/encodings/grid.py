@@ -35,6 +35,10 @@ PRIMES = (1, 2654435761, 805459861, 3674653429)
 MAX_BASE = {1: 0xFFFFFFFF, 2: 0xFFFF, 3: 0x659, 4: 0xFF}   # largest res with res^D < 2^32
 GRID_TYPES = ("Hash", "Dense", "Tiled")
 HASHED, DENSE, MODULO = 0, 1, 2          # how a level reduces its vertex index to a table entry
+# Taichi 1.7's CPU backend hands a parallel range to its threads in chunks of 512 iterations (a
+# shorter range runs on one thread, whatever ti.loop_config says), so per-thread work is spread
+# one iteration per chunk.
+CPU_CHUNK = 512
 INTERPOLATIONS = ("Nearest", "Linear", "Smoothstep")
 
 _f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
@@ -326,10 +330,11 @@ class _GridKernels:
         @ti.kernel
         def scatter_private(x: _f32_2d, inst: _i32_1d, dy: _f32_2d, routed: ti.template()):
             B = x.shape[0]
-            ti.loop_config(block_dim=1)
-            for w_id in range(n_workers):
-                for b in range(w_id * B // n_workers, (w_id + 1) * B // n_workers):
-                    scatter_sample(add_private, w_id, x, inst, dy, b, routed)
+            for i in range(n_workers * CPU_CHUNK):
+                if i % CPU_CHUNK == 0:                  # one iteration per chunk: the workers run in parallel
+                    w_id = i // CPU_CHUNK
+                    for b in range(w_id * B // n_workers, (w_id + 1) * B // n_workers):
+                        scatter_sample(add_private, w_id, x, inst, dy, b, routed)
 
         @ti.kernel
         def reduce_private():
