@@ -22,6 +22,9 @@ class Groups:
         counts = np.bincount(instance, minlength=n_instances)
         self.active = np.flatnonzero(counts).astype(np.int32)
         self.size = int(counts.max())
+        if batch == len(self.active) * self.size and np.all(instance[:-1] <= instance[1:]):
+            self._slots = None                     # already grouped, equal counts: a reshape suffices
+            return
         group_of = np.zeros(n_instances, np.int64)
         group_of[self.active] = np.arange(len(self.active))
         order = np.argsort(instance, kind="stable")
@@ -38,7 +41,7 @@ class Groups:
     def gather(self, a: np.ndarray) -> np.ndarray:
         """``(batch, n)`` -> ``(G, S, n)``, zero-padded."""
         if self._slots is None:
-            return a.reshape(1, self.batch, -1)
+            return a.reshape(self.n_groups, self.size, -1)
         out = np.zeros((self.n_groups * self.size, a.shape[1]), a.dtype)
         out[self._slots] = a
         return out.reshape(self.n_groups, self.size, -1)
