@@ -19,6 +19,12 @@ from .encoding import Encoding
 _f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 
 
+@ti.func
+def exp2i(e):
+    """2^e for an integer -126 <= e <= 127, exactly, from the float's bit pattern (no pow call)."""
+    return ti.bit_cast((ti.cast(e, ti.i32) + 127) << 23, ti.f32)
+
+
 @functools.lru_cache(maxsize=None)
 def _kernels(program, cls, constants: tuple, n_dims: int, width: int, n_padding: int, fill: float):
     value, slope = cls.funcs(*constants)

@@ -9,7 +9,7 @@ import math
 import taichi as ti
 
 from ..config import Options, encodings
-from ._per_dim import PerDimEncoding
+from ._per_dim import PerDimEncoding, exp2i
 
 
 @encodings.register("Frequency")
@@ -33,7 +33,7 @@ class FrequencyEncoding(PerDimEncoding):
     def funcs():
         @ti.func
         def octave(j):                              # 2^f for output j = 2f + s, exact in float32
-            return ti.pow(2.0, ti.cast(j // 2, ti.f32))
+            return exp2i(j // 2)
 
         @ti.func
         def phase(x, j):

@@ -8,7 +8,7 @@ Key: ``n_frequencies`` F (12). Output ``d * F + k``, k < F::
 import taichi as ti
 
 from ..config import Options, encodings
-from ._per_dim import PerDimEncoding
+from ._per_dim import PerDimEncoding, exp2i
 
 
 @encodings.register("TriangleWave")
@@ -31,7 +31,7 @@ class TriangleWaveEncoding(PerDimEncoding):
     def funcs():
         @ti.func
         def phase(x, k):
-            return x * ti.pow(2.0, k - 1.0) + 0.25 * k
+            return x * exp2i(k - 1) + 0.25 * k
 
         @ti.func
         def value(x, k):
@@ -41,6 +41,6 @@ class TriangleWaveEncoding(PerDimEncoding):
         @ti.func
         def slope(x, k):
             even = ti.cast(ti.floor(2.0 * phase(x, k)), ti.i32) % 2 == 0
-            return ti.pow(2.0, k + 1.0) * ti.select(even, -1.0, 1.0)
+            return exp2i(k + 1) * ti.select(even, -1.0, 1.0)
 
         return value, slope
