@@ -9,12 +9,10 @@ supplies the two ``ti.func``s; the batch kernels are built here once per
 
 import functools
 
-import numpy as np
 import taichi as ti
 
 from .._runtime import current_program
-from ..object import Context
-from .encoding import Encoding
+from .encoding import KernelEncoding
 
 _f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 
@@ -67,7 +65,7 @@ def _kernels(program, cls, constants: tuple, n_dims: int, width: int, n_padding:
     return forward, backward, func, backward_func
 
 
-class PerDimEncoding(Encoding):
+class PerDimEncoding(KernelEncoding):
     """An encoding given by ``value(x, j)`` and its derivative ``slope(x, j)`` per input dim."""
 
     width_per_dim: int
@@ -87,25 +85,3 @@ class PerDimEncoding(Encoding):
     def _kernels(self):
         return _kernels(current_program(), type(self), self.constants(), self.n_input_dims, self.width_per_dim,
                         self.n_padding, float(self.fill_value))
-
-    @property
-    def func(self):
-        """``ti.func (x: ti.Vector[n_input_dims], instance=0) -> ti.Vector[n_output_dims]`` for user kernels."""
-        return self._kernels()[2]
-
-    @property
-    def backward_func(self):
-        """``ti.func (x, dL_dy, instance=0) -> dL_dx`` for user kernels."""
-        return self._kernels()[3]
-
-    def _forward(self, x, instance):
-        y = np.empty((x.shape[0], self.padded_output_width), np.float32)
-        self._kernels()[0](x, y)
-        return y, Context(self, x, instance)
-
-    def _backward(self, ctx, dL_dy, input_gradient):
-        if not input_gradient:
-            return None
-        dx = np.empty_like(ctx.x)
-        self._kernels()[1](ctx.x, np.ascontiguousarray(dL_dy), dx)
-        return dx

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from math import lcm
 
-from ..object import DifferentiableObject
+import numpy as np
+
+from ..object import Context, DifferentiableObject
 
 
 def next_multiple(value: int, multiple: int) -> int:
@@ -46,3 +48,33 @@ class Encoding(DifferentiableObject):
         if alignment > 0:
             self.set_padded_output_width(
                 next_multiple(self.padded_output_width, lcm(alignment, self.required_output_alignment)))
+
+
+class KernelEncoding(Encoding):
+    """A parameter-free encoding run by four kernels from ``_kernels()``: batch forward
+    ``(x, y)``, batch backward ``(x, dL_dy, dL_dx)``, and the in-kernel ``func`` / ``backward_func``."""
+
+    def _kernels(self) -> tuple:
+        raise NotImplementedError
+
+    @property
+    def func(self):
+        """``ti.func (x: ti.Vector[n_input_dims], instance=0) -> ti.Vector[n_output_dims]`` for user kernels."""
+        return self._kernels()[2]
+
+    @property
+    def backward_func(self):
+        """``ti.func (x, dL_dy, instance=0) -> dL_dx`` for user kernels."""
+        return self._kernels()[3]
+
+    def _forward(self, x, instance):
+        y = np.empty((x.shape[0], self.padded_output_width), np.float32)
+        self._kernels()[0](x, y)
+        return y, Context(self, x, instance)
+
+    def _backward(self, ctx, dL_dy, input_gradient):
+        if not input_gradient:
+            return None
+        dx = np.empty_like(ctx.x)
+        self._kernels()[1](ctx.x, np.ascontiguousarray(dL_dy), dx)
+        return dx

@@ -29,8 +29,7 @@ import taichi as ti
 
 from .._runtime import current_program
 from ..config import Options, encodings
-from ..object import Context
-from .encoding import Encoding
+from .encoding import KernelEncoding
 
 _f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 
@@ -154,7 +153,7 @@ def _kernels(program, degree: int, n_padding: int, fill: float):
 
 
 @encodings.register("SphericalHarmonics")
-class SphericalHarmonicsEncoding(Encoding):
+class SphericalHarmonicsEncoding(KernelEncoding):
     def __init__(self, n_input_dims: int = 3, degree: int = 4, **kwargs):
         if n_input_dims != 3:
             raise ValueError("encoding 'SphericalHarmonics' encodes a direction: n_input_dims must be 3, "
@@ -176,25 +175,3 @@ class SphericalHarmonicsEncoding(Encoding):
 
     def _kernels(self):
         return _kernels(current_program(), self.degree, self.n_padding, float(self.fill_value))
-
-    @property
-    def func(self):
-        """``ti.func (x: ti.Vector[3], instance=0) -> ti.Vector[n_output_dims]`` for user kernels."""
-        return self._kernels()[2]
-
-    @property
-    def backward_func(self):
-        """``ti.func (x, dL_dy, instance=0) -> dL_dx`` for user kernels."""
-        return self._kernels()[3]
-
-    def _forward(self, x, instance):
-        y = np.empty((x.shape[0], self.padded_output_width), np.float32)
-        self._kernels()[0](x, y)
-        return y, Context(self, x, instance)
-
-    def _backward(self, ctx, dL_dy, input_gradient):
-        if not input_gradient:
-            return None
-        dx = np.empty_like(ctx.x)
-        self._kernels()[1](ctx.x, np.ascontiguousarray(dL_dy), dx)
-        return dx
