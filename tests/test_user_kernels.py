@@ -67,3 +67,18 @@ def test_standalone_network_func(rng):
     x = rng.random((9, 5), dtype=np.float32)
     y, _, _ = run_in_kernel(net, x, np.zeros((9, 2), np.float32), np.zeros(9, np.int32))
     np.testing.assert_allclose(y, net.inference(x), rtol=1e-5, atol=1e-6)
+
+
+def test_func_reads_the_inference_weights_of_an_averaging_optimizer(rng):
+    """With EMA the model's inference() uses the averaged weights; func must agree with it."""
+    config = {"loss": {"otype": "L2"}, "optimizer": {"otype": "EMA", "decay": 0.5, "nested": {"otype": "SGD",
+              "learning_rate": 0.5}}, "encoding": ENCODINGS["Frequency"], "network": NET}
+    model = tinn.create_from_config(2, 3, config)
+    x = rng.random((40, 2), dtype=np.float32)
+    y = rng.random((40, 3), dtype=np.float32)
+    for _ in range(3):
+        model.trainer.training_step(x, y)
+    out, _ = model.network.forward(x)                          # training weights
+    y_func, _, _ = run_in_kernel(model.network, x, np.zeros((40, 3), np.float32), np.zeros(40, np.int32))
+    np.testing.assert_allclose(y_func, model.network.inference(x), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(out, y_func, atol=1e-4), "EMA weights should differ from the training weights"
