@@ -1,7 +1,7 @@
 """tinn: tiny neural networks in Taichi, with tiny-cuda-nn's configs, components and math.
 
     import taichi as ti, tinn
-    ti.init(arch=ti.cpu)                       # tinn never calls ti.init itself
+    tinn.init()          # or any ti.init(...): the user initialises Taichi, importing tinn never does
     model = tinn.create_from_config(2, 3, "data/config_hash.json")
     loss = model.trainer.training_step(x, y)   # x (B, 2), y (B, 3) float32
     y_hat = model.network.inference(x)
