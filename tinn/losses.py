@@ -146,11 +146,23 @@ def _loss(name: str, doc: str, **attrs):
     return deco
 
 
+@ti.func
+def squared_error(p, t):
+    """``((p - t)^2, 2 (p - t))``: the value and derivative the L2 family divides by its denominator."""
+    return (p - t) ** 2, 2.0 * (p - t)
+
+
+@ti.func
+def absolute_error(p, t):
+    """``(|p - t|, sign(p - t))`` with copysign's +1 at 0: the L1 family's numerators."""
+    return ti.abs(p - t), ti.select(p - t >= 0.0, 1.0, -1.0)
+
+
 @_loss("L2", "``(p - t)^2``; gradient ``2 (p - t)``.")
 def L2Loss():
     @ti.func
     def terms(p, t, q, c):
-        return (p - t) ** 2, 2.0 * (p - t)
+        return squared_error(p, t)
     return terms
 
 
@@ -158,7 +170,7 @@ def L2Loss():
 def L1Loss():
     @ti.func
     def terms(p, t, q, c):
-        return ti.abs(p - t), ti.select(p - t >= 0.0, 1.0, -1.0)
+        return absolute_error(p, t)
     return terms
 
 
@@ -166,8 +178,9 @@ def L1Loss():
 def RelativeL2Loss():
     @ti.func
     def terms(p, t, q, c):
+        value, slope = squared_error(p, t)
         denom = p * p + 0.01
-        return (p - t) ** 2 / denom, 2.0 * (p - t) / denom
+        return value / denom, slope / denom
     return terms
 
 
@@ -175,8 +188,9 @@ def RelativeL2Loss():
 def RelativeL1Loss():
     @ti.func
     def terms(p, t, q, c):
+        value, slope = absolute_error(p, t)
         denom = ti.abs(p) + 0.01
-        return ti.abs(p - t) / denom, ti.select(p - t >= 0.0, 1.0, -1.0) / denom
+        return value / denom, slope / denom
     return terms
 
 
@@ -184,8 +198,9 @@ def RelativeL1Loss():
 def MapeLoss():
     @ti.func
     def terms(p, t, q, c):
+        value, slope = absolute_error(p, t)
         denom = ti.abs(t) + 0.01
-        return ti.abs(p - t) / denom, ti.select(p - t >= 0.0, 1.0, -1.0) / denom
+        return value / denom, slope / denom
     return terms
 
 
@@ -194,8 +209,9 @@ def MapeLoss():
 def SmapeLoss():
     @ti.func
     def terms(p, t, q, c):
+        value, slope = absolute_error(p, t)
         denom = 0.5 * (ti.abs(t) + ti.abs(p)) + 0.01
-        return ti.abs(p - t) / denom, ti.select(p - t >= 0.0, 1.0, -1.0) / denom
+        return value / denom, slope / denom
     return terms
 
 
@@ -216,8 +232,9 @@ def _luminance():
 def RelativeL2LuminanceLoss():
     @ti.func
     def terms(p, t, q, c):
+        value, slope = squared_error(p, t)
         denom = c * c + 0.01
-        return (p - t) ** 2 / denom, 2.0 * (p - t) / denom
+        return value / denom, slope / denom
     return terms
 
 
