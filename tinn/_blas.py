@@ -2,9 +2,9 @@
 
 OpenBLAS's own worker threads busy-wait between calls; interleaved with Taichi's
 thread pool (or any other busy process) that costs several times the work itself on a
-2-core machine. So each product runs as single-threaded BLAS calls on row blocks, one
-block per Python worker thread (numpy releases the GIL inside BLAS), and the BLAS
-thread count is restored afterwards so the user's own numpy is left as it was.
+2-core machine. So the work is cut into blocks, each of tinn's worker threads walks its
+share with single-threaded BLAS calls (numpy releases the GIL inside BLAS and its ufuncs),
+and the BLAS thread count is restored afterwards so the user's own numpy is left as it was.
 """
 import ctypes
 import glob
@@ -67,38 +67,20 @@ def _blocks(n: int, parts: int):
     return [(s, min(s + step, n)) for s in range(0, n, step)]
 
 
-def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``a @ b`` for stacks ``a (G, S, n)`` and ``b (G, n, m)``, split over row blocks."""
-    out = np.empty(a.shape[:-1] + b.shape[-1:], np.float32)
-    workers = n_workers()
-    if workers == 1 or a.shape[0] * a.shape[1] < 4096:
-        np.matmul(a, b, out=out)
-        return out
-    axis = 0 if a.shape[0] >= workers else 1
-    jobs = []
+def for_blocks(n: int, block: int, fn):
+    """Call ``fn(worker, lo, hi)`` over ``[0, n)``: one contiguous share per worker thread, walked in
+    sub-blocks of about ``block`` so that a block's intermediates stay in cache. BLAS is single-threaded
+    inside; ``fn`` may hold worker-private accumulators indexed by ``worker``."""
+    workers = n_workers() if n >= 2 * block else 1
+    shares = _blocks(n, workers)
+
+    def walk(worker):
+        lo, hi = shares[worker]
+        for start in range(lo, hi, block):
+            fn(worker, start, min(start + block, hi))
+
     with single_threaded():
-        for lo, hi in _blocks(a.shape[axis], workers):
-            sl = (slice(lo, hi),) if axis == 0 else (slice(None), slice(lo, hi))
-            jobs.append(_pool().submit(np.matmul, a[sl], b if axis == 1 else b[lo:hi], out=out[sl]))
+        jobs = [_pool().submit(walk, w) for w in range(1, len(shares))]
+        walk(0)
         for job in jobs:
             job.result()
-    return out
-
-
-def matmul_tn(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """``a^T @ b`` per group for ``a (G, S, m)``, ``b (G, S, n)``: a reduction over the S samples."""
-    workers = n_workers()
-    at = a.transpose(0, 2, 1)
-    if workers == 1 or a.shape[0] * a.shape[1] < 4096:
-        return np.matmul(at, b)
-    if a.shape[0] >= workers:
-        out = np.empty((a.shape[0], a.shape[2], b.shape[2]), np.float32)
-        with single_threaded():
-            jobs = [_pool().submit(np.matmul, at[lo:hi], b[lo:hi], out=out[lo:hi])
-                    for lo, hi in _blocks(a.shape[0], workers)]
-            for job in jobs:
-                job.result()
-        return out
-    with single_threaded():
-        jobs = [_pool().submit(np.matmul, at[:, :, lo:hi], b[:, lo:hi]) for lo, hi in _blocks(a.shape[1], workers)]
-        return sum(job.result() for job in jobs)

@@ -1,10 +1,12 @@
-"""tcnn's activations (spec §2.3) as ``ti.func`` pairs: value and derivative from the pre-activation.
+"""tcnn's activations (spec §2.3): value and derivative from the pre-activation, as ``ti.func``s for
+kernels and as numpy functions for the host batch path.
 
 tinn differentiates every activation from its pre-activation ``z``, which gives the
 true derivative everywhere, including ``Sine`` and ``SiLU`` as output activations
 (tcnn passes their gradient through unchanged there: spec §8 A7).
 Softplus and Squareplus are rescaled by ``K_ACT = 10`` as in tcnn.
 """
+import numpy as np
 import taichi as ti
 
 K_ACT = 10.0
@@ -76,3 +78,72 @@ def derivative(name: ti.template(), z):
 
 
 NAMES = ("None", "ReLU", "LeakyReLU", "SiLU", "Exponential", "Sine", "Sigmoid", "Squareplus", "Softplus", "Tanh")
+
+
+# -- the same formulas on host arrays, for the batch path (numpy, inside tinn's BLAS workers) --
+FROM_OUTPUT = ("None", "ReLU", "LeakyReLU")
+"""Activations whose derivative is a function of their output: applied in place, no pre-activation kept."""
+
+
+def _host_sigmoid(z):
+    return 1.0 / (1.0 + np.exp(-z))
+
+
+def _host_squareplus_y(z):
+    X = K_ACT * z
+    return 0.5 * (X + np.sqrt(X * X + 4.0))
+
+
+_HOST_VALUE = {
+    "None": lambda z: z,
+    "ReLU": lambda z: np.multiply(z, z > 0.0, out=z),          # faster than np.maximum here
+    "LeakyReLU": lambda z: np.multiply(z, np.where(z > 0.0, np.float32(1.0), np.float32(0.01)), out=z),
+    "SiLU": lambda z: z * _host_sigmoid(z),
+    "Exponential": np.exp,
+    "Sine": np.sin,
+    "Sigmoid": _host_sigmoid,
+    "Squareplus": lambda z: _host_squareplus_y(z) / K_ACT,
+    "Softplus": lambda z: (np.maximum(K_ACT * z, 0.0) + np.log1p(np.exp(-np.abs(K_ACT * z)))) / K_ACT,
+    "Tanh": np.tanh,
+}
+
+
+def _host_silu_derivative(z):
+    s = _host_sigmoid(z)
+    return s + z * s * (1.0 - s)
+
+
+def _host_sigmoid_derivative(z):
+    s = _host_sigmoid(z)
+    return s * (1.0 - s)
+
+
+def _host_squareplus_derivative(z):
+    y2 = _host_squareplus_y(z) ** 2
+    return y2 / (y2 + 1.0)
+
+
+_HOST_DERIVATIVE = {                     # from the output for FROM_OUTPUT, else from the pre-activation
+    "ReLU": lambda h: h > 0.0,
+    "LeakyReLU": lambda h: np.where(h > 0.0, np.float32(1.0), np.float32(0.01)),
+    "SiLU": _host_silu_derivative,
+    "Exponential": np.exp,
+    "Sine": np.cos,
+    "Sigmoid": _host_sigmoid_derivative,
+    "Squareplus": _host_squareplus_derivative,
+    "Softplus": lambda z: _host_sigmoid(K_ACT * z),
+    "Tanh": lambda z: 1.0 - np.tanh(z) ** 2,
+}
+
+
+def host_value(name: str, z: np.ndarray) -> np.ndarray:
+    """act(z) of a float32 host array; in place (returns ``z``) for the FROM_OUTPUT activations."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _HOST_VALUE[name](z)
+
+
+def host_times_derivative(name: str, a: np.ndarray, g: np.ndarray):
+    """``g *= act'``, from the output ``a`` (FROM_OUTPUT activations) or the pre-activation ``a``."""
+    if name != "None":
+        with np.errstate(over="ignore", invalid="ignore"):
+            g *= _HOST_DERIVATIVE[name](a)

@@ -15,54 +15,47 @@ Backward: ``delta_NL+1 = out_act'(z) * dL/dy``, ``dL/dW_k = delta_{k+1}^T h_k`` 
 over the batch, ``delta_k = act'(z_k) * (delta_{k+1} W_k)``, ``dL/dx = delta_1 W_0``.
 
 One implementation serves both otypes and any width or depth (tinn has no
-tensor-core width rule). Samples are grouped per network, and the dense products
-run as batched GEMMs through numpy's BLAS on the host; activations are Taichi kernels.
+tensor-core width rule). Batches run on the host: samples are grouped per network, cut
+into cache-sized blocks, and each block goes through every layer (numpy's BLAS for the
+products, the activation applied while the block is in cache) on tinn's worker threads.
+The rows of ``W_NL`` beyond ``n_output_dims`` are never computed: the padding outputs get
+no gradient, so those rows' gradients are zero, as in tcnn.
 """
-
-import functools
 
 import numpy as np
 import taichi as ti
 
 from .. import _blas
-from .._runtime import current_program
 from ..config import Options, networks
 from ..object import Context
 from ..routing import Groups
 from . import activations
 from .network import Network
 
-_f32_1d = ti.types.ndarray(dtype=ti.f32, ndim=1)
-_f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
+ROWS_PER_BLOCK = 2048
+"""Samples per cache block of the host path: a block's activations stay in the core's L2."""
 
 
-@functools.lru_cache(maxsize=None)
-def _activation_kernels(program, name: str):
-    """Elementwise act(z) and g *= act'(z) over flat arrays (flat loops vectorise; 2-D ones do not)."""
-    @ti.kernel
-    def forward(z: _f32_1d, h: _f32_1d):
-        for i in range(z.shape[0]):
-            h[i] = activations.value(name, z[i])
+class _Blocks:
+    """How a ``(G, S, n)`` stack of grouped samples is cut into blocks for tinn's BLAS workers: along
+    the samples (worker-private weight-gradient sums) when networks are few and large, else along
+    whole networks (each network's gradient written once)."""
 
-    @ti.kernel
-    def backward(z: _f32_1d, g: _f32_1d):
-        for i in range(z.shape[0]):
-            g[i] *= activations.derivative(name, z[i])
+    def __init__(self, groups: Groups):
+        self.n_groups, self.size = groups.n_groups, groups.size
+        self.by_rows = self.size >= ROWS_PER_BLOCK or self.n_groups < _blas.n_workers()
 
-    return forward, backward
+    def run(self, fn):
+        """``fn(worker, index)`` per block; ``index`` selects the block in a ``(G, S, ...)`` stack."""
+        if self.by_rows:
+            _blas.for_blocks(self.size, ROWS_PER_BLOCK, lambda w, lo, hi: fn(w, (slice(None), slice(lo, hi))))
+        else:
+            per_block = max(1, ROWS_PER_BLOCK // self.size)
+            _blas.for_blocks(self.n_groups, per_block, lambda w, lo, hi: fn(w, (slice(lo, hi),)))
 
-
-def _activate(name: str, z: np.ndarray) -> np.ndarray:
-    if name == "None":
-        return z
-    h = np.empty_like(z)
-    _activation_kernels(current_program(), name)[0](z.reshape(-1), h.reshape(-1))
-    return h
-
-
-def _times_derivative(name: str, z: np.ndarray, g: np.ndarray):
-    if name != "None":
-        _activation_kernels(current_program(), name)[1](z.reshape(-1), g.reshape(-1))
+    def networks(self, index):
+        """The networks a block touches (all of them when cut along the samples)."""
+        return index[:1]
 
 
 @networks.register("CutlassMLP", "MLP", "FullyFusedMLP", "MegakernelMLP")
@@ -141,19 +134,36 @@ class MLP(Network):
     def _act(self, layer: int) -> str:
         return self.output_activation if layer == len(self._layers) - 1 else self.activation
 
+    def _used(self, weights):
+        """The weights that reach the outputs: rows of W_NL beyond n_output_dims only ever meet zero
+        output gradients (the padding is not part of any output), so they are not computed."""
+        return weights[:-1] + [weights[-1][:, : self.n_output_dims]]
+
     def _run(self, x, instance, keep: bool):
         groups = Groups(instance, self.n_instances, x.shape[0])
-        weights = self._matrices(groups, self.store.params if keep else self.store.inference_params)
-        h = groups.gather(x)
-        hs, zs = [h], []
-        for i, w in enumerate(weights):
-            z = _blas.matmul(h, w.transpose(0, 2, 1))
-            h = _activate(self._act(i), z)
-            if keep:
-                zs.append(z)
-                hs.append(h)
-        y = groups.scatter(h)
-        ctx = Context(self, x, instance, groups=groups, weights=weights, zs=zs, hs=hs) if keep else None
+        weights = self._used(self._matrices(groups, self.store.params if keep else self.store.inference_params))
+        blocks, n = _Blocks(groups), len(weights)
+        G, S = groups.n_groups, groups.size
+        acts = [self._act(i) for i in range(n)]
+        hs = [groups.gather(x)] + [np.empty((G, S, w.shape[1]), np.float32) if keep or i == n - 1 else None
+                                   for i, w in enumerate(weights)]
+        zs = [np.empty_like(hs[i + 1]) if keep and acts[i] not in activations.FROM_OUTPUT else None
+              for i in range(n)]
+
+        def block(worker, index):
+            sel = blocks.networks(index)
+            h = hs[0][index]
+            for i, w in enumerate(weights):
+                in_place = acts[i] in activations.FROM_OUTPUT
+                target = hs[i + 1] if in_place else zs[i]
+                z = np.matmul(h, w[sel].transpose(0, 2, 1), out=None if target is None else target[index])
+                h = activations.host_value(acts[i], z)
+                if not in_place and hs[i + 1] is not None:
+                    hs[i + 1][index] = h
+
+        blocks.run(block)
+        y = groups.scatter(hs[-1])
+        ctx = Context(self, x, instance, groups=groups, blocks=blocks, weights=weights, zs=zs, hs=hs) if keep else None
         return y, ctx
 
     def _inference(self, x, instance):
@@ -163,18 +173,34 @@ class MLP(Network):
         return self._run(x, instance, keep=True)
 
     def _backward(self, ctx, dL_dy, input_gradient):
-        groups, weights, zs, hs = ctx.groups, ctx.weights, ctx.zs, ctx.hs
-        g = groups.gather(dL_dy)
-        if np.shares_memory(g, dL_dy):                      # the derivatives are applied in place
-            g = g.copy()
-        grads = []
-        for i in reversed(range(len(weights))):
-            _times_derivative(self._act(i), zs[i], g)
-            grads.append(_blas.matmul_tn(g, hs[i]).reshape(len(groups.active), -1))
-            if i > 0 or input_gradient:
-                g = _blas.matmul(g, weights[i])
-        self.store.add_rows(self.store.grads, self._offset, groups.active, np.concatenate(grads[::-1], axis=1))
-        return groups.scatter(g) if input_gradient else None
+        groups, blocks, weights, zs, hs = ctx.groups, ctx.blocks, ctx.weights, ctx.zs, ctx.hs
+        n, G = len(weights), groups.n_groups
+        g_all = groups.gather(np.ascontiguousarray(dL_dy[:, : self.n_output_dims]))
+        dx = np.empty_like(hs[0]) if input_gradient else None
+        workers = _blas.n_workers() if blocks.by_rows else 1
+        flat = np.zeros((workers, G, self.n_params), np.float32)       # dL/dW, tcnn's layout
+        dWs, start = [], 0
+        for rows, cols in self._layers:
+            dWs.append(flat[:, :, start:start + rows * cols].reshape(workers, G, rows, cols))
+            start += rows * cols
+
+        def block(worker, index):
+            sel = blocks.networks(index)
+            g = g_all[index].copy()
+            for i in reversed(range(n)):
+                act = self._act(i)
+                activations.host_times_derivative(act, (hs[i + 1] if act in activations.FROM_OUTPUT else zs[i])[index], g)
+                dW = dWs[i][worker if blocks.by_rows else 0][sel][:, : g.shape[2]]
+                if blocks.by_rows:
+                    dW += np.matmul(g.transpose(0, 2, 1), hs[i][index])
+                else:
+                    np.matmul(g.transpose(0, 2, 1), hs[i][index], out=dW)
+                if i > 0 or input_gradient:
+                    g = np.matmul(g, weights[i][sel], out=dx[index] if i == 0 else None)
+
+        blocks.run(block)
+        self.store.add_rows(self.store.grads, self._offset, groups.active, flat.sum(axis=0) if workers > 1 else flat[0])
+        return groups.scatter(dx) if input_gradient else None
 
 
 def sample_funcs(mlp: MLP, weights):
@@ -185,8 +211,9 @@ def sample_funcs(mlp: MLP, weights):
     ``dL/dW`` to the gradients atomically (user kernels run samples in parallel).
     """
     grads, base = mlp.store.grads, mlp._offset
-    layers = mlp.layer_sizes()
-    offsets = [base + sum(r * c for r, c in layers[:i]) for i in range(len(layers))]
+    sizes = mlp.layer_sizes()
+    offsets = [base + sum(r * c for r, c in sizes[:i]) for i in range(len(sizes))]
+    layers = sizes[:-1] + [(mlp.n_output_dims, sizes[-1][1])]    # the padded output rows are not computed
     acts = [mlp._act(i) for i in range(len(layers))]
     n_in, n_out, width = mlp.n_input_dims, mlp.n_output_dims, max(max(r, c) for r, c in layers)
     n_layers = len(layers)

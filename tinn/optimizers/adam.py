@@ -17,13 +17,18 @@ Per parameter, with its own step count ``t``::
 A non-matrix parameter whose gradient is exactly 0 is skipped entirely (no moment
 decay, no step count): tcnn's sparse Adam for hash grids.
 State: ``current_step`` (per instance, AdaBound's t), ``first_moments``,
-``second_moments``, ``param_steps``.
+``second_moments``, ``matrix_steps`` (per instance: matrix parameters always step together)
+and ``param_steps`` (per non-matrix parameter).
 """
+import functools
+
 import numpy as np
 import taichi as ti
 
+from .._runtime import current_program
+
 from ..config import optimizers
-from .optimizer import F32_1D, F32_2D, I32_1D, I32_2D, NON_NEGATIVE, UNIT_INTERVAL, Optimizer, zeros
+from .optimizer import F32_1D, I32_1D, NON_NEGATIVE, UNIT_INTERVAL, Optimizer, zeros
 
 DEFAULTS = {
     "learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8, "l2_reg": 1e-8,
@@ -34,46 +39,75 @@ DEFAULTS = {
 
 
 FLT_MAX = float(np.finfo(np.float32).max)
+CHUNK = 1024
+"""Parameters per parallel task: each task runs over contiguous memory, which the compiler vectorises."""
 
 
-@ti.kernel
-def _adam_step(P: ti.template(), po: ti.i32, G: ti.template(), go: ti.i32, n_matrix: ti.i32, n: ti.template(),
-               m: F32_2D, v: F32_2D, param_steps: I32_2D, active: I32_1D, steps: I32_1D, bias: F32_1D,
-               loss_scale: ti.f32,
-               lr: F32_1D, beta1: ti.f32, beta2: ti.f32, eps: ti.f32, l2_reg: ti.f32, nm_l2_reg: ti.f32,
-               nm_lr_factor: ti.f32, rel_decay: ti.f32, abs_decay: ti.f32, adabound: ti.i32, wclip: ti.f32,
-               gclip: ti.f32, opt_matrix: ti.i32, opt_non_matrix: ti.i32, skip_zero: ti.i32):
-    for k, i in ti.ndrange(active.shape[0], n):          # n is a compile-time constant: no division per element
-        g = G[k, go + i] / loss_scale
-        is_matrix = i < n_matrix
-        run = active[k] != 0
-        if is_matrix:
-            run = run and opt_matrix != 0
-        else:
-            run = run and opt_non_matrix != 0 and not (skip_zero != 0 and g == 0.0)
-        if run:
-            w = P[k, po + i]
-            g += (l2_reg if is_matrix else nm_l2_reg) * w
-            if gclip != 0.0:
-                g = ti.math.clamp(g, -gclip, gclip)
-            mi = beta1 * m[k, i] + (1.0 - beta1) * g
-            vi = beta2 * v[k, i] + (1.0 - beta2) * g * g
-            m[k, i], v[k, i] = mi, vi
-            t = param_steps[k, i] + 1
-            param_steps[k, i] = t
-            a_i = lr[k] * (1.0 if is_matrix else nm_lr_factor)
-            a_t = a_i * bias[t]
-            lo, hi = 0.0, FLT_MAX
-            if adabound != 0:
-                T = ti.cast(steps[k], ti.f32)
-                lo = 0.1 - 0.1 / ((1.0 - beta2) * T + 1.0)
-                hi = 0.1 + 0.1 / ((1.0 - beta2) * T)
-            eta = ti.math.clamp(a_t / (ti.sqrt(vi) + eps), lo, hi)
-            decayed = (1.0 - rel_decay * a_t) * w - ti.select(w < 0.0, -1.0, 1.0) * abs_decay * a_t
-            w = decayed - eta * mi
-            if wclip != 0.0:
-                w = ti.math.clamp(w, -wclip, wclip)
-            P[k, po + i] = w
+@functools.lru_cache(maxsize=None)
+def _adam_kernel(program, n_matrix: int, n: int, flags: tuple):
+    """The update of one slot of ``n`` parameters, the first ``n_matrix`` of them matrix parameters.
+
+    ``flags`` are the hyperparameters that switch code on or off (compile-time, so the common case
+    is a branch-free loop): adabound, gradient clipping, weight clipping, decay, optimize matrix
+    params, optimize non-matrix params, skip zero non-matrix gradients. Matrix parameters share
+    their network's step count; non-matrix ones keep their own (they skip zero gradients).
+    """
+    adabound, gclip_on, wclip_on, decay_on, opt_matrix, opt_non_matrix, skip_zero = flags
+    n_nm = n - n_matrix
+    m_tasks, nm_tasks = -(-n_matrix // CHUNK), -(-n_nm // CHUNK)
+
+    @ti.func
+    def update(w, g, m0, v0, a_t, T, beta1, beta2, eps, rel_decay, abs_decay, wclip, gclip):
+        """``(w, m, v)`` after one Adam/AdaBound step with bias-corrected rate ``a_t``."""
+        if ti.static(gclip_on):
+            g = ti.math.clamp(g, -gclip, gclip)
+        m = beta1 * m0 + (1.0 - beta1) * g
+        v = beta2 * v0 + (1.0 - beta2) * g * g
+        eta = ti.min(a_t / (ti.sqrt(v) + eps), FLT_MAX)
+        if ti.static(adabound):
+            eta = ti.math.clamp(eta, 0.1 - 0.1 / ((1.0 - beta2) * T + 1.0), 0.1 + 0.1 / ((1.0 - beta2) * T))
+        if ti.static(decay_on):
+            w = (1.0 - rel_decay * a_t) * w - ti.select(w < 0.0, -1.0, 1.0) * abs_decay * a_t
+        w -= eta * m
+        if ti.static(wclip_on):
+            w = ti.math.clamp(w, -wclip, wclip)
+        return w, m, v
+
+    @ti.kernel
+    def step(P: ti.template(), po: ti.i32, G: ti.template(), go: ti.i32, m: F32_1D, v: F32_1D,
+             matrix_steps: I32_1D, param_steps: I32_1D, active: I32_1D, steps: I32_1D, bias: F32_1D,
+             inv_scale: ti.f32, lr: F32_1D, beta1: ti.f32, beta2: ti.f32, eps: ti.f32, l2_reg: ti.f32,
+             nm_l2_reg: ti.f32, nm_lr_factor: ti.f32, rel_decay: ti.f32, abs_decay: ti.f32, wclip: ti.f32,
+             gclip: ti.f32):
+        if ti.static(opt_matrix and m_tasks > 0):
+            for task in range(active.shape[0] * m_tasks):
+                k, c = task // m_tasks, task % m_tasks
+                if active[k] != 0:
+                    a_t, T = lr[k] * bias[matrix_steps[k]], ti.cast(steps[k], ti.f32)
+                    for i in range(c * CHUNK, ti.min(c * CHUNK + CHUNK, n_matrix)):
+                        w = P[k, po + i]
+                        g = G[k, go + i] * inv_scale + l2_reg * w
+                        P[k, po + i], m[k * n + i], v[k * n + i] = update(
+                            w, g, m[k * n + i], v[k * n + i], a_t, T, beta1, beta2, eps, rel_decay, abs_decay,
+                            wclip, gclip)
+        if ti.static(opt_non_matrix and nm_tasks > 0):
+            for task in range(active.shape[0] * nm_tasks):
+                k, c = task // nm_tasks, task % nm_tasks
+                if active[k] != 0:
+                    a_k, T = lr[k] * nm_lr_factor, ti.cast(steps[k], ti.f32)
+                    for j in range(c * CHUNK, ti.min(c * CHUNK + CHUNK, n_nm)):
+                        i, s = n_matrix + j, k * n_nm + j
+                        w0, g = P[k, po + i], G[k, go + i] * inv_scale
+                        run = not (skip_zero and g == 0.0)
+                        t = param_steps[s] + ti.cast(run, ti.i32)
+                        w, mi, vi = update(w0, g + nm_l2_reg * w0, m[k * n + i], v[k * n + i], a_k * bias[t], T,
+                                           beta1, beta2, eps, rel_decay, abs_decay, wclip, gclip)
+                        P[k, po + i] = ti.select(run, w, w0)           # selects, not a branch: vectorises
+                        m[k * n + i] = ti.select(run, mi, m[k * n + i])
+                        v[k * n + i] = ti.select(run, vi, v[k * n + i])
+                        param_steps[s] = t
+
+    return step
 
 
 @optimizers.register("Adam")
@@ -81,12 +115,22 @@ class Adam(Optimizer):
     otype = "Adam"
     DEFAULTS = DEFAULTS
     RULES = {"beta1": UNIT_INTERVAL, "beta2": UNIT_INTERVAL, "epsilon": NON_NEGATIVE, "learning_rate": NON_NEGATIVE}
-    STATE = ("first_moments", "second_moments", "param_steps")
+    STATE = ("first_moments", "second_moments", "matrix_steps", "param_steps")
 
     def _setup(self):
         K, n = self.n_instances, self.n_params
-        self.first_moments, self.second_moments = zeros((K, n), ti.f32), zeros((K, n), ti.f32)
-        self.param_steps = zeros((K, n), ti.i32)
+        self.first_moments, self.second_moments = zeros((K * n,), ti.f32), zeros((K * n,), ti.f32)
+        self.matrix_steps = np.zeros(K, np.int32)                           # per network
+        self.param_steps = zeros((max(1, K * (n - self.n_matrix)),), ti.i32)  # per non-matrix parameter
+
+    def param_step_counts(self) -> np.ndarray:
+        """Each parameter's own step count t (tcnn keeps one per parameter): ``(n_params,)``, or
+        ``(n_instances, n_params)`` for network arrays."""
+        self._require_allocated()
+        K, n_nm = self.n_instances, self.n_params - self.n_matrix
+        counts = np.concatenate([np.repeat(self.matrix_steps[:, None], self.n_matrix, axis=1),
+                               self.param_steps.to_numpy()[: K * n_nm].reshape(K, n_nm)], axis=1)
+        return counts[0] if K == 1 else counts
 
     def _bias_correction(self) -> np.ndarray:
         """``sqrt(1 - beta2^t) / (1 - beta1^t)`` for every step count t a parameter can have, computed
@@ -102,11 +146,14 @@ class Adam(Optimizer):
 
     def _kernel_step(self, active, loss_scale, lr):
         h, s = self.hparams, self._slot
-        _adam_step(s.params, s.p_off, s.grads, s.g_off, self.n_matrix, s.n, self.first_moments,
-                   self.second_moments, self.param_steps, active, self._steps.astype(np.int32),
-                   self._bias_correction(), loss_scale, lr,
-                   h["beta1"], h["beta2"], h["epsilon"], h["l2_reg"], h["non_matrix_l2_reg"],
-                   h["non_matrix_learning_rate_factor"], h["relative_decay"],
-                   h["absolute_decay"], int(h["adabound"]), h["clipping_magnitude"],
-                   h["gradient_clipping_magnitude"], int(h["optimize_matrix_params"]),
-                   int(h["optimize_non_matrix_params"]), int(h["skip_zero_grad_non_matrix_params"]))
+        flags = (bool(h["adabound"]), h["gradient_clipping_magnitude"] != 0, h["clipping_magnitude"] != 0,
+                 h["relative_decay"] != 0 or h["absolute_decay"] != 0, bool(h["optimize_matrix_params"]),
+                 bool(h["optimize_non_matrix_params"]), bool(h["skip_zero_grad_non_matrix_params"]))
+        if h["optimize_matrix_params"]:
+            self.matrix_steps += active
+        _adam_kernel(current_program(), self.n_matrix, s.n, flags)(
+            s.params, s.p_off, s.grads, s.g_off, self.first_moments, self.second_moments, self.matrix_steps,
+            self.param_steps, active, self._steps.astype(np.int32), self._bias_correction(), 1.0 / loss_scale, lr,
+            h["beta1"], h["beta2"], h["epsilon"], h["l2_reg"], h["non_matrix_l2_reg"],
+            h["non_matrix_learning_rate_factor"], h["relative_decay"], h["absolute_decay"],
+            h["clipping_magnitude"], h["gradient_clipping_magnitude"])
