@@ -178,55 +178,77 @@ def _routing(instance):
 class _GridKernels:
     """The grid's Taichi kernels, specialised to one encoding's config and parameter slice.
 
-    Levels are unrolled: each level's scale, resolution, table size, offset and index mode
-    are compile-time constants, which more than halves the cost of a lookup compared with
-    reading them from a table (and compiles in seconds for tcnn's usual 8-32 levels).
+    Levels are a loop at run time over a small table of their geometry (scale, resolution,
+    table size, entry offset), so that a kernel holds one level's code rather than L copies:
+    Taichi re-parses the Python of every kernel at start-up, even on an offline-cache hit.
+    A level's index mode stays a compile-time constant; consecutive levels sharing it form a
+    run with a loop of its own (a Hash grid has two: its dense coarse levels, then hashed ones).
+
+    The batch kernels go level by level: on the CPU each thread takes a contiguous share of
+    the batch and runs through it once per level, so that the level's table stays in the
+    core's cache (elsewhere a parallel iteration is one sample, all its levels in turn).
     """
 
     def __init__(self, enc: GridEncoding):
         store = enc.store
         D, F, L = enc.n_input_dims, enc.n_features_per_level, enc.n_levels
         K, n, base = enc.n_instances, enc.n_params, enc._offset
-        raw, n_pad, width = enc.n_raw_output_dims, enc.n_padding, enc.padded_output_width
+        raw, width = enc.n_raw_output_dims, enc.padded_output_width
         interp = enc.interpolation
         params, grads = store.params, store.grads          # forward() takes the weights to read as an argument
         private = is_cpu()
         n_workers = max(1, ti.lang.impl.current_cfg().cpu_max_num_threads) if private else 1
 
-        levels = []                                         # (scale, resolution, entries, entry offset, mode)
-        for scale, res, entries, offset, hashed in enc.levels:
+        runs = []                                           # (index mode, first level, last level + 1)
+        for l, (scale, res, entries, offset, hashed) in enumerate(enc.levels):
             dense_fits = res ** D <= entries and 2 * res ** D < 2 ** 32
             mode = HASHED if hashed else DENSE if dense_fits and enc.type != "Tiled" else MODULO
-            levels.append((float(scale), res, entries, offset, mode))
+            if runs and runs[-1][0] == mode:
+                runs[-1] = (mode, runs[-1][1], l + 1)
+            else:
+                runs.append((mode, l, l + 1))
+        # Table indices and offsets are below the encoding's entry count: masking them with the power of
+        # two above it changes nothing, but shows LLVM that they are small and non-negative, so that it
+        # folds them into the load addresses, as it did the constants of unrolled levels (~15% of a forward).
+        entry_mask = (1 << (n // F - 1).bit_length()) - 1
 
-        scratch = ti.field(ti.f32)
-        if private:
-            self._tree = FieldTree(lambda builder: builder.dense(ti.ijk, (n_workers, K, n)).place(scratch))
+        geometry = ti.types.struct(scale=ti.f32, res=ti.u32, size=ti.u32, offset=ti.u32).field()
+        scratch = ti.field(ti.f32) if private else None     # the workers' private gradient tables
+
+        def place(builder):
+            builder.dense(ti.i, L).place(geometry)
+            if private:
+                builder.dense(ti.ijk, (n_workers, K, n)).place(scratch)
+
+        self._tree = FieldTree(place)
+        for l, (scale, res, entries, offset, _) in enumerate(enc.levels):
+            geometry[l] = dict(scale=scale, res=res % 2 ** 32, size=entries, offset=offset)
 
         @ti.func
-        def grid_index(lv: ti.template(), p):
-            """tcnn's index of vertex p, modulo the level's entries without a division where possible:
-            hashed tables are powers of two (a mask) and a dense index stays below twice its table."""
-            res, entries, mode = ti.static(lv[1], lv[2], lv[4])
+        def grid_index(lv, mode: ti.template(), p):
+            """tcnn's index of vertex p, reduced to the level's table without a division where possible:
+            hashed  (XOR_d p_d pi_d) & (size - 1)     (hashed tables are powers of two);
+            dense   p_0 + res (p_1 + res (p_2 + res p_3)), wrapping in u32 like tcnn's sum_d p_d res^d,
+                    less size if beyond it (a dense index stays below twice its table), or modulo size."""
             idx = ti.u32(0)
             if ti.static(mode == HASHED):
                 for d in ti.static(range(D)):
                     idx ^= p[d] * ti.u32(PRIMES[d])
-                idx &= ti.u32(entries - 1)
+                idx &= lv.size - 1
             else:
-                for d in ti.static(range(D)):
-                    idx += p[d] * ti.u32(res ** d % 2 ** 32)
+                for d in ti.static(range(D - 1, -1, -1)):
+                    idx = idx * lv.res + p[d]
                 if ti.static(mode == DENSE):
-                    if idx >= ti.u32(entries):
-                        idx -= ti.u32(entries)
+                    if idx >= lv.size:
+                        idx -= lv.size
                 else:
-                    idx %= ti.u32(entries)
-            return ti.cast(idx, ti.i32)
+                    idx %= lv.size
+            return idx
 
         @ti.func
-        def locate(xs, lv: ti.template()):
+        def locate(xs, lv):
             """Lower corner p (u32), interpolation weights w and their slopes dw of point xs."""
-            pos = xs * ti.static(lv[0]) + 0.5
+            pos = xs * lv.scale + 0.5
             pf = ti.floor(pos)
             t = pos - pf
             w, dw = t, ti.Vector.one(ti.f32, D)
@@ -250,66 +272,89 @@ class _GridKernels:
             return weight
 
         @ti.func
-        def entry(lv: ti.template(), p, bits: ti.template()):
-            """Index of the corner's first feature, relative to the encoding's parameters."""
-            return (ti.static(lv[3]) + grid_index(lv, p + ti.Vector(bits, ti.u32))) * F
+        def entry(lv, mode: ti.template(), p, bits: ti.template()):
+            """Index of the corner's first feature, relative to the encoding's parameters: (offset + index) F."""
+            idx = grid_index(lv, mode, p + ti.Vector(bits, ti.u32))
+            return ti.cast((lv.offset & entry_mask) + (idx & entry_mask), ti.i32) * F
 
         # -- one sample, one level: shared by the batch kernels and the in-kernel funcs --
         @ti.func
-        def level_features(weights: ti.template(), k, xs, lv: ti.template()):
+        def level_features(weights: ti.template(), k, xs, lv, mode: ti.template()):
             p, w, _ = locate(xs, lv)
             acc = ti.Vector.zero(ti.f32, F)
             for bits in ti.static(corners()):
                 weight = corner_weight(w, bits, -1)
-                e = base + entry(lv, p, bits)
+                e = base + entry(lv, mode, p, bits)
                 for f in ti.static(range(F)):
                     acc[f] += weight * weights[k, e + f]
             return acc
 
         @ti.func
-        def level_scatter(add: ti.template(), slot, k, xs, lv: ti.template(), dy):
+        def level_scatter(add: ti.template(), slot, k, xs, lv, mode: ti.template(), dy):
             """add(slot, k, i, weight * dL/dy_f) for every corner entry i (relative to the encoding)."""
             p, w, _ = locate(xs, lv)
             for bits in ti.static(corners()):
                 weight = corner_weight(w, bits, -1)
-                e = entry(lv, p, bits)
+                e = entry(lv, mode, p, bits)
                 for f in ti.static(range(F)):
                     add(slot, k, e + f, weight * dy[f])
 
         @ti.func
-        def level_input_gradient(weights: ti.template(), k, xs, lv: ti.template(), dy):
+        def level_input_gradient(weights: ti.template(), k, xs, lv, mode: ti.template(), dy):
             g = ti.Vector.zero(ti.f32, D)
             if ti.static(interp != "Nearest"):
                 p, w, dw = locate(xs, lv)
                 for bits in ti.static(corners()):
-                    e = base + entry(lv, p, bits)
+                    e = base + entry(lv, mode, p, bits)
                     value = 0.0
                     for f in ti.static(range(F)):
                         value += dy[f] * weights[k, e + f]
                     for d in ti.static(range(D)):
                         sign = 1.0 if ti.static(bits[d]) else -1.0
-                        g[d] += sign * corner_weight(w, bits, d) * value * ti.static(lv[0]) * dw[d]
+                        g[d] += sign * corner_weight(w, bits, d) * value * lv.scale * dw[d]
             return g
 
         @ti.func
-        def row(a: ti.template(), b, n: ti.template(), start: ti.template()):
+        def row(a: ti.template(), b, n: ti.template(), start):
             v = ti.Vector.zero(ti.f32, n)
             for i in ti.static(range(n)):
                 v[i] = a[b, start + i]
             return v
 
         # -- batch kernels ---------------------------------------------------------
+        @ti.func
+        def n_iterations(B):
+            """The parallel range of a batch kernel: one chunk per worker on the CPU, else one sample each."""
+            return n_workers * CPU_CHUNK if ti.static(private) else B
+
+        @ti.func
+        def samples(i, B):
+            """Samples [start, end) of parallel iteration i: on the CPU, worker i // CPU_CHUNK's contiguous
+            share of the batch for the first iteration of its chunk and none for the others; else sample i."""
+            start, end = i, i + 1
+            if ti.static(private):
+                w_id = i // CPU_CHUNK
+                start, end = w_id * B // n_workers, (w_id + 1) * B // n_workers
+                if i % CPU_CHUNK != 0:
+                    end = start
+            return start, end
+
         @ti.kernel
         def forward(weights: ti.template(), x: _f32_2d, inst: _i32_1d, y: _f32_2d, routed: ti.template()):
-            for b in range(x.shape[0]):
-                k = inst[b] if ti.static(routed) else 0
-                xs = row(x, b, D, 0)
-                for l in ti.static(range(L)):
-                    acc = level_features(weights, k, xs, levels[l])
-                    for f in ti.static(range(F)):
-                        y[b, l * F + f] = acc[f]
-                for j in ti.static(range(n_pad)):
-                    y[b, raw + j] = 0.0
+            B = x.shape[0]
+            for i in range(n_iterations(B)):
+                start, end = samples(i, B)
+                for mode, first, stop in ti.static(runs):
+                    for l in range(first, stop):
+                        lv = geometry[l]
+                        for b in range(start, end):
+                            k = inst[b] if ti.static(routed) else 0
+                            acc = level_features(weights, k, row(x, b, D, 0), lv, mode)
+                            for f in ti.static(range(F)):
+                                y[b, l * F + f] = acc[f]
+                for b in range(start, end):
+                    for j in ti.static(range(raw, width)):
+                        y[b, j] = 0.0
 
         @ti.func
         def add_private(w_id, k, i, v):          # worker w_id owns scratch[w_id]: a plain add, no atomic
@@ -319,22 +364,18 @@ class _GridKernels:
         def add_atomic(w_id, k, i, v):
             ti.atomic_add(grads[k, base + i], v)
 
-        @ti.func
-        def scatter_sample(add: ti.template(), slot, x: ti.template(), inst: ti.template(), dy: ti.template(), b,
-                           routed: ti.template()):
-            k = inst[b] if ti.static(routed) else 0
-            xs = row(x, b, D, 0)
-            for l in ti.static(range(L)):
-                level_scatter(add, slot, k, xs, levels[l], row(dy, b, F, l * F))
-
         @ti.kernel
-        def scatter_private(x: _f32_2d, inst: _i32_1d, dy: _f32_2d, routed: ti.template()):
+        def scatter(add: ti.template(), x: _f32_2d, inst: _i32_1d, dy: _f32_2d, routed: ti.template()):
             B = x.shape[0]
-            for i in range(n_workers * CPU_CHUNK):
-                if i % CPU_CHUNK == 0:                  # one iteration per chunk: the workers run in parallel
-                    w_id = i // CPU_CHUNK
-                    for b in range(w_id * B // n_workers, (w_id + 1) * B // n_workers):
-                        scatter_sample(add_private, w_id, x, inst, dy, b, routed)
+            for i in range(n_iterations(B)):
+                start, end = samples(i, B)
+                w_id = i // CPU_CHUNK                   # owns scratch[w_id] (add_atomic ignores it)
+                for mode, first, stop in ti.static(runs):
+                    for l in range(first, stop):
+                        lv = geometry[l]
+                        for b in range(start, end):
+                            k = inst[b] if ti.static(routed) else 0
+                            level_scatter(add, w_id, k, row(x, b, D, 0), lv, mode, row(dy, b, F, l * F))
 
         @ti.kernel
         def reduce_private():
@@ -346,27 +387,28 @@ class _GridKernels:
                 grads[k, base + i] = grads[k, base + i] + acc
 
         @ti.kernel
-        def scatter_atomic(x: _f32_2d, inst: _i32_1d, dy: _f32_2d, routed: ti.template()):
-            for b in range(x.shape[0]):
-                scatter_sample(add_atomic, 0, x, inst, dy, b, routed)
-
-        @ti.kernel
         def backward_input(x: _f32_2d, inst: _i32_1d, dy: _f32_2d, dx: _f32_2d, routed: ti.template()):
-            for b in range(x.shape[0]):
-                k = inst[b] if ti.static(routed) else 0
-                xs = row(x, b, D, 0)
-                g = ti.Vector.zero(ti.f32, D)
-                for l in ti.static(range(L)):
-                    g += level_input_gradient(params, k, xs, levels[l], row(dy, b, F, l * F))
-                for d in ti.static(range(D)):
-                    dx[b, d] = g[d]
+            B = x.shape[0]
+            for i in range(n_iterations(B)):
+                start, end = samples(i, B)
+                for b in range(start, end):
+                    for d in ti.static(range(D)):
+                        dx[b, d] = 0.0
+                for mode, first, stop in ti.static(runs):
+                    for l in range(first, stop):
+                        lv = geometry[l]
+                        for b in range(start, end):
+                            k = inst[b] if ti.static(routed) else 0
+                            g = level_input_gradient(params, k, row(x, b, D, 0), lv, mode, row(dy, b, F, l * F))
+                            for d in ti.static(range(D)):
+                                dx[b, d] = dx[b, d] + g[d]
 
         def backward_params(x, inst, dy, routed):
             if private:
-                scatter_private(x, inst, dy, routed)
+                scatter(add_private, x, inst, dy, routed)
                 reduce_private()
             else:
-                scatter_atomic(x, inst, dy, routed)
+                scatter(add_atomic, x, inst, dy, routed)
 
         # -- one sample inside a user's kernel --------------------------------------
         inference = store.inference_params
@@ -374,21 +416,24 @@ class _GridKernels:
         @ti.func
         def func(xs, k=0):
             y = ti.Vector.zero(ti.f32, width)
-            for l in ti.static(range(L)):
-                acc = level_features(inference, k, xs, levels[l])
-                for f in ti.static(range(F)):
-                    y[l * F + f] = acc[f]
+            for mode, first, stop in ti.static(runs):
+                for l in range(first, stop):
+                    acc = level_features(inference, k, xs, geometry[l], mode)
+                    for f in ti.static(range(F)):
+                        y[l * F + f] = acc[f]
             return y
 
         @ti.func
         def backward_func(xs, dy, k=0):
             g = ti.Vector.zero(ti.f32, D)
-            for l in ti.static(range(L)):
-                dy_l = ti.Vector.zero(ti.f32, F)
-                for f in ti.static(range(F)):
-                    dy_l[f] = dy[l * F + f]
-                level_scatter(add_atomic, 0, k, xs, levels[l], dy_l)
-                g += level_input_gradient(params, k, xs, levels[l], dy_l)
+            for mode, first, stop in ti.static(runs):
+                for l in range(first, stop):
+                    lv = geometry[l]
+                    dy_l = ti.Vector.zero(ti.f32, F)
+                    for f in ti.static(range(F)):
+                        dy_l[f] = dy[l * F + f]
+                    level_scatter(add_atomic, 0, k, xs, lv, mode, dy_l)
+                    g += level_input_gradient(params, k, xs, lv, mode, dy_l)
             return g
 
         self.forward, self.backward_params, self.backward_input = forward, backward_params, backward_input
