@@ -26,7 +26,6 @@ import numpy as np
 import taichi as ti
 
 from .._runtime import current_program
-
 from ..config import optimizers
 from .optimizer import F32_1D, I32_1D, NON_NEGATIVE, UNIT_INTERVAL, Optimizer, zeros
 
@@ -102,7 +101,7 @@ def _adam_kernel(program, n_matrix: int, n: int, flags: tuple):
                         t = param_steps[s] + ti.cast(run, ti.i32)
                         w, mi, vi = update(w0, g + nm_l2_reg * w0, m[k * n + i], v[k * n + i], a_k * bias[t], T,
                                            beta1, beta2, eps, rel_decay, abs_decay, wclip, gclip)
-                        P[k, po + i] = ti.select(run, w, w0)           # selects, not a branch: vectorises
+                        P[k, po + i] = ti.select(run, w, w0)           # a skipped parameter keeps all it had
                         m[k * n + i] = ti.select(run, mi, m[k * n + i])
                         v[k * n + i] = ti.select(run, vi, v[k * n + i])
                         param_steps[s] = t
