@@ -94,10 +94,15 @@ def _host_squareplus_y(z):
     return 0.5 * (X + np.sqrt(X * X + 4.0))
 
 
+def _host_leaky_slope(a):
+    """1 where a > 0, else 0.01: LeakyReLU's slope, from its input or (same sign) its output."""
+    return np.where(a > 0.0, np.float32(1.0), np.float32(0.01))
+
+
 _HOST_VALUE = {
     "None": lambda z: z,
     "ReLU": lambda z: np.multiply(z, z > 0.0, out=z),          # faster than np.maximum here
-    "LeakyReLU": lambda z: np.multiply(z, np.where(z > 0.0, np.float32(1.0), np.float32(0.01)), out=z),
+    "LeakyReLU": lambda z: np.multiply(z, _host_leaky_slope(z), out=z),
     "SiLU": lambda z: z * _host_sigmoid(z),
     "Exponential": np.exp,
     "Sine": np.sin,
@@ -125,7 +130,7 @@ def _host_squareplus_derivative(z):
 
 _HOST_DERIVATIVE = {                     # from the output for FROM_OUTPUT, else from the pre-activation
     "ReLU": lambda h: h > 0.0,
-    "LeakyReLU": lambda h: np.where(h > 0.0, np.float32(1.0), np.float32(0.01)),
+    "LeakyReLU": _host_leaky_slope,
     "SiLU": _host_silu_derivative,
     "Exponential": np.exp,
     "Sine": np.cos,
