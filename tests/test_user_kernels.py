@@ -69,6 +69,21 @@ def test_standalone_network_func(rng):
     np.testing.assert_allclose(y, net.inference(x), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("act", tinn.networks.activations.NAMES)
+def test_network_funcs_equal_the_batch_api_for_every_activation(act, rng):
+    """The in-kernel funcs carry their own (ti.func) activations; the batch path is checked against
+    the NumPy reference in test_networks.py, so agreeing with it checks every activation here."""
+    net = tinn.create_network(3, 2, {"otype": "FullyFusedMLP", "n_neurons": 8, "n_hidden_layers": 1,
+                                     "activation": act, "output_activation": act})
+    x = (rng.random((20, 3), dtype=np.float32) - 0.5).astype(np.float32)
+    dy = rng.normal(size=(20, 2)).astype(np.float32)
+    y, dx, grads = run_in_kernel(net, x, dy, np.zeros(20, np.int32))
+    np.testing.assert_allclose(y, net.inference(x), rtol=1e-5, atol=1e-6)
+    _, ctx = net.forward(x)
+    np.testing.assert_allclose(dx, net.backward(ctx, dy), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(grads, net.gradients(), rtol=1e-4, atol=1e-6)
+
+
 def test_func_reads_the_inference_weights_of_an_averaging_optimizer(rng):
     """With EMA the model's inference() uses the averaged weights; func must agree with it."""
     config = {"loss": {"otype": "L2"}, "optimizer": {"otype": "EMA", "decay": 0.5, "nested": {"otype": "SGD",
