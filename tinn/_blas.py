@@ -43,7 +43,7 @@ def n_workers() -> int:
 def _pool() -> ThreadPoolExecutor:
     global _POOL
     if _POOL is None:
-        _POOL = ThreadPoolExecutor(n_workers(), thread_name_prefix="tinn-blas")
+        _POOL = ThreadPoolExecutor(max(1, n_workers() - 1), thread_name_prefix="tinn-blas")  # + the caller
     return _POOL
 
 
