@@ -41,21 +41,20 @@ def load_image(path):
 
 
 @ti.kernel
-def bilinear_lookup(image: ti.types.ndarray(dtype=ti.f32, ndim=3), xy: ti.types.ndarray(dtype=ti.f32, ndim=2),
-                    rgb: ti.types.ndarray(dtype=ti.f32, ndim=2)):
+def bilinear_lookup(image: ti.types.ndarray(dtype=ti.math.vec3, ndim=2), xy: ti.types.ndarray(dtype=ti.math.vec2, ndim=1),
+                    rgb: ti.types.ndarray(dtype=ti.math.vec3, ndim=1)):
     """rgb[b] = image at xy[b] = (x right, y down) in [0, 1]^2, bilinear, clamped to the edges."""
     H, W = image.shape[0], image.shape[1]
     for b in range(xy.shape[0]):
-        px, py = xy[b, 0] * W - 0.5, xy[b, 1] * H - 0.5
-        fx, fy = ti.floor(px), ti.floor(py)
-        tx, ty = px - fx, py - fy
-        x0, y0 = ti.cast(fx, ti.i32), ti.cast(fy, ti.i32)
+        p = xy[b] * ti.math.vec2(W, H) - 0.5
+        corner = ti.floor(p)
+        t = p - corner
+        x0, y0 = ti.cast(corner[0], ti.i32), ti.cast(corner[1], ti.i32)
         x1, y1 = ti.math.clamp(x0 + 1, 0, W - 1), ti.math.clamp(y0 + 1, 0, H - 1)
         x0, y0 = ti.math.clamp(x0, 0, W - 1), ti.math.clamp(y0, 0, H - 1)
-        for c in ti.static(range(3)):
-            top = image[y0, x0, c] * (1.0 - tx) + image[y0, x1, c] * tx
-            bottom = image[y1, x0, c] * (1.0 - tx) + image[y1, x1, c] * tx
-            rgb[b, c] = top * (1.0 - ty) + bottom * ty
+        top = image[y0, x0] * (1.0 - t[0]) + image[y0, x1] * t[0]
+        bottom = image[y1, x0] * (1.0 - t[0]) + image[y1, x1] * t[0]
+        rgb[b] = top * (1.0 - t[1]) + bottom * t[1]
 
 
 def pixel_centres(h, w):

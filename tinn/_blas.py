@@ -2,13 +2,14 @@
 
 OpenBLAS's own worker threads busy-wait between calls; interleaved with Taichi's
 thread pool (or any other busy process) that costs several times the work itself on a
-2-core machine. So the work is cut into blocks, each of tinn's worker threads walks its
-share with single-threaded BLAS calls (numpy releases the GIL inside BLAS and its ufuncs),
+2-core machine. So the work is cut into blocks, tinn's worker threads take the blocks one by
+one with single-threaded BLAS calls (numpy releases the GIL inside BLAS and its ufuncs),
 and the BLAS thread count is restored afterwards so the user's own numpy is left as it was.
 """
 import ctypes
 import glob
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
@@ -62,25 +63,25 @@ def single_threaded():
         put(before)
 
 
-def _blocks(n: int, parts: int):
-    step = -(-n // parts)
-    return [(s, min(s + step, n)) for s in range(0, n, step)]
-
-
 def for_blocks(n: int, block: int, fn):
-    """Call ``fn(worker, lo, hi)`` over ``[0, n)``: one contiguous share per worker thread, walked in
-    sub-blocks of about ``block`` so that a block's intermediates stay in cache. BLAS is single-threaded
-    inside; ``fn`` may hold worker-private accumulators indexed by ``worker``."""
-    workers = n_workers() if n >= 2 * block else 1
-    shares = _blocks(n, workers)
+    """Call ``fn(worker, lo, hi)`` over ``[0, n)`` cut into blocks of ``block`` (small enough that a block's
+    intermediates stay in cache). The calling thread and the pool's threads take the next block whenever
+    they are free, so a thread that is preempted or slower does not hold the others up. BLAS is
+    single-threaded inside; ``fn`` may hold worker-private accumulators indexed by ``worker``."""
+    starts = iter(range(0, n, block))
+    workers = min(n_workers(), -(-n // block))
+    lock = threading.Lock()
 
     def walk(worker):
-        lo, hi = shares[worker]
-        for start in range(lo, hi, block):
-            fn(worker, start, min(start + block, hi))
+        while True:
+            with lock:
+                lo = next(starts, None)
+            if lo is None:
+                return
+            fn(worker, lo, min(lo + block, n))
 
     with single_threaded():
-        jobs = [_pool().submit(walk, w) for w in range(1, len(shares))]
+        jobs = [_pool().submit(walk, w) for w in range(1, workers)]
         walk(0)
         for job in jobs:
             job.result()
