@@ -132,3 +132,27 @@ def test_routing_errors(data):
         model.network.inference(x[:3])
     with pytest.raises(ValueError, match="n_instances"):
         tinn.create_from_config(2, 3, CONFIG, n_instances=0)
+
+
+def test_many_networks_cut_into_blocks(rng):
+    """Enough networks that the host path cuts them into several blocks, spread over the threads:
+    every instance's outputs, input gradients and weight gradients against the NumPy reference."""
+    from reference import assert_close, mlp_backward_ref, mlp_forward_ref, mlp_shapes, mlp_unflatten, padded
+    from tinn.networks.mlp import ROWS_PER_BLOCK
+    S = 8
+    n = 2 * ROWS_PER_BLOCK // S + 3
+    net = tinn.create_network(4, 3, {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1},
+                              n_instances=n)
+    x = rng.uniform(-1, 1, (n, S, 4)).astype(np.float32)
+    dy = rng.normal(size=(n, S, 3)).astype(np.float32)
+    y, ctx = net.forward(x)
+    dx = net.backward(ctx, dy)
+    params, grads, shapes = net.params(), net.gradients(), mlp_shapes(4, 16, 1, 3)
+    for k in range(n):
+        Ws = mlp_unflatten(params[k], shapes)
+        y_ref, zs, hs = mlp_forward_ref(x[k], Ws, "ReLU", "None")
+        dWs, dx_ref = mlp_backward_ref(Ws, zs, hs, padded(dy[k], y_ref.shape[1], 0.0), "ReLU", "None")
+        assert_close(y[k], y_ref[:, :3], rtol=1e-5, atol=1e-6)
+        assert_close(dx[k], dx_ref, rtol=1e-4, atol_rel=1e-5)
+        for g, dW in zip(mlp_unflatten(grads[k], shapes), dWs):
+            assert_close(g, dW, rtol=1e-4, atol_rel=1e-5, atol=1e-7)

@@ -138,6 +138,12 @@ def test_mlp_depths_odd_widths_and_batches(n_hidden_layers, batch):
     check_mlp(MlpCase(32, 5, 7, n_hidden_layers, "Tanh", "Sigmoid"), batch=batch, seed=batch)
 
 
+def test_mlp_batches_cut_into_blocks():
+    """A batch spread over several host blocks and threads (partial last block, per-thread gradient sums)."""
+    from tinn.networks.mlp import ROWS_PER_BLOCK
+    check_mlp(MlpCase(8, 3, 16, 2, "ReLU", "None"), batch=2 * ROWS_PER_BLOCK + 5, seed=1)
+
+
 @pytest.mark.parametrize("n_in, n_out, n_neurons, n_hidden_layers",
                          [(16, 5, 7, 0), (16, 5, 7, 1), (32, 5, 7, 3), (16, 17, 64, 2), (64, 3, 64, 2)])
 def test_mlp_sizes(n_in, n_out, n_neurons, n_hidden_layers):
