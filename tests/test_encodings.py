@@ -84,7 +84,8 @@ def test_frequency_worked_example():
                                atol=1e-6)
 
 
-@pytest.mark.parametrize("n_dims, F, alignment, batch", [(2, 5, 0, 257), (3, 12, 16, 3), (1, 3, 16, 1)])
+@pytest.mark.parametrize("n_dims, F, alignment, batch", [(2, 5, 0, 257), (3, 12, 16, 3), (1, 3, 16, 1),
+                                                     (2, 4, 16, 9000)])   # several host blocks
 def test_frequency_forward_and_padding(n_dims, F, alignment, batch):
     """Raw width n·2F; with alignment 16 the padding is 1, placed after the values (§1.0)."""
     rng = np.random.default_rng(F)

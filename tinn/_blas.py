@@ -1,4 +1,4 @@
-"""Dense products on the host BLAS, split across CPU threads by tinn itself.
+"""Host work (dense products on the BLAS, numpy ufuncs) split across CPU threads by tinn itself.
 
 OpenBLAS's own worker threads busy-wait between calls; interleaved with Taichi's
 thread pool (or any other busy process) that costs several times the work itself on a

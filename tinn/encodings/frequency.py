@@ -6,6 +6,7 @@ Key: ``n_frequencies`` F (12). For input dim d and frequency f < F the outputs
 """
 import math
 
+import numpy as np
 import taichi as ti
 
 from ..config import Options, encodings
@@ -48,3 +49,12 @@ class FrequencyEncoding(PerDimEncoding):
             return octave(j) * math.pi * ti.cos(phase(x, j))
 
         return value, slope
+
+    @staticmethod
+    def host_value():
+        def value(x, j):                            # the same float32 operations as phase() above
+            octave_pi = np.exp2(j // 2).astype(np.float32) * np.float32(math.pi)
+            shift = (j % 2).astype(np.float32) * np.float32(math.pi / 2)
+            return np.sin(octave_pi * x + shift)
+
+        return value
