@@ -101,6 +101,7 @@ class Trainer(RuntimeBound):
         q = np.ones((1, 1), np.float32) if pdf is None else as_batch(pdf, model.n_output_dims, "pdf",
                                                                      allow_dense=dense is not None)
         y, ctx = model._forward(x, inst)
+        ctx.dense = dense
         ctx.loss, ctx.dL_doutput, ctx.instance_losses = self.loss._evaluate(
             y, t, q.reshape(-1, q.shape[-1]), pdf is not None, self.loss_scale, inst, model.n_instances)
         return ctx
@@ -110,7 +111,9 @@ class Trainer(RuntimeBound):
         self._check_runtime()
         self.model.store.zero_grad()
         self.model._backward(ctx, ctx.dL_doutput, False)
-        self._active = None if ctx.instance is None else np.unique(ctx.instance)
+        # the networks that got samples (a dense batch feeds them all)
+        self._active = None if ctx.instance is None or ctx.dense else \
+            np.flatnonzero(np.bincount(ctx.instance, minlength=self.model.n_instances))
 
     def optimizer_step(self):
         self._check_runtime()
