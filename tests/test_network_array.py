@@ -80,6 +80,8 @@ def test_networks_without_samples_are_left_exactly_as_they_were(data):
     ys = np.concatenate([y[0], y[2]])
     for _ in range(3):
         model.trainer.training_step(xs, ys, instance=ids)
+        grads = model.network.gradients()
+        assert not grads[[1, 3]].any() and grads[[0, 2]].any()      # idle networks: zero gradients
     after = model.network.params()
     np.testing.assert_array_equal(after[1], before[1])
     np.testing.assert_array_equal(after[3], before[3])

@@ -70,6 +70,23 @@ def test_trainer_gradients_equal_model_backward_of_loss_gradient(rng):
     np.testing.assert_allclose(model.network.gradients(), from_trainer, rtol=1e-6, atol=1e-9)
 
 
+@pytest.mark.parametrize("config", ["SMALL", "HASH"])
+def test_trainer_backward_replaces_the_previous_gradients(rng, config):
+    """A second backward's gradients are those of its own batch alone (MLP and hash-grid parameters)."""
+    cfg = SMALL if config == "SMALL" else dict(SMALL, encoding={"otype": "HashGrid", "n_levels": 4,
+                                                                "log2_hashmap_size": 8, "base_resolution": 4})
+    model = tinn.create_from_config(2, 3, cfg)
+    x1, y1 = rng.random((64, 2), dtype=np.float32), rng.random((64, 3), dtype=np.float32)
+    x2, y2 = rng.random((40, 2), dtype=np.float32), rng.random((40, 3), dtype=np.float32)
+    model.trainer.backward(model.trainer.forward(x1, y1))
+    model.trainer.backward(model.trainer.forward(x2, y2))
+    from_trainer = model.network.gradients()
+    out, ctx = model.network.forward(x2)
+    _, dL_dy = model.loss.evaluate(out, y2)
+    model.network.backward(ctx, dL_dy)
+    np.testing.assert_allclose(model.network.gradients(), from_trainer, rtol=1e-6, atol=1e-9)
+
+
 def test_loss_decreases_on_a_smooth_function(rng):
     model = tinn.create_from_config(2, 1, SMALL)
     x = rng.random((512, 2), dtype=np.float32)

@@ -69,9 +69,9 @@ class NetworkWithInputEncoding(DifferentiableObject):
         y, net_ctx = self.network._forward(encoded, instance)
         return y, Context(self, x, instance, enc_ctx=enc_ctx, net_ctx=net_ctx)
 
-    def _backward(self, ctx, dL_dy, input_gradient):
+    def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
         needs_encoding = input_gradient or self.encoding.n_params > 0
-        dL_dencoded = self.network._backward(ctx.net_ctx, dL_dy, needs_encoding)
+        dL_dencoded = self.network._backward(ctx.net_ctx, dL_dy, needs_encoding, overwrite)
         if not needs_encoding:
             return None
-        return self.encoding._backward(ctx.enc_ctx, dL_dencoded, input_gradient)
+        return self.encoding._backward(ctx.enc_ctx, dL_dencoded, input_gradient, overwrite)

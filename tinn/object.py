@@ -23,6 +23,14 @@ from .params import ParamStore
 GRADIENT_MODES = ("overwrite", "accumulate")
 
 
+def active_instances(ctx, n_instances: int):
+    """The networks a forward pass's batch reached: ``None`` for all of them, else their ids."""
+    if ctx.instance is None or ctx.dense is not None or n_instances == 1:
+        return None
+    counts = np.bincount(ctx.instance, minlength=n_instances)
+    return None if counts.all() else np.flatnonzero(counts)
+
+
 class Object:
     """Anything built from a JSON config: ``hyperparams()`` rebuilds it."""
 
@@ -167,9 +175,11 @@ class DifferentiableObject(ParametricObject):
             raise ValueError(f"dL_doutput has {g.shape[0]} samples, the forward pass had {ctx.x.shape[0]}")
         if self.padded_output_width != self.n_output_dims:
             g = np.pad(g, ((0, 0), (0, self.padded_output_width - self.n_output_dims)))
-        if mode == "overwrite":
+        # a batch that reached every network overwrites all gradients; otherwise the idle ones become 0
+        overwrite = mode == "overwrite" and active_instances(ctx, self.n_instances) is None
+        if mode == "overwrite" and not overwrite:
             self._zero_gradients()
-        dx = self._backward(ctx, g, input_gradient)
+        dx = self._backward(ctx, g, input_gradient, overwrite)
         if dx is None:
             return None
         return dx.reshape(ctx.dense[0], ctx.dense[1], -1) if ctx.dense else dx
@@ -181,5 +191,7 @@ class DifferentiableObject(ParametricObject):
     def _forward(self, x: np.ndarray, instance):
         raise NotImplementedError
 
-    def _backward(self, ctx: Context, dL_dy: np.ndarray, input_gradient: bool):
+    def _backward(self, ctx: Context, dL_dy: np.ndarray, input_gradient: bool, overwrite: bool = False):
+        """Add the parameter gradients of the batch (write them if ``overwrite``: only asked when the
+        batch reached every network); return ``dL/dx`` if ``input_gradient``, else ``None``."""
         raise NotImplementedError

@@ -83,6 +83,12 @@ class ParamStore(RuntimeBound):
             _read_rows(field, offset, rows, out)
         return out
 
+    def write_rows(self, field, offset: int, rows: np.ndarray, values: np.ndarray):
+        """``field[rows, offset : offset + n] = values`` for distinct instance ids ``rows``."""
+        values = np.ascontiguousarray(values, dtype=np.float32).reshape(len(rows), -1)
+        if values.shape[1]:
+            _write_rows(field, offset, rows, values)
+
     def add_rows(self, field, offset: int, rows: np.ndarray, values: np.ndarray):
         """``field[rows, offset : offset + n] += values`` for distinct instance ids ``rows``."""
         values = np.ascontiguousarray(values, dtype=np.float32).reshape(len(rows), -1)

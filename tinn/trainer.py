@@ -21,7 +21,7 @@ import numpy as np
 
 from . import serialization
 from ._runtime import RuntimeBound, as_batch
-from .object import Context, DifferentiableObject
+from .object import Context, DifferentiableObject, active_instances
 
 
 class Trainer(RuntimeBound):
@@ -109,11 +109,10 @@ class Trainer(RuntimeBound):
     def backward(self, ctx: Context):
         """Parameter gradients of ``ctx.loss`` (overwriting the previous ones)."""
         self._check_runtime()
-        self.model.store.zero_grad()
-        self.model._backward(ctx, ctx.dL_doutput, False)
-        # the networks that got samples (a dense batch feeds them all)
-        self._active = None if ctx.instance is None or ctx.dense else \
-            np.flatnonzero(np.bincount(ctx.instance, minlength=self.model.n_instances))
+        self._active = active_instances(ctx, self.model.n_instances)      # None: every network got samples
+        if self._active is not None:
+            self.model.store.zero_grad()                                    # networks without samples get 0
+        self.model._backward(ctx, ctx.dL_doutput, False, overwrite=self._active is None)
 
     def optimizer_step(self):
         self._check_runtime()

@@ -263,7 +263,7 @@ class CompositeEncoding(Encoding):
             return dx
         return backward_func
 
-    def _backward(self, ctx, dL_dy, input_gradient):
+    def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
         dx = np.zeros_like(ctx.x) if input_gradient else None
         column = 0
         for k, (e, (begin, n)) in enumerate(zip(self.nested, self.slices)):
@@ -280,7 +280,7 @@ class CompositeEncoding(Encoding):
                         g *= other
             if not (input_gradient or e.n_params):
                 continue
-            dxi = e._backward(ctx.nested[k], np.ascontiguousarray(g), input_gradient)
+            dxi = e._backward(ctx.nested[k], np.ascontiguousarray(g), input_gradient, overwrite)
             if input_gradient:
                 dx[:, begin:begin + n] += dxi
         return dx

@@ -50,5 +50,5 @@ class EmptyEncoding(Encoding):
     def _forward(self, x, instance):
         return np.full((x.shape[0], self.padded_output_width), self.fill_value, np.float32), Context(self, x, instance)
 
-    def _backward(self, ctx, dL_dy, input_gradient):
+    def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
         return np.zeros_like(ctx.x) if input_gradient else None

@@ -72,7 +72,7 @@ class KernelEncoding(Encoding):
         self._kernels()[0](x, y)
         return y, Context(self, x, instance)
 
-    def _backward(self, ctx, dL_dy, input_gradient):
+    def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
         if not input_gradient:
             return None
         dx = np.empty_like(ctx.x)

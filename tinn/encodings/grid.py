@@ -137,10 +137,10 @@ class GridEncoding(Encoding):
     def _forward(self, x, instance):
         return self._encode(self.store.params, x, instance), Context(self, x, instance)
 
-    def _backward(self, ctx, dL_dy, input_gradient):
+    def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
         k = self._get_kernels()
         dL_dy = np.ascontiguousarray(dL_dy)
-        k.backward_params(ctx.x, _routing(ctx.instance), dL_dy, ctx.instance is not None)
+        k.backward_params(ctx.x, _routing(ctx.instance), dL_dy, ctx.instance is not None, overwrite)
         if not input_gradient:
             return None
         dx = np.empty_like(ctx.x)
@@ -378,13 +378,18 @@ class _GridKernels:
                             level_scatter(add, w_id, k, row(x, b, D, 0), lv, mode, row(dy, b, F, l * F))
 
         @ti.kernel
-        def reduce_private():
+        def reduce_private(overwrite: ti.template()):
             for k, i in ti.ndrange(K, n):
-                acc = 0.0
+                acc = 0.0 if ti.static(overwrite) else grads[k, base + i]
                 for w_id in ti.static(range(n_workers)):
                     acc += scratch[w_id, k, i]
                     scratch[w_id, k, i] = 0.0
-                grads[k, base + i] = grads[k, base + i] + acc
+                grads[k, base + i] = acc
+
+        @ti.kernel
+        def zero_grads():
+            for k, i in ti.ndrange(K, n):
+                grads[k, base + i] = 0.0
 
         @ti.kernel
         def backward_input(x: _f32_2d, inst: _i32_1d, dy: _f32_2d, dx: _f32_2d, routed: ti.template()):
@@ -403,11 +408,13 @@ class _GridKernels:
                             for d in ti.static(range(D)):
                                 dx[b, d] = dx[b, d] + g[d]
 
-        def backward_params(x, inst, dy, routed):
+        def backward_params(x, inst, dy, routed, overwrite):
             if private:
                 scatter(add_private, x, inst, dy, routed)
-                reduce_private()
+                reduce_private(overwrite)
             else:
+                if overwrite:
+                    zero_grads()
                 scatter(add_atomic, x, inst, dy, routed)
 
         # -- one sample inside a user's kernel --------------------------------------

@@ -175,17 +175,20 @@ class MLP(Network):
     def _forward(self, x, instance):
         return self._run(x, instance, keep=True)
 
-    def _backward(self, ctx, dL_dy, input_gradient):
+    def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
         groups, blocks, weights, zs, hs = ctx.groups, ctx.blocks, ctx.weights, ctx.zs, ctx.hs
         n, G = len(weights), groups.n_groups
         g_all = groups.gather(np.ascontiguousarray(dL_dy[:, : weights[-1].shape[1]]))
         dx = np.empty_like(hs[0]) if input_gradient else None
         workers = _blas.n_workers() if blocks.by_rows else 1
-        flat = np.zeros((workers, G, self.n_params), np.float32)       # dL/dW, tcnn's layout
+        # dL/dW in tcnn's layout: summed per worker when cut along the samples, else written once per
+        # network, all but the output rows that are not computed (their gradient is 0, as in tcnn)
+        flat = (np.zeros if blocks.by_rows else np.empty)((workers, G, self.n_params), np.float32)
         dWs, start = [], 0
         for rows, cols in self._layers:
             dWs.append(flat[:, :, start:start + rows * cols].reshape(workers, G, rows, cols))
             start += rows * cols
+        dWs[-1][:, :, weights[-1].shape[1]:] = 0.0
 
         acts = [self._act(i) for i in range(n)]
         derivative_of = [hs[i + 1] if acts[i] in activations.FROM_OUTPUT else zs[i] for i in range(n)]
@@ -204,7 +207,9 @@ class MLP(Network):
                     g = np.matmul(g, weights[i][sel], out=dx[index] if i == 0 else None)
 
         blocks.run(block)
-        self.store.add_rows(self.store.grads, self._offset, groups.active, flat.sum(axis=0) if workers > 1 else flat[0])
+        store = self.store
+        (store.write_rows if overwrite else store.add_rows)(store.grads, self._offset, groups.active,
+                                                            flat.sum(axis=0) if workers > 1 else flat[0])
         return groups.scatter(dx) if input_gradient else None
 
 
