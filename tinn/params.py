@@ -48,7 +48,11 @@ class ParamStore(RuntimeBound):
         self.n_instances, self.n_params = n_instances, n_params
         self.params = ti.field(ti.f32)
         self.grads = ti.field(ti.f32)
-        self._tree = FieldTree(lambda b: b.dense(ti.ij, (n_instances, n_params)).place(self.params, self.grads))
+        def place(builder):                 # separate arrays: a kernel reading one does not drag the other along
+            builder.dense(ti.ij, (n_instances, n_params)).place(self.params)
+            builder.dense(ti.ij, (n_instances, n_params)).place(self.grads)
+
+        self._tree = FieldTree(place)
         self.inference_params = self.params
 
     def use_inference_params(self, field=None):
