@@ -139,6 +139,9 @@ class GridEncoding(Encoding):
 
     def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
         k = self._get_kernels()
+        if overwrite and not k.private:             # atomic adds need zeros underneath
+            self._zero_gradients()
+            overwrite = False
         dL_dy = np.ascontiguousarray(dL_dy)
         k.backward_params(ctx.x, _routing(ctx.instance), dL_dy, ctx.instance is not None, overwrite)
         if not input_gradient:
@@ -387,11 +390,6 @@ class _GridKernels:
                 grads[k, base + i] = acc
 
         @ti.kernel
-        def zero_grads():
-            for k, i in ti.ndrange(K, n):
-                grads[k, base + i] = 0.0
-
-        @ti.kernel
         def backward_input(x: _f32_2d, inst: _i32_1d, dy: _f32_2d, dx: _f32_2d, routed: ti.template()):
             B = x.shape[0]
             for i in range(n_iterations(B)):
@@ -413,8 +411,6 @@ class _GridKernels:
                 scatter(add_private, x, inst, dy, routed)
                 reduce_private(overwrite)
             else:
-                if overwrite:
-                    zero_grads()
                 scatter(add_atomic, x, inst, dy, routed)
 
         # -- one sample inside a user's kernel --------------------------------------
@@ -443,5 +439,6 @@ class _GridKernels:
                     g += level_input_gradient(params, k, xs, lv, mode, dy_l)
             return g
 
+        self.private = private
         self.forward, self.backward_params, self.backward_input = forward, backward_params, backward_input
         self.func, self.backward_func = func, backward_func
