@@ -136,9 +136,12 @@ def test_routing_errors(data):
         tinn.create_from_config(2, 3, CONFIG, n_instances=0)
 
 
-def test_many_networks_cut_into_blocks(rng):
+@pytest.mark.parametrize("in_place", [True, False], ids=["weights-in-place", "weights-copied"])
+def test_many_networks_cut_into_blocks(rng, monkeypatch, in_place):
     """Enough networks that the host path cuts them into several blocks, spread over the threads:
-    every instance's outputs, input gradients and weight gradients against the NumPy reference."""
+    every instance's outputs, input gradients and weight gradients against the NumPy reference, with the
+    weights and gradients used in the store's memory and with them copied."""
+    monkeypatch.setattr(tinn.params, "VIEW_MIN", 0 if in_place else 1 << 62)
     from reference import assert_close, mlp_backward_ref, mlp_forward_ref, mlp_shapes, mlp_unflatten, padded
     from tinn.networks.mlp import ROWS_PER_BLOCK
     S = 8

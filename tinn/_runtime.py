@@ -8,7 +8,7 @@ Batches cross the public API as row-major ``(batch, dims)`` float32 arrays:
 numpy arrays, ``ti.ndarray``s or torch tensors. :func:`as_batch` checks and
 converts them to contiguous numpy arrays *before* any kernel runs.
 """
-from __future__ import annotations
+import ctypes
 
 import numpy as np
 import taichi as ti
@@ -61,6 +61,33 @@ def current_program():
 
 def is_cpu() -> bool:
     return impl.current_cfg().arch in (ti.x64, ti.arm64)
+
+
+@ti.kernel
+def _addresses(f: ti.template(), i: ti.i32, j: ti.i32, out: ti.types.ndarray(dtype=ti.u64, ndim=1)):
+    out[0] = ti.get_addr(f, [0, 0])
+    out[1] = ti.get_addr(f, [0, j])
+    out[2] = ti.get_addr(f, [i, 0])
+
+
+def host_view(field) -> np.ndarray | None:
+    """A 2-D float32 field's own memory as a numpy array (no copy) on the CPU backend, or ``None`` where
+    that is not possible (a GPU backend, or a layout that is not row-major and contiguous).
+
+    The view is valid while the field's tree lives: its owner keeps it and never hands it out.
+    Compiles a small kernel per field (about 0.07 s), so owners ask only for large fields.
+    """
+    if not is_cpu():
+        return None
+    rows, cols = field.shape
+    i, j = min(1, rows - 1), min(1, cols - 1)
+    out = np.zeros(3, np.uint64)
+    _addresses(field, i, j, out)
+    base, right, down = (int(a) for a in out)
+    if right - base != 4 * j or down - base != 4 * cols * i:
+        return None
+    memory = (ctypes.c_float * (rows * cols)).from_address(base)
+    return np.frombuffer(memory, np.float32).reshape(rows, cols)
 
 
 class RuntimeBound:

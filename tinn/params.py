@@ -10,7 +10,7 @@ directly, so a model can be called from inside a user's Taichi kernel.
 import numpy as np
 import taichi as ti
 
-from ._runtime import FieldTree, RuntimeBound
+from ._runtime import FieldTree, RuntimeBound, host_view
 
 
 # Copies between a field slice and a numpy array. The loops run over flat indices with
@@ -40,6 +40,9 @@ def _write_rows(dst: ti.template(), offset: ti.i32, rows: ti.types.ndarray(dtype
             dst[rows[g], offset + i] = src[g, i]
 
 
+VIEW_MIN = 1 << 18
+"""Floats from which a block of all instances' parameters is used in place instead of copied (1 MiB)."""
+
 GAP = 1040
 """Floats between the parameter and gradient arrays (4160 bytes: one cache line past a 4 KiB page)."""
 
@@ -62,6 +65,7 @@ class ParamStore(RuntimeBound):
 
         self._tree = FieldTree(place)
         self.inference_params = self.params
+        self._views = {}
 
     def use_inference_params(self, field=None):
         """Make ``inference()`` read ``field`` (an optimizer's averaged weights; tcnn's
@@ -94,6 +98,18 @@ class ParamStore(RuntimeBound):
         if n:
             _read_rows(field, offset, rows, out)
         return out
+
+    def rows_view(self, field, offset: int, n: int, rows: np.ndarray) -> np.ndarray | None:
+        """``field[rows, offset : offset + n]`` as a numpy view of the field's own memory (``params`` or
+        ``grads``), where that is possible and worth it: the CPU backend, every instance in order and at
+        least ``VIEW_MIN`` floats. Else ``None``: copy with :meth:`read_rows` / :meth:`write_rows`."""
+        if len(rows) != self.n_instances or len(rows) * n < VIEW_MIN or (field is not self.params and
+                                                                        field is not self.grads):
+            return None
+        if id(field) not in self._views:
+            self._views[id(field)] = host_view(field)
+        view = self._views[id(field)]
+        return None if view is None else view[:, offset:offset + n]
 
     def write_rows(self, field, offset: int, rows: np.ndarray, values: np.ndarray):
         """``field[rows, offset : offset + n] = values`` for distinct instance ids ``rows``."""

@@ -124,14 +124,20 @@ class MLP(Network):
         return cache[weights]
 
     # -- batch API ---------------------------------------------------------------
-    def _matrices(self, groups: Groups, field):
-        """Weights of the grouped networks: one ``(G, rows, cols)`` array per layer."""
-        flat = self.store.read_rows(field, self._offset, self.n_params, groups.active)
+    def _split(self, flat):
+        """``(..., n_params)`` -> one ``(..., rows, cols)`` view per matrix."""
         out, start = [], 0
         for rows, cols in self._layers:
-            out.append(flat[:, start:start + rows * cols].reshape(-1, rows, cols))
+            out.append(flat[..., start:start + rows * cols].reshape(flat.shape[:-1] + (rows, cols)))
             start += rows * cols
         return out
+
+    def _matrices(self, groups: Groups, field):
+        """Weights of the grouped networks: one ``(G, rows, cols)`` array per layer (in place where the
+        store allows, else a copy)."""
+        flat = self.store.rows_view(field, self._offset, self.n_params, groups.active)
+        return self._split(self.store.read_rows(field, self._offset, self.n_params, groups.active)
+                           if flat is None else flat)
 
     def _act(self, layer: int) -> str:
         return self.output_activation if layer == len(self._layers) - 1 else self.activation
@@ -182,12 +188,14 @@ class MLP(Network):
         dx = np.empty_like(hs[0]) if input_gradient else None
         workers = _blas.n_workers() if blocks.by_rows else 1
         # dL/dW in tcnn's layout: summed per worker when cut along the samples, else written once per
-        # network, all but the output rows that are not computed (their gradient is 0, as in tcnn)
-        flat = (np.zeros if blocks.by_rows else np.empty)((workers, G, self.n_params), np.float32)
-        dWs, start = [], 0
-        for rows, cols in self._layers:
-            dWs.append(flat[:, :, start:start + rows * cols].reshape(workers, G, rows, cols))
-            start += rows * cols
+        # network (straight into the store's gradients where it allows), all but the output rows that
+        # are not computed (their gradient is 0, as in tcnn)
+        store = self.store
+        target = None if blocks.by_rows or not overwrite else store.rows_view(store.grads, self._offset,
+                                                                               self.n_params, groups.active)
+        flat = target[None] if target is not None else (np.zeros if blocks.by_rows else np.empty)(
+            (workers, G, self.n_params), np.float32)
+        dWs = self._split(flat)
         dWs[-1][:, :, weights[-1].shape[1]:] = 0.0
 
         acts = [self._act(i) for i in range(n)]
@@ -207,9 +215,9 @@ class MLP(Network):
                     g = np.matmul(g, weights[i][sel], out=dx[index] if i == 0 else None)
 
         blocks.run(block)
-        store = self.store
-        (store.write_rows if overwrite else store.add_rows)(store.grads, self._offset, groups.active,
-                                                            flat.sum(axis=0) if workers > 1 else flat[0])
+        if target is None:
+            (store.write_rows if overwrite else store.add_rows)(store.grads, self._offset, groups.active,
+                                                                flat.sum(axis=0) if workers > 1 else flat[0])
         return groups.scatter(dx) if input_gradient else None
 
 
