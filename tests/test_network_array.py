@@ -161,3 +161,22 @@ def test_many_networks_cut_into_blocks(rng, monkeypatch, in_place):
         assert_close(dx[k], dx_ref, rtol=1e-4, atol_rel=1e-5)
         for g, dW in zip(mlp_unflatten(grads[k], shapes), dWs):
             assert_close(g, dW, rtol=1e-4, atol_rel=1e-5, atol=1e-7)
+
+
+def test_parameter_views_share_the_store_memory(rng, monkeypatch):
+    """The in-place views the host path uses are the fields themselves: reads see kernel writes and
+    writes reach the fields (parameters and gradients, every instance, any offset)."""
+    from tinn.params import ParamStore
+    store = ParamStore(5, 7)
+    rows = np.arange(5, dtype=np.int32)
+    values = rng.normal(size=(5, 7)).astype(np.float32)
+    store.write(store.params, 0, values)
+    assert store.rows_view(store.params, 2, 4, rows) is None          # a small block is copied instead
+    monkeypatch.setattr(tinn.params, "VIEW_MIN", 0)
+    np.testing.assert_array_equal(store.rows_view(store.params, 2, 4, rows), values[:, 2:6])
+    assert store.rows_view(store.params, 0, 7, rows[:4]) is None       # not every instance: copied
+    store.rows_view(store.grads, 1, 3, rows)[:] = 2.5
+    expected = np.zeros((5, 7), np.float32)
+    expected[:, 1:4] = 2.5
+    np.testing.assert_array_equal(store.read(store.grads, 0, 7), expected)
+    np.testing.assert_array_equal(store.read(store.params, 0, 7), values)

@@ -38,16 +38,22 @@ def run_in_kernel(model, x, dy, instance):
     return y, dx, model.gradients()
 
 
+def assert_funcs_equal_batch_api(model, x, dy, instance=None):
+    """The in-kernel forward and backward funcs give the batch API's outputs, input and weight gradients."""
+    routing = np.zeros(len(x), np.int32) if instance is None else instance
+    y, dx, grads = run_in_kernel(model, x, dy, routing)
+    np.testing.assert_allclose(y, model.inference(x, instance), rtol=1e-5, atol=1e-6)
+    _, ctx = model.forward(x, instance)
+    np.testing.assert_allclose(dx, model.backward(ctx, dy), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(grads, model.gradients(), rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("name", list(ENCODINGS))
 def test_funcs_equal_the_batch_api(name, rng):
     model = tinn.NetworkWithInputEncoding(2, 3, ENCODINGS[name], NET)
     x = rng.random((50, 2), dtype=np.float32)
     dy = rng.normal(size=(50, 3)).astype(np.float32)
-    y, dx, grads = run_in_kernel(model, x, dy, np.zeros(50, np.int32))
-    np.testing.assert_allclose(y, model.inference(x), rtol=1e-5, atol=1e-6)
-    _, ctx = model.forward(x)
-    np.testing.assert_allclose(dx, model.backward(ctx, dy), rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(grads, model.gradients(), rtol=1e-4, atol=1e-6)
+    assert_funcs_equal_batch_api(model, x, dy)
 
 
 def test_funcs_route_to_the_given_instance(rng):
@@ -55,11 +61,7 @@ def test_funcs_route_to_the_given_instance(rng):
     x = rng.random((60, 2), dtype=np.float32)
     dy = rng.normal(size=(60, 3)).astype(np.float32)
     inst = rng.integers(0, 3, 60).astype(np.int32)
-    y, dx, grads = run_in_kernel(model, x, dy, inst)
-    np.testing.assert_allclose(y, model.inference(x, inst), rtol=1e-5, atol=1e-6)
-    _, ctx = model.forward(x, inst)
-    np.testing.assert_allclose(dx, model.backward(ctx, dy), rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(grads, model.gradients(), rtol=1e-4, atol=1e-6)
+    assert_funcs_equal_batch_api(model, x, dy, inst)
 
 
 def test_standalone_network_func(rng):
@@ -77,11 +79,7 @@ def test_network_funcs_equal_the_batch_api_for_every_activation(act, rng):
                                      "activation": act, "output_activation": act})
     x = (rng.random((20, 3), dtype=np.float32) - 0.5).astype(np.float32)
     dy = rng.normal(size=(20, 2)).astype(np.float32)
-    y, dx, grads = run_in_kernel(net, x, dy, np.zeros(20, np.int32))
-    np.testing.assert_allclose(y, net.inference(x), rtol=1e-5, atol=1e-6)
-    _, ctx = net.forward(x)
-    np.testing.assert_allclose(dx, net.backward(ctx, dy), rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(grads, net.gradients(), rtol=1e-4, atol=1e-6)
+    assert_funcs_equal_batch_api(net, x, dy)
 
 
 def test_func_reads_the_inference_weights_of_an_averaging_optimizer(rng):

@@ -71,13 +71,14 @@ def _addresses(f: ti.template(), i: ti.i32, j: ti.i32, out: ti.types.ndarray(dty
 
 
 def host_view(field) -> np.ndarray | None:
-    """A 2-D float32 field's own memory as a numpy array (no copy) on the CPU backend, or ``None`` where
-    that is not possible (a GPU backend, or a layout that is not row-major and contiguous).
+    """A 2-D float32 field's own memory as a numpy array (no copy) on the x64 backend (the one where
+    Taichi's ``get_addr`` gives host addresses), or ``None`` elsewhere or if the layout is not row-major
+    and contiguous.
 
     The view is valid while the field's tree lives: its owner keeps it and never hands it out.
     Compiles a small kernel per field (about 0.07 s), so owners ask only for large fields.
     """
-    if not is_cpu():
+    if impl.current_cfg().arch != ti.x64:
         return None
     rows, cols = field.shape
     i, j = min(1, rows - 1), min(1, cols - 1)

@@ -101,7 +101,7 @@ class ParamStore(RuntimeBound):
 
     def rows_view(self, field, offset: int, n: int, rows: np.ndarray) -> np.ndarray | None:
         """``field[rows, offset : offset + n]`` as a numpy view of the field's own memory (``params`` or
-        ``grads``), where that is possible and worth it: the CPU backend, every instance in order and at
+        ``grads``), where that is possible and worth it: the x64 backend, every instance in order and at
         least ``VIEW_MIN`` floats. Else ``None``: copy with :meth:`read_rows` / :meth:`write_rows`."""
         if len(rows) != self.n_instances or len(rows) * n < VIEW_MIN or (field is not self.params and
                                                                         field is not self.grads):
