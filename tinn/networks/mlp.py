@@ -17,7 +17,9 @@ over the batch, ``delta_k = act'(z_k) * (delta_{k+1} W_k)``, ``dL/dx = delta_1 W
 One implementation serves both otypes and any width or depth (tinn has no
 tensor-core width rule). Batches run on the host: samples are grouped per network, cut
 into cache-sized blocks, and each block goes through every layer (numpy's BLAS for the
-products, the activation applied while the block is in cache) on tinn's worker threads.
+products, the activation applied while the block is in cache) on tinn's worker threads. When a
+batch reaches every network of a large array, the products read the weights and write the gradients
+in the parameter store's own memory (``ParamStore.rows_view``) instead of copies.
 Of the padded rows of ``W_NL`` beyond ``n_output_dims`` at most 3 are computed: the padding
 outputs get no gradient, so those rows' gradients are zero, as in tcnn.
 """
