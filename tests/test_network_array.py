@@ -105,15 +105,23 @@ def test_unbalanced_shuffled_routing_equals_sorted_routing(rng):
                                rtol=1e-6, atol=1e-7)
 
 
-def test_per_network_losses(data):
+def test_per_network_losses(data, rng):
+    """Per-network losses of a dense batch and of the same samples routed in shuffled order both equal
+    the losses of the networks trained alone; the loss is their mean."""
     x, y = data
     model = tinn.create_from_config(2, 3, CONFIG, n_instances=K)
+    routed = tinn.create_from_config(2, 3, CONFIG, n_instances=K)
     singles = singles_like(model)
     loss, per_network = model.trainer.training_step(x, y, per_instance=True)
+    order = rng.permutation(x.shape[0] * x.shape[1])
+    ids = np.repeat(np.arange(K, dtype=np.int32), x.shape[1])[order]
+    loss_routed, per_routed = routed.trainer.training_step(x.reshape(-1, 2)[order], y.reshape(-1, 3)[order],
+                                                           ids, per_instance=True)
     assert per_network.shape == (K,)
     expected = [m.trainer.training_step(x[k], y[k]) for k, m in enumerate(singles)]
-    np.testing.assert_allclose(per_network, expected, rtol=1e-5)
-    assert loss == pytest.approx(np.mean(expected), rel=1e-5)
+    for losses, mean in ((per_network, loss), (per_routed, loss_routed)):
+        np.testing.assert_allclose(losses, expected, rtol=1e-5)
+        assert mean == pytest.approx(np.mean(expected), rel=1e-5)
 
 
 def test_routing_errors(data):

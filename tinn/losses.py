@@ -112,24 +112,29 @@ class Loss(Object, RuntimeBound):
             return loss, grad
         return loss, grad, per_network if per_network is not None else np.array([loss])
 
-    def _evaluate(self, p, t, q, weighted, loss_scale, instance, n_instances=1):
+    def _evaluate(self, p, t, q, weighted, loss_scale, instance, n_instances=1, dense=False):
         """``(loss, gradient, per-network losses or None)``.
 
         With ``instance``, each network's samples are normalised by that network's own
         ``N_k = B_k * D``, so a network in an array gets exactly the gradient it would get
-        trained alone; the loss is then the mean of the per-network losses.
+        trained alone; the loss is then the mean of the per-network losses. ``dense`` says the
+        batch is a dense one (network k owns the k-th of K equal runs of samples), which needs no
+        per-sample bookkeeping.
         """
         B, D = t.shape
-        if instance is None:
-            counts, inv_n = None, np.full(B, 1.0 / (B * D), np.float32)
+        if instance is None or dense:
+            counts, inv_n = None, np.full(B, 1.0 / (B // n_instances * D), np.float32)
         else:
             counts = np.bincount(instance, minlength=n_instances)
             inv_n = (1.0 / (counts[instance] * D)).astype(np.float32)
         grad = np.empty_like(p)
         rows = np.empty(B, np.float32)
         _kernel(current_program(), type(self))(p, t, q, weighted, inv_n, float(loss_scale), grad, rows)
-        if counts is None:
+        if instance is None:
             return float(rows.sum(dtype=np.float64)), grad, None
+        if dense:
+            per_network = rows.reshape(n_instances, -1).sum(axis=1, dtype=np.float64)
+            return float(per_network.mean()), grad, per_network
         per_network = np.bincount(instance, weights=rows, minlength=n_instances)
         return float(per_network.sum() / np.count_nonzero(counts)), grad, per_network
 

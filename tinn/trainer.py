@@ -103,7 +103,8 @@ class Trainer(RuntimeBound):
         y, ctx = model._forward(x, inst)
         ctx.dense = dense
         ctx.loss, ctx.dL_doutput, ctx.instance_losses = self.loss._evaluate(
-            y, t, q.reshape(-1, q.shape[-1]), pdf is not None, self.loss_scale, inst, model.n_instances)
+            y, t, q.reshape(-1, q.shape[-1]), pdf is not None, self.loss_scale, inst, model.n_instances,
+            dense=dense is not None)
         return ctx
 
     def backward(self, ctx: Context):
