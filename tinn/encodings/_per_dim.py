@@ -4,24 +4,16 @@ Identity, Frequency (and any encoding of the same shape) produce ``width``
 outputs per input dim, ``y[d * width + j] = value(x_d, j)``, so their backward
 is ``dL/dx_d = sum_j dL/dy[d * width + j] * slope(x_d, j)``. A component only
 supplies the two ``ti.func``s; the batch kernels are built here once per
-(component, config) and shared by every object with that config. A component whose
-``value`` is costly per element (Frequency's ``sin``) may also give a numpy version,
-which the batch forward then uses on the CPU (numpy's ``sin`` ran about twice as fast
-as the scalar one Taichi's CPU code calls).
+(component, config) and shared by every object with that config. A component may
+replace the batch forward where its formula allows a faster one (Frequency on the CPU).
 """
 
 import functools
 
-import numpy as np
 import taichi as ti
 
-from .. import _blas
-from .._runtime import current_program, is_cpu
-from ..object import Context
+from .._runtime import current_program
 from .encoding import KernelEncoding
-
-HOST_BLOCK = 4096
-"""Samples per block of the numpy forward (its temporaries stay in cache)."""
 
 _f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 
@@ -91,27 +83,6 @@ class PerDimEncoding(KernelEncoding):
         """``(value, slope)`` ``ti.func``s of ``(x: f32, j: i32) -> f32``."""
         raise NotImplementedError
 
-    @staticmethod
-    def host_value(*constants):
-        """Optional numpy ``value(x (D, 1, n), j (1, width, 1)) -> (D, width, n)`` float32, the same
-        formula as the ``ti.func`` (samples last: numpy's loops run long and SIMD-wide);
-        ``None`` keeps the batch forward on the Taichi kernel."""
-        return None
-
     def _kernels(self):
         return _kernels(current_program(), type(self), self.constants(), self.n_input_dims, self.width_per_dim,
                         self.n_padding, float(self.fill_value))
-
-    def _forward(self, x, instance):
-        value = self.host_value(*self.constants())
-        if value is None or not is_cpu():
-            return super()._forward(x, instance)
-        y = np.empty((x.shape[0], self.padded_output_width), np.float32)
-        raw, j = self.n_raw_output_dims, np.arange(self.width_per_dim).reshape(1, -1, 1)
-
-        def block(worker, lo, hi):          # numpy's ufuncs release the GIL: the blocks run in parallel
-            y[lo:hi, :raw] = value(x[lo:hi].T[:, None, :], j).reshape(raw, hi - lo).T
-
-        _blas.for_blocks(x.shape[0], HOST_BLOCK, block)
-        y[:, raw:] = self.fill_value
-        return y, Context(self, x, instance)

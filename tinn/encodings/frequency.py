@@ -3,14 +3,53 @@
 Key: ``n_frequencies`` F (12). For input dim d and frequency f < F the outputs
 ``d*2F + 2f + s`` are ``sin(2^f * pi * x_d + s * pi/2)``, s in {0, 1}
 (sin, then cos). Backward: ``dy/dx_d = 2^f * pi * cos(2^f * pi * x_d + s * pi/2)``.
+
+The batch forward on the CPU takes sin and cos of the phase every ``RESTART`` octaves from
+numpy (whose float32 ``sin``/``cos`` are SIMD, several times faster than the scalar calls of
+Taichi's CPU code) and the octaves between from the double-angle formulas
+``sin 2a = 2 sin a cos a``, ``cos 2a = (cos a - sin a)(cos a + sin a)`` in a kernel that
+writes the encoding row by row. Each doubling at most doubles the error: a few float32 ulps
+in all, below the rounding of the phase itself.
 """
+import functools
 import math
 
 import numpy as np
 import taichi as ti
 
+from .. import _blas
+from .._runtime import current_program, is_cpu
 from ..config import Options, encodings
+from ..object import Context
 from ._per_dim import PerDimEncoding, exp2i
+
+RESTART = 4
+"""Octaves per direct sin/cos evaluation in the CPU forward (the others by doubling)."""
+
+SINE_BLOCK = 1 << 16
+"""Samples per block of the host sines (numpy releases the GIL: the blocks run in parallel)."""
+
+
+@functools.lru_cache(maxsize=None)
+def _expand_kernel(program, n_frequencies: int, n_dims: int, n_padding: int, fill: float):
+    width = 2 * n_frequencies
+
+    @ti.kernel
+    def expand(sincos: ti.types.ndarray(dtype=ti.f32, ndim=4), y: ti.types.ndarray(dtype=ti.f32, ndim=2)):
+        """``sincos[r, 0 / 1, d, b]``: sin / cos of the phase at octave ``r * RESTART`` -> ``y``."""
+        for b, d in ti.ndrange(y.shape[0], n_dims):
+            s, c = 0.0, 0.0
+            for f in ti.static(range(n_frequencies)):
+                if ti.static(f % RESTART == 0):
+                    s, c = sincos[f // RESTART, 0, d, b], sincos[f // RESTART, 1, d, b]
+                else:
+                    s, c = 2.0 * s * c, (c - s) * (c + s)
+                y[b, d * width + 2 * f] = s
+                y[b, d * width + 2 * f + 1] = c
+        for b, j in ti.ndrange(y.shape[0], n_padding):
+            y[b, n_dims * width + j] = fill
+
+    return expand
 
 
 @encodings.register("Frequency")
@@ -50,11 +89,21 @@ class FrequencyEncoding(PerDimEncoding):
 
         return value, slope
 
-    @staticmethod
-    def host_value():
-        def value(x, j):                            # the same float32 operations as phase() above
-            octave_pi = np.exp2(j // 2).astype(np.float32) * np.float32(math.pi)
-            shift = (j % 2).astype(np.float32) * np.float32(math.pi / 2)
-            return np.sin(octave_pi * x + shift)
+    def _forward(self, x, instance):
+        if not is_cpu():
+            return super()._forward(x, instance)
+        theta = np.multiply(np.float32(math.pi), x.T, order="C")      # phase() at octave 0, (D, B)
+        n_restarts = -(-self.n_frequencies // RESTART)
+        sincos = np.empty((n_restarts, 2) + theta.shape, np.float32)
 
-        return value
+        def block(worker, lo, hi):
+            for r in range(n_restarts):
+                phase = theta[:, lo:hi] * np.float32(2.0 ** (r * RESTART))    # exact: a power of 2
+                np.sin(phase, out=sincos[r, 0, :, lo:hi])
+                np.cos(phase, out=sincos[r, 1, :, lo:hi])
+
+        _blas.for_blocks(x.shape[0], SINE_BLOCK, block)
+        y = np.empty((x.shape[0], self.padded_output_width), np.float32)
+        _expand_kernel(current_program(), self.n_frequencies, self.n_input_dims, self.n_padding,
+                       float(self.fill_value))(sincos, y)
+        return y, Context(self, x, instance)
