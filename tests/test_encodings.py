@@ -84,9 +84,10 @@ def test_frequency_worked_example():
                                atol=1e-6)
 
 
-@pytest.mark.parametrize("n_dims, F, alignment, batch", [(2, 5, 0, 257), (3, 12, 16, 3), (1, 3, 16, 1),
-                                                     (2, 4, 16, 9000)])   # several host blocks
-def test_frequency_forward_and_padding(n_dims, F, alignment, batch):
+@pytest.mark.parametrize("n_dims, F, alignment, batch, span", [
+    (2, 5, 0, 257, 1.0), (3, 12, 16, 3, 1.0), (1, 3, 16, 1, 1.0), (2, 4, 16, 9000, 1.0),
+    (2, 12, 0, 70_000, 8.0)])   # several blocks of host sines, three restarts of the doubling, |x| up to 8
+def test_frequency_forward_and_padding(n_dims, F, alignment, batch, span):
     """Raw width n·2F; with alignment 16 the padding is 1, placed after the values (§1.0)."""
     rng = np.random.default_rng(F)
     cfg = {"otype": "Frequency", "n_frequencies": F}
@@ -94,7 +95,7 @@ def test_frequency_forward_and_padding(n_dims, F, alignment, batch):
     raw = n_dims * 2 * F
     width = next_multiple(raw, alignment) if alignment else raw
     assert enc.n_output_dims == enc.padded_output_width == width
-    x = rng.random((batch, n_dims)).astype(np.float32)
+    x = (span * (2 * rng.random((batch, n_dims)) - 1) if span > 1 else rng.random((batch, n_dims))).astype(np.float32)
     y, _ = enc.forward(x)
     assert y.shape == (batch, width)
     atol = np.concatenate([frequency_phase_error(x, F), np.full(width - raw, 1e-7)])
