@@ -31,8 +31,13 @@ CONFIG = {"loss": {"otype": "RelativeL2"},
           "network": {"otype": "FullyFusedMLP", "n_neurons": WIDTH, "n_hidden_layers": HIDDEN}}
 
 
+WARMUP = 3
+"""Untimed calls first (compilation, first touch of the step's memory), as in the image benchmark."""
+
+
 def timed(fn, steps):
-    fn()
+    for _ in range(WARMUP):
+        fn()
     times = []
     for _ in range(steps):
         t = time.perf_counter()
@@ -146,7 +151,8 @@ def main():
     if args.json:
         print(json.dumps({f"{i}@K={k},S={s}": v for (i, k, s), v in med.items()}, indent=1))
         return
-    print(f"\nmedians of {args.reps} runs ({args.steps} timed steps each), {args.threads} threads\n")
+    print(f"\nmedians of {args.reps} runs ({args.steps} timed steps each after {WARMUP} untimed), "
+          f"{args.threads} threads\n")
     print("| impl | K | samples/network | train M samples/s | inference M samples/s | train ratio tinn/impl | inference ratio |")
     print("|---|---|---|---|---|---|---|")
     for (impl, k, s), v in med.items():
