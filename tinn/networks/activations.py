@@ -92,9 +92,10 @@ def _host_relu(z):
     """max(z, 0) in place. numpy's float32 maximum runs about 3x faster against an array of
     zeros than against a scalar 0 (its contiguous SIMD loop), so a shared zero buffer is kept."""
     global _ZEROS
-    if _ZEROS.size < z.size:
-        _ZEROS = np.zeros(z.size, np.float32)
-    return np.maximum(z, _ZEROS[: z.size].reshape(z.shape), out=z)
+    zeros = _ZEROS                          # one read: worker threads may replace the buffer meanwhile
+    if zeros.size < z.size:
+        zeros = _ZEROS = np.zeros(z.size, np.float32)
+    return np.maximum(z, zeros[: z.size].reshape(z.shape), out=z)
 
 
 def _host_sigmoid(z):
