@@ -8,7 +8,8 @@ One reference per formula: the test modules import from here rather than keep co
   whole encoding config (widths, fill values, alignment, parameters, padded output),
   Composite and the NRC preset included;
 * §2.2–2.3 activations and the MLP;
-* §3.2 losses.
+* §3.2 losses;
+* §5.4 tcnn's pcg32, one draw at a time.
 """
 from __future__ import annotations
 
@@ -758,3 +759,67 @@ def loss_ref(otype, p, t, q):
 # Losses whose gradient column is the true derivative of the value column; the others treat a
 # denominator that depends on p as a constant (§3.2), so finite differences do not apply to them.
 LOSSES_WITH_TRUE_GRADIENT = ("L2", "L1", "Mape", "CrossEntropy", "Variance")
+
+
+# ---------------------------------------------------------------------------------------------
+# §5.4 pcg32
+# ---------------------------------------------------------------------------------------------
+
+_M64 = (1 << 64) - 1
+
+
+class Pcg32Ref:
+    """§5.4 pcg32 (PCG-XSH-RR 64/32) in Python integers, one step at a time."""
+
+    MULT = 0x5851F42D4C957F2D
+
+    def __init__(self, seed, seq=1):
+        self.state, self.inc = 0, ((seq << 1) | 1) & _M64
+        self.next_uint()
+        self.state = (self.state + seed) & _M64
+        self.next_uint()
+
+    def next_uint(self):
+        old = self.state
+        self.state = (old * self.MULT + self.inc) & _M64
+        xs = (((old >> 18) ^ old) >> 27) & 0xFFFFFFFF
+        rot = old >> 59
+        return ((xs >> rot) | (xs << ((32 - rot) & 31))) & 0xFFFFFFFF
+
+    def next_float(self):
+        bits = (self.next_uint() >> 9) | 0x3F800000
+        return np.uint32(bits).view(np.float32) - np.float32(1)
+
+    def advance(self, n):
+        for _ in range(n):
+            self.next_uint()
+
+    def floats(self, n):
+        return np.array([self.next_float() for _ in range(n)], np.float32)
+
+    def uniform_fill(self, n):
+        """tcnn's generate_random: M = ceil(n/4) threads, thread i copies the generator, advances it by 4i
+        and writes elements i + M·j (j < 4, while < n) with consecutive draws; then the generator advances n."""
+        M, out = -(-n // 4), np.empty(n, np.float32)
+        for i in range(M):
+            thread = Pcg32Ref.__new__(Pcg32Ref)
+            thread.state, thread.inc = self.state, self.inc
+            thread.advance(4 * i)
+            for j in range(4):
+                if i + M * j < n:
+                    out[i + M * j] = thread.next_float()
+        self.advance(n)
+        return out
+
+
+def mlp_init_ref(rng, shapes, activation="ReLU"):
+    """§2.4: matrix by matrix in storage order, U(−s, s) = draw·2s − s in float32 from sequential draws."""
+    blocks = []
+    for i, (rows, cols) in enumerate(shapes):
+        if activation == "Sine":
+            s = 30.0 / cols if i == 0 else np.sqrt(6.0 / cols)
+        else:
+            s = np.sqrt(6.0 / (rows + cols))
+        s = np.float32(s)
+        blocks.append(rng.floats(rows * cols) * (s * np.float32(2)) - s)
+    return np.concatenate(blocks)

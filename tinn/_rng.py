@@ -1,7 +1,13 @@
 """tcnn's pcg32 generator (PCG-XSH-RR 64/32), vectorised with numpy.
 
 Parameter initialisation draws from it exactly as tcnn does (spec §5.4), so a
-seed gives the same initial parameters on every machine.
+seed gives the same initial parameters on every machine. One ``Pcg32`` may stand
+for many generators that differ only in their sequence (a network array draws
+instance k from ``pcg32(seed, seq=k + 1)``): its draws then have a leading axis.
+
+A step is ``state -> MULT * state + inc`` (mod 2^64), so n steps are
+``state -> MULT^n * state + inc * (MULT^(n-1) + ... + 1)``: the two coefficients do
+not depend on the sequence, and every draw is one multiply-add away from the state.
 """
 from __future__ import annotations
 
@@ -11,22 +17,22 @@ _MULT = np.uint64(0x5851F42D4C957F2D)
 _U64 = np.uint64
 
 
-def _advance_coeffs(deltas: np.ndarray, inc: int):
-    """(A, C) with state_after = A * state + C after advancing by each delta (mod 2^64)."""
+def _jump_coeffs(deltas: np.ndarray):
+    """``(MULT^d, MULT^(d-1) + ... + 1)`` mod 2^64 for each delta d (square-and-multiply)."""
     deltas = deltas.astype(np.uint64)
     acc_mult = np.ones_like(deltas)
-    acc_plus = np.zeros_like(deltas)
-    cur_mult, cur_plus = _MULT, _U64(inc)
+    acc_sum = np.zeros_like(deltas)
+    cur_mult, cur_sum = _MULT, _U64(1)
     with np.errstate(over="ignore"):
         for bit in range(64):
             if not (deltas >> _U64(bit)).any():
                 break
             sel = ((deltas >> _U64(bit)) & _U64(1)).astype(bool)
             acc_mult = np.where(sel, acc_mult * cur_mult, acc_mult)
-            acc_plus = np.where(sel, acc_plus * cur_mult + cur_plus, acc_plus)
-            cur_plus = (cur_mult + _U64(1)) * cur_plus
+            acc_sum = np.where(sel, acc_sum * cur_mult + cur_sum, acc_sum)
+            cur_sum = (cur_mult + _U64(1)) * cur_sum
             cur_mult = cur_mult * cur_mult
-    return acc_mult, acc_plus
+    return acc_mult, acc_sum
 
 
 def _output_float(states: np.ndarray) -> np.ndarray:
@@ -42,35 +48,41 @@ def _output_float(states: np.ndarray) -> np.ndarray:
 
 
 class Pcg32:
-    """``pcg32(seed, seq)`` with tcnn's seeding; draws come out as numpy arrays."""
+    """``pcg32(seed, seq)`` with tcnn's seeding; ``seq`` an int, or an array of sequences for as many
+    generators (``shape`` is then ``seq.shape``); draws come out as numpy arrays of ``shape + (n,)``."""
 
-    def __init__(self, seed: int, seq: int = 1):
-        self.inc = ((seq << 1) | 1) & 0xFFFFFFFFFFFFFFFF
-        self.state = 0
-        self._step(1)
-        self.state = (self.state + seed) & 0xFFFFFFFFFFFFFFFF
-        self._step(1)
-
-    def _step(self, n: int):
-        a, c = _advance_coeffs(np.array([n], dtype=np.uint64), self.inc)
+    def __init__(self, seed: int, seq=1):
+        seq = np.asarray(seq, dtype=np.uint64)
+        self.shape = seq.shape
         with np.errstate(over="ignore"):
-            self.state = int(a[0] * _U64(self.state) + c[0])
+            self.inc = (seq << _U64(1)) | _U64(1)
+            self.state = self.inc.copy()                      # state = 0, then one step
+            self.state += _U64(seed & 0xFFFFFFFFFFFFFFFF)
+        self.advance(1)
 
     def advance(self, n: int):
         if n:
-            self._step(n)
+            mult, total = _jump_coeffs(np.array(n))
+            with np.errstate(over="ignore"):
+                self.state = mult * self.state + self.inc * total
+
+    def _states(self, n: int) -> np.ndarray:
+        """The states of the next ``n`` draws, ``shape + (n,)``, without advancing."""
+        mult, total = _jump_coeffs(np.arange(n))
+        with np.errstate(over="ignore"):
+            return mult * self.state[..., None] + self.inc[..., None] * total
 
     def draws(self, n: int) -> np.ndarray:
         """``n`` consecutive ``next_float()`` values (generator advanced by ``n``)."""
-        a, c = _advance_coeffs(np.arange(n, dtype=np.uint64), self.inc)
-        with np.errstate(over="ignore"):
-            states = a * _U64(self.state) + c
+        values = _output_float(self._states(n))
         self.advance(n)
-        return _output_float(states)
+        return values
 
     def uniform_fill(self, n: int) -> np.ndarray:
-        """tcnn's GPU ``generate_random``: element e gets draw 4*(e mod M) + e div M, M = ceil(n/4)."""
+        """tcnn's GPU ``generate_random``: element e gets draw 4*(e mod M) + e div M, M = ceil(n/4);
+        afterwards the generator is advanced by n."""
         m = -(-n // 4)
         e = np.arange(n)
-        order = 4 * (e % m) + e // m
-        return self.draws(max(4 * m, 1))[order] if n else np.zeros(0, np.float32)
+        values = _output_float(self._states(4 * m))[..., 4 * (e % m) + e // m]
+        self.advance(n)
+        return values

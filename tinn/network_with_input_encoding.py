@@ -38,7 +38,7 @@ class NetworkWithInputEncoding(DifferentiableObject):
         self.encoding.bind(store, offset + self.network.n_params)
 
     def initial_params(self, rng):
-        return np.concatenate([self.network.initial_params(rng), self.encoding.initial_params(rng)])
+        return np.concatenate([self.network.initial_params(rng), self.encoding.initial_params(rng)], axis=-1)
 
     @property
     def func(self):

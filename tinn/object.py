@@ -22,6 +22,9 @@ from .params import ParamStore
 
 GRADIENT_MODES = ("overwrite", "accumulate")
 
+INIT_CHUNK = 1 << 22
+"""Parameters drawn per batch of instances at initialisation (bounds the generator's temporaries)."""
+
 
 def active_instances(ctx, n_instances: int):
     """The networks a forward pass's batch reached: ``None`` for all of them, else their ids."""
@@ -75,8 +78,9 @@ class ParametricObject(Object, RuntimeBound):
         return []
 
     def initial_params(self, rng: Pcg32) -> np.ndarray:
-        """Draw this object's initial parameters, ``(n_params,)``, from ``rng`` (tcnn's order)."""
-        return np.zeros(self.n_params, np.float32)
+        """Draw this object's initial parameters, ``rng.shape + (n_params,)``, from ``rng`` (tcnn's order;
+        ``rng`` may stand for one generator per instance)."""
+        return np.zeros(rng.shape + (self.n_params,), np.float32)
 
     def bind(self, store: ParamStore, offset: int):
         """Use ``store[:, offset : offset + n_params]`` as this object's parameters."""
@@ -92,8 +96,14 @@ class ParametricObject(Object, RuntimeBound):
         return self._store
 
     def reset_params(self, seed: int):
-        """Initialise every instance as tcnn does: instance k draws from ``pcg32(seed, seq=k+1)``."""
-        values = np.stack([self.initial_params(Pcg32(seed, seq=k + 1)) for k in range(self.n_instances)])
+        """Initialise every instance as tcnn does: instance k draws from ``pcg32(seed, seq=k+1)``
+        (all instances of a chunk at once)."""
+        K = self.n_instances
+        values = np.empty((K, self.n_params), np.float32)
+        chunk = max(1, INIT_CHUNK // max(1, self.n_params))
+        for lo in range(0, K, chunk):
+            hi = min(lo + chunk, K)
+            values[lo:hi] = self.initial_params(Pcg32(seed, seq=np.arange(lo + 1, hi + 1)))
         self.store.set(self._offset, values)
 
     def _shape(self, a: np.ndarray) -> np.ndarray:

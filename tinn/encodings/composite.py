@@ -168,7 +168,8 @@ class CompositeEncoding(Encoding):
             offset += e.n_params
 
     def initial_params(self, rng):
-        return np.concatenate([e.initial_params(rng) for e in self.nested] + [np.zeros(0, np.float32)])
+        return np.concatenate([e.initial_params(rng) for e in self.nested] + [np.zeros(rng.shape + (0,), np.float32)],
+                              axis=-1)
 
     # -- batch API -------------------------------------------------------------------
     def _run(self, x, instance, keep: bool):

@@ -104,7 +104,7 @@ class MLP(Network):
                 s = np.sqrt(6.0 / (rows + cols))
             s = np.float32(s)
             blocks.append(rng.draws(rows * cols) * (s * np.float32(2)) - s)
-        return np.concatenate(blocks)
+        return np.concatenate(blocks, axis=-1)
 
     # -- one sample inside a user's kernel -----------------------------------------
     @property
