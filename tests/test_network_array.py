@@ -105,6 +105,36 @@ def test_unbalanced_shuffled_routing_equals_sorted_routing(rng):
                                rtol=1e-6, atol=1e-7)
 
 
+def test_skewed_routing_is_cut_into_row_blocks_and_matches_single_networks(rng):
+    """One network with far more samples than the others: the grouped stack stays a small multiple of
+    the batch (its samples are cut into several row blocks), and outputs, input gradients and summed
+    weight gradients still equal those of each network alone."""
+    from tinn.routing import Groups
+    cfg = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 2}
+    n = 300
+    counts = np.full(n, 3)
+    counts[[7, 123]] = [20_000, 0]
+    ids = np.repeat(np.arange(n, dtype=np.int32), counts)
+    rng.shuffle(ids)
+    groups = Groups(ids, n, len(ids))
+    assert groups.row_group is not None and groups.n_rows * groups.size <= 3 * len(ids)
+    net = tinn.create_network(4, 3, cfg, n_instances=n)
+    x = rng.uniform(-1, 1, (len(ids), 4)).astype(np.float32)
+    dy = rng.normal(size=(len(ids), 3)).astype(np.float32)
+    y, ctx = net.forward(x, ids)
+    dx = net.backward(ctx, dy)
+    params, grads = net.params(), net.gradients()
+    np.testing.assert_array_equal(grads[123], 0)                     # no samples: zero gradient
+    for k in (7, 0, n - 1):
+        single = tinn.create_network(4, 3, cfg)
+        single.set_params(params[k])
+        mine = ids == k
+        y_k, ctx_k = single.forward(x[mine])
+        np.testing.assert_allclose(y[mine], y_k, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(dx[mine], single.backward(ctx_k, dy[mine]), rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(grads[k], single.gradients(), rtol=1e-4, atol=1e-5 * np.abs(grads[k]).max())
+
+
 def test_per_network_losses(data, rng):
     """Per-network losses of a dense batch and of the same samples routed in shuffled order both equal
     the losses of the networks trained alone; the loss is their mean."""

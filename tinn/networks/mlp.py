@@ -41,24 +41,24 @@ many enough that numpy's per-call cost and the threads' turns at the GIL stay sm
 
 
 class _Blocks:
-    """How a ``(G, S, n)`` stack of grouped samples is cut into blocks for tinn's BLAS workers: along
-    the samples (worker-private weight-gradient sums) when networks are few and large, else along
-    whole networks (each network's gradient written once)."""
+    """How a ``(R, S, n)`` stack of grouped samples (``routing.Groups``) is cut into blocks for tinn's
+    BLAS workers: along the samples (worker-private weight-gradient sums) when row blocks are few and
+    large, else along whole row blocks (each one's gradient written once)."""
 
     def __init__(self, groups: Groups):
-        self.n_groups, self.size = groups.n_groups, groups.size
-        self.by_rows = self.size >= ROWS_PER_BLOCK or self.n_groups < _blas.n_workers()
+        self.n_rows, self.size = groups.n_rows, groups.size
+        self.by_rows = self.size >= ROWS_PER_BLOCK or self.n_rows < _blas.n_workers()
 
     def run(self, fn):
-        """``fn(worker, index)`` per block; ``index`` selects the block in a ``(G, S, ...)`` stack."""
+        """``fn(worker, index)`` per block; ``index`` selects the block in a ``(R, S, ...)`` stack."""
         if self.by_rows:
             _blas.for_blocks(self.size, ROWS_PER_BLOCK, lambda w, lo, hi: fn(w, (slice(None), slice(lo, hi))))
         else:
             per_block = max(1, ROWS_PER_BLOCK // self.size)
-            _blas.for_blocks(self.n_groups, per_block, lambda w, lo, hi: fn(w, (slice(lo, hi),)))
+            _blas.for_blocks(self.n_rows, per_block, lambda w, lo, hi: fn(w, (slice(lo, hi),)))
 
     def networks(self, index):
-        """The networks a block touches (all of them when cut along the samples)."""
+        """The row blocks (and so the weights) a block touches (all of them when cut along the samples)."""
         return index[:1]
 
 
@@ -135,11 +135,11 @@ class MLP(Network):
         return out
 
     def _matrices(self, groups: Groups, field):
-        """Weights of the grouped networks: one ``(G, rows, cols)`` array per layer (in place where the
-        store allows, else a copy)."""
+        """Weights of the grouped networks, one ``(R, rows, cols)`` array per layer, a row per row block
+        of the stack (in place where the store allows, else a copy)."""
         flat = self.store.rows_view(field, self._offset, self.n_params, groups.active)
-        return self._split(self.store.read_rows(field, self._offset, self.n_params, groups.active)
-                           if flat is None else flat)
+        return self._split(groups.per_row(self.store.read_rows(field, self._offset, self.n_params, groups.active)
+                                          if flat is None else flat))
 
     def _act(self, layer: int) -> str:
         return self.output_activation if layer == len(self._layers) - 1 else self.activation
@@ -154,7 +154,7 @@ class MLP(Network):
         groups = Groups(instance, self.n_instances, x.shape[0])
         weights = self._used(self._matrices(groups, self.store.params if keep else self.store.inference_params))
         blocks, n = _Blocks(groups), len(weights)
-        G, S = groups.n_groups, groups.size
+        G, S = groups.n_rows, groups.size
         acts = [self._act(i) for i in range(n)]
         hs = [groups.gather(x)] + [np.empty((G, S, w.shape[1]), np.float32) if keep or i == n - 1 else None
                                    for i, w in enumerate(weights)]
@@ -185,16 +185,17 @@ class MLP(Network):
 
     def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
         groups, blocks, weights, zs, hs = ctx.groups, ctx.blocks, ctx.weights, ctx.zs, ctx.hs
-        n, G = len(weights), groups.n_groups
+        n, G = len(weights), groups.n_rows
         g_all = groups.gather(np.ascontiguousarray(dL_dy[:, : weights[-1].shape[1]]))
         dx = np.empty_like(hs[0]) if input_gradient else None
         workers = _blas.n_workers() if blocks.by_rows else 1
         # dL/dW in tcnn's layout: summed per worker when cut along the samples, else written once per
         # network (straight into the store's gradients where it allows), all but the output rows that
-        # are not computed (their gradient is 0, as in tcnn)
+        # are not computed (their gradient is 0, as in tcnn); a network cut into several row blocks
+        # sums its blocks' gradients
         store = self.store
-        target = None if blocks.by_rows or not overwrite else store.rows_view(store.grads, self._offset,
-                                                                               self.n_params, groups.active)
+        direct = overwrite and not blocks.by_rows and groups.row_group is None
+        target = store.rows_view(store.grads, self._offset, self.n_params, groups.active) if direct else None
         flat = target[None] if target is not None else (np.zeros if blocks.by_rows else np.empty)(
             (workers, G, self.n_params), np.float32)
         dWs = self._split(flat)
@@ -218,6 +219,7 @@ class MLP(Network):
 
         blocks.run(block)
         if target is None:
+            flat = groups.sum_rows(flat, axis=1)
             (store.write_rows if overwrite else store.add_rows)(store.grads, self._offset, groups.active,
                                                                 flat.sum(axis=0) if workers > 1 else flat[0])
         return groups.scatter(dx) if input_gradient else None
