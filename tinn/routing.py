@@ -19,6 +19,10 @@ import taichi as ti
 _f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 _i64_1d = ti.types.ndarray(dtype=ti.i64, ndim=1)
 
+BLOCK_COST = 32
+"""The fixed cost of one more row block (a product call per layer, a copy of its weights), counted in
+sample rows, when choosing the block size for uneven counts."""
+
 
 @ti.kernel
 def _count_slots(instance: ti.types.ndarray(dtype=ti.i32, ndim=1), first_row: _i64_1d, seen: _i64_1d,
@@ -33,23 +37,15 @@ def _count_slots(instance: ti.types.ndarray(dtype=ti.i32, ndim=1), first_row: _i
 
 
 @ti.kernel
-def _to_slots(a: _f32_2d, slots: _i64_1d, out: _f32_2d):
-    for b in range(a.shape[0]):
+def _copy_rows(source: _f32_2d, slots: _i64_1d, target: _f32_2d, into_stack: ti.template()):
+    """Row b of the batch to row ``slots[b]`` of the flat stack (``into_stack``), or back."""
+    for b in range(slots.shape[0]):
         s = slots[b]
-        for j in range(a.shape[1]):
-            out[s, j] = a[b, j]
-
-
-@ti.kernel
-def _from_slots(flat: _f32_2d, slots: _i64_1d, out: _f32_2d):
-    for b in range(out.shape[0]):
-        s = slots[b]
-        for j in range(out.shape[1]):
-            out[b, j] = flat[s, j]
-
-BLOCK_COST = 32
-"""The fixed cost of one more row block (a product call per layer, a copy of its weights), counted in
-sample rows, when choosing the block size for uneven counts."""
+        for j in range(source.shape[1]):
+            if ti.static(into_stack):
+                target[s, j] = source[b, j]
+            else:
+                target[b, j] = source[s, j]
 
 
 def _block_size(counts: np.ndarray) -> int:
@@ -104,7 +100,7 @@ class Groups:
         if self._slots is None:
             return a.reshape(self.n_rows, self.size, -1)
         out = np.zeros((self.n_rows * self.size, a.shape[1]), np.float32)
-        _to_slots(np.ascontiguousarray(a, np.float32), self._slots, out)
+        _copy_rows(np.ascontiguousarray(a, np.float32), self._slots, out, True)
         return out.reshape(self.n_rows, self.size, -1)
 
     def scatter(self, a: np.ndarray) -> np.ndarray:
@@ -113,7 +109,7 @@ class Groups:
         if self._slots is None:
             return flat
         out = np.empty((self.batch, flat.shape[1]), np.float32)
-        _from_slots(np.ascontiguousarray(flat, np.float32), self._slots, out)
+        _copy_rows(np.ascontiguousarray(flat, np.float32), self._slots, out, False)
         return out
 
     def per_row(self, a: np.ndarray) -> np.ndarray:
