@@ -61,6 +61,7 @@ class Groups:
     def __init__(self, instance: np.ndarray | None, n_instances: int, batch: int):
         self.batch = batch
         self.row_group = None                      # group of each row block; None: one block per group
+        self.first_row = None                      # first row block of each group, when cut into several
         if instance is None:                       # one network, samples in order
             self.active = np.zeros(1, np.int32)
             self.size = batch

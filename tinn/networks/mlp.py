@@ -57,7 +57,7 @@ class _Blocks:
             per_block = max(1, ROWS_PER_BLOCK // self.size)
             _blas.for_blocks(self.n_rows, per_block, lambda w, lo, hi: fn(w, (slice(lo, hi),)))
 
-    def networks(self, index):
+    def rows(self, index):
         """The row blocks (and so the weights) a block touches (all of them when cut along the samples)."""
         return index[:1]
 
@@ -162,7 +162,7 @@ class MLP(Network):
               for i in range(n)]
 
         def block(worker, index):
-            sel = blocks.networks(index)
+            sel = blocks.rows(index)
             h = hs[0][index]
             for i, w in enumerate(weights):
                 in_place = acts[i] in activations.FROM_OUTPUT
@@ -205,7 +205,7 @@ class MLP(Network):
         derivative_of = [hs[i + 1] if acts[i] in activations.FROM_OUTPUT else zs[i] for i in range(n)]
 
         def block(worker, index):
-            sel = blocks.networks(index)
+            sel = blocks.rows(index)
             g = g_all[index].copy()
             for i in reversed(range(n)):
                 activations.host_times_derivative(acts[i], derivative_of[i][index], g)
