@@ -181,7 +181,7 @@ def test_many_networks_cut_into_blocks(rng, monkeypatch, in_place):
     weights and gradients used in the store's memory and with them copied."""
     monkeypatch.setattr(tinn.params, "VIEW_MIN", 0 if in_place else 1 << 62)
     from reference import assert_close, mlp_backward_ref, mlp_forward_ref, mlp_shapes, mlp_unflatten, padded
-    from tinn.networks.mlp import ROWS_PER_BLOCK
+    from tinn.networks._mlp_host import SAMPLES_PER_BLOCK as ROWS_PER_BLOCK
     S = 8
     n = 2 * ROWS_PER_BLOCK // S + 3
     net = tinn.create_network(4, 3, {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1},

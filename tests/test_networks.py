@@ -140,7 +140,7 @@ def test_mlp_depths_odd_widths_and_batches(n_hidden_layers, batch):
 
 def test_mlp_batches_cut_into_blocks():
     """A batch spread over several host blocks and threads (partial last block, per-thread gradient sums)."""
-    from tinn.networks.mlp import ROWS_PER_BLOCK
+    from tinn.networks._mlp_host import SAMPLES_PER_BLOCK as ROWS_PER_BLOCK
     check_mlp(MlpCase(8, 3, 16, 2, "ReLU", "None"), batch=2 * ROWS_PER_BLOCK + 5, seed=1)
 
 

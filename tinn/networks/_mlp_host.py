@@ -1,0 +1,190 @@
+"""The MLP's host batch path: numpy's BLAS for the products, on tinn's worker threads.
+
+Samples are grouped per network (``routing.Groups``: a zero-padded ``(R, S, n)`` stack of *row
+blocks*, R of them with S samples each), cut into cache-sized blocks of samples, and each block
+goes through every layer (the activation applied while the block is in cache). When a batch reaches
+every network of a large array, the products read the weights and write the gradients in the
+parameter store's own memory (``ParamStore.rows_view``) instead of copies.
+
+Of the padded rows of ``W_NL`` beyond ``n_output_dims`` only the first
+``next_multiple(n_output_dims, 4)`` are computed (BLAS runs 4 rows faster than 3): the padding
+outputs get no gradient, so the other rows' gradients are zero, as in tcnn.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import _blas
+from ..object import Context
+from ..routing import Groups
+from . import activations
+from .activations import Activation
+
+SAMPLES_PER_BLOCK = 4096
+"""Samples per block: few enough that a block's activations stay in cache (L2/L3), many enough that
+numpy's per-call cost and the threads' turns at the GIL stay small (measured on a 2-core Zen 3: 4096
+beat 512, 1024, 2048 and 8192 by 5-40 %)."""
+
+
+class Blocks:
+    """How a ``(R, S, n)`` stack is cut into blocks for tinn's BLAS workers: along the samples when row
+    blocks are few and large (``split_samples``; weight gradients summed in worker-private partial
+    sums), else into groups of whole row blocks (each one's weight gradient written once)."""
+
+    def __init__(self, groups: Groups):
+        self.n_row_blocks, self.size = groups.n_rows, groups.size
+        self.split_samples = self.size >= SAMPLES_PER_BLOCK or self.n_row_blocks < _blas.n_workers()
+        self.n_partials = _blas.n_workers() if self.split_samples else 1
+
+    def run(self, fn):
+        """``fn(partial, index)`` per block: ``index`` selects the block in a ``(R, S, ...)`` stack, ``partial``
+        the partial sum of weight gradients it may add to (no two blocks at once add to the same one)."""
+        if self.split_samples:
+            _blas.for_blocks(self.size, SAMPLES_PER_BLOCK, lambda w, lo, hi: fn(w, (slice(None), slice(lo, hi))))
+        else:
+            per_block = max(1, SAMPLES_PER_BLOCK // self.size)
+            _blas.for_blocks(self.n_row_blocks, per_block, lambda w, lo, hi: fn(0, (slice(lo, hi),)))
+
+    @staticmethod
+    def row_blocks(index):
+        """The row blocks (and so the networks' weights) a block touches (all of them when split along samples)."""
+        return index[:1]
+
+
+@dataclass
+class Layer:
+    """One matrix of the MLP in a batch: ``y = act(z)``, ``z = x W^T`` per row block.
+
+    ``w`` is ``(R, n_out, n_in)`` (the last layer: only its computed rows), ``x`` / ``z`` / ``y`` are
+    ``(R, S, n)`` stacks; ``y`` is the next layer's ``x``. ``z`` is kept only where act' needs it, and
+    in inference only the network's input and output exist."""
+
+    w: np.ndarray
+    act: Activation
+    x: np.ndarray | None
+    z: np.ndarray | None
+    y: np.ndarray | None
+
+    def slope_source(self) -> np.ndarray:
+        """What act' is computed from: the output for the ``from_output`` activations, else ``z``."""
+        return self.y if self.act.from_output else self.z
+
+
+class HostMLP:
+    """The batch path of one ``MLP`` on the host."""
+
+    def __init__(self, mlp):
+        self.mlp = mlp
+
+    # -- weights and gradients in the store -----------------------------------------
+    def _split(self, flat: np.ndarray) -> list:
+        """``(..., n_params)`` -> one ``(..., rows, cols)`` view per matrix."""
+        out, start = [], 0
+        for rows, cols in self.mlp.layer_sizes():
+            out.append(flat[..., start:start + rows * cols].reshape(flat.shape[:-1] + (rows, cols)))
+            start += rows * cols
+        return out
+
+    def _n_computed_outputs(self) -> int:
+        mlp = self.mlp
+        return min(mlp.padded_output_width, -(-mlp.n_output_dims // 4) * 4)
+
+    def _weights(self, groups: Groups, field) -> list:
+        """One ``(R, rows, cols)`` array per matrix, a row per row block (in the store's memory where it
+        allows, else a copy); the last matrix cut to its computed rows."""
+        mlp = self.mlp
+        flat = mlp.store.rows_view(field, mlp._offset, mlp.n_params, groups.active)
+        if flat is None:
+            flat = mlp.store.read_rows(field, mlp._offset, mlp.n_params, groups.active)
+        ws = self._split(groups.per_row(flat))
+        return ws[:-1] + [ws[-1][:, : self._n_computed_outputs()]]
+
+    # -- forward ------------------------------------------------------------------------
+    def run(self, x: np.ndarray, instance, keep: bool):
+        """``(y (batch, computed outputs), ctx or None)``; ``keep`` keeps what backward needs."""
+        mlp = self.mlp
+        groups = Groups(instance, mlp.n_instances, x.shape[0])
+        weights = self._weights(groups, mlp.store.params if keep else mlp.store.inference_params)
+        blocks, n = Blocks(groups), len(weights)
+        stack = (groups.n_rows, groups.size)
+        layers, h = [], groups.gather(x)
+        for i, w in enumerate(weights):
+            act = activations.ACTIVATIONS[mlp.layer_activation(i)]
+            y = np.empty(stack + (w.shape[1],), np.float32) if keep or i == n - 1 else None
+            z = np.empty_like(y) if keep and not act.from_output else None
+            layers.append(Layer(w, act, h, z, y))
+            h = y
+
+        def block(partial, index):
+            sel = blocks.row_blocks(index)
+            h = layers[0].x[index]
+            for layer in layers:
+                target = layer.y if layer.act.from_output else layer.z
+                z = np.matmul(h, layer.w[sel].transpose(0, 2, 1), out=None if target is None else target[index])
+                h = activations.host_value(layer.act, z)
+                if not layer.act.from_output and layer.y is not None:
+                    layer.y[index] = h
+
+        blocks.run(block)
+        y = groups.scatter(layers[-1].y)
+        return y, (Context(mlp, x, instance, groups=groups, blocks=blocks, layers=layers) if keep else None)
+
+    # -- backward -----------------------------------------------------------------------
+    def _gradient_buffer(self, ctx, overwrite: bool):
+        """``(flat, per-layer views, target)``: where the blocks put dL/dW. Straight into the store's gradients
+        (``target``) when the batch overwrites them, reached every network once and is not split along samples;
+        else a ``(partials, R, n_params)`` buffer that :meth:`_commit_gradients` sums and writes."""
+        mlp, groups, blocks = self.mlp, ctx.groups, ctx.blocks
+        store = mlp.store
+        target = None
+        if overwrite and not blocks.split_samples and groups.row_group is None:
+            target = store.rows_view(store.grads, mlp._offset, mlp.n_params, groups.active)
+        if target is not None:
+            flat = target[None]
+        else:
+            flat = (np.zeros if blocks.split_samples else np.empty)((blocks.n_partials, groups.n_rows, mlp.n_params),
+                                                                     np.float32)
+        per_layer = self._split(flat)
+        per_layer[-1][:, :, self._n_computed_outputs():] = 0.0
+        return flat, per_layer, target
+
+    def _commit_gradients(self, ctx, flat, target, overwrite: bool):
+        """Sum the partial sums and the row blocks of each network; write or add them to the store."""
+        if target is not None:
+            return
+        mlp, groups, store = self.mlp, ctx.groups, self.mlp.store
+        flat = groups.sum_rows(flat, axis=1)
+        total = flat.sum(axis=0) if flat.shape[0] > 1 else flat[0]
+        (store.write_rows if overwrite else store.add_rows)(store.grads, mlp._offset, groups.active, total)
+
+    @staticmethod
+    def _add_weight_gradient(dW, g, h, accumulate: bool):
+        """``dW (+)= g^T h`` per row block."""
+        if accumulate:
+            dW += np.matmul(g.transpose(0, 2, 1), h)
+        else:
+            np.matmul(g.transpose(0, 2, 1), h, out=dW)
+
+    def backward(self, ctx, dL_dy: np.ndarray, input_gradient: bool, overwrite: bool):
+        """dL/dW to the store (written if ``overwrite``, else added); dL/dx if ``input_gradient``."""
+        groups, blocks, layers = ctx.groups, ctx.blocks, ctx.layers
+        g_all = groups.gather(np.ascontiguousarray(dL_dy[:, : layers[-1].w.shape[1]]))
+        dx = np.empty_like(layers[0].x) if input_gradient else None
+        flat, dWs, target = self._gradient_buffer(ctx, overwrite)
+
+        def block(partial, index):
+            sel = blocks.row_blocks(index)
+            g = g_all[index].copy()
+            for i in reversed(range(len(layers))):
+                layer = layers[i]
+                activations.host_times_derivative(layer.act, layer.slope_source()[index], g)
+                dW = dWs[i][partial][sel][:, : g.shape[2]]
+                self._add_weight_gradient(dW, g, layer.x[index], blocks.split_samples)
+                if i > 0 or input_gradient:
+                    g = np.matmul(g, layer.w[sel], out=dx[index] if i == 0 else None)
+
+        blocks.run(block)
+        self._commit_gradients(ctx, flat, target, overwrite)
+        return groups.scatter(dx) if input_gradient else None
