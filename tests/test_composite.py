@@ -52,7 +52,7 @@ def test_nested_keys_are_not_reported_as_unknown():
                                           {"otype": "Identity"}]}, "every entry"),
     (3, {"otype": "Composite", "nested": [{"otype": "Identity", "n_dims_to_encode": 2, "dims_to_encode_begin": 2}]},
      "beyond"),
-    (3, {"otype": "Composite", "nested": [{"otype": "Identity", "n_dims_to_encode": -1}]}, "non-negative"),
+    (3, {"otype": "Composite", "nested": [{"otype": "Identity", "n_dims_to_encode": -1}]}, "must be >= 0"),
     (3, {"otype": "Composite", "nested": [{"otype": "Identity", "n_dims_to_encode": 0}]}, "no nested"),
     (3, {"otype": "Composite", "reduction": "Max", "nested": [{"otype": "Identity"}]}, "reduction"),
     (3, {"otype": "Composite", "reduction": "Sum", "nested": [{"otype": "Identity", "n_dims_to_encode": 1},

@@ -381,8 +381,8 @@ def test_hyperparams_round_trip_and_update(name):
     assert json.loads(json.dumps(hp)) == hp
     assert tinn.create_optimizer(hp).hyperparams() == hp
     assert hp["otype"] == ("EMA" if name == "Ema" else name)
-    cls = type(opt)
-    assert set(cls.DEFAULTS) <= set(hp)                             # defaults are reported
+    defaults = {k: key.default for k, key in type(opt).KEYS.items()}
+    assert set(defaults) <= set(hp)                                 # defaults are reported
     if "nested" in hp and name != "Composite":
         opt.update_hyperparams({"nested": {"learning_rate": 0.25}})
         assert opt.hyperparams()["nested"]["learning_rate"] == 0.25
@@ -394,10 +394,10 @@ def test_hyperparams_round_trip_and_update(name):
         assert opt.hyperparams()["nested"][2]["nested"]["learning_rate"] == 0.125
     opt.update_hyperparams({"learning_rate": 0.5})
     assert opt.learning_rate == pytest.approx(0.5)
-    key = next((k for k in cls.DEFAULTS if k != "learning_rate" and not isinstance(cls.DEFAULTS[k], bool)), None)
+    key = next((k for k in defaults if k != "learning_rate" and not isinstance(defaults[k], bool)), None)
     if key is not None:                                             # an own key changes, the rest stays
         before = opt.hyperparams()
-        value = cls.DEFAULTS[key] + 1 if isinstance(cls.DEFAULTS[key], int) else cls.DEFAULTS[key] * 0.5
+        value = defaults[key] + 1 if isinstance(defaults[key], int) else defaults[key] * 0.5
         opt.update_hyperparams({key: value})
         after = opt.hyperparams()
         assert after[key] == value and {k: v for k, v in after.items() if k != key} == \

@@ -14,15 +14,55 @@ from dataclasses import dataclass
 
 import commentjson
 
+from .keys import Options, check_int, check_seed, describe  # noqa: F401 (Options: components import it here)
+
+SECTIONS = ("loss", "optimizer", "encoding", "network")
+
 
 def load_config(config) -> dict:
-    """A config dict, or the JSON file (comments allowed) at path ``config``."""
+    """A config dict, or the JSON file (comments allowed) at path ``config``.
+
+    A file that does not parse gives ``ValueError("<file>: invalid JSON at line L, column C: ...")``;
+    its top level must be a JSON object.
+    """
     if isinstance(config, dict):
         return config
     if isinstance(config, (str, os.PathLike)):
-        with open(config) as f:
-            return commentjson.load(f)
+        path = os.fspath(config)
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        data = parse_json(text, path)
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: a config must be a JSON object, got {type(data).__name__}")
+        return data
     raise TypeError(f"config must be a dict or a path to a JSON file, not {type(config).__name__}")
+
+
+def parse_json(text: str, where: str):
+    """JSON with comments (commentjson's grammar); errors name ``where``, the line and the column."""
+    try:
+        return commentjson.loads(text)
+    except Exception as e:                  # lark's parse errors, or commentjson's ValueError wrapping one
+        cause = e if hasattr(e, "line") else e.__context__ if hasattr(e.__context__, "line") else None
+        if cause is None:
+            raise ValueError(f"{where}: invalid JSON: {str(e).splitlines()[0]}") from None
+        token = getattr(cause, "token", None)
+        if token is not None and getattr(token, "type", "") == "$END":
+            what = "unexpected end of file"
+        elif token is not None:
+            what = f"unexpected {str(token)!r}"
+        else:
+            what = f"unexpected character {getattr(cause, 'char', '?')!r}"
+        raise ValueError(f"{where}: invalid JSON at line {cause.line}, column {cause.column}: {what}") from None
+
+
+def section(config: dict, name: str, where: str = "create_from_config") -> dict:
+    """``config[name]`` (default ``{}``), which must be a dict: a section is never read as a file path."""
+    value = config.get(name, {})
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: section '{name}' must be a dict (a JSON object) with an 'otype', "
+                         f"got {type(value).__name__} {value!r}")
+    return value
 
 
 class Registry:
@@ -41,6 +81,12 @@ class Registry:
                 if key in self._classes:
                     raise ValueError(f"{self.kind} otype '{name}' is registered twice")
                 self._classes[key], self._names[key] = cls, name
+            if "otype" not in cls.__dict__:
+                cls.otype = names[0]
+            keys = cls.__dict__.get("KEYS")
+            if keys:                             # the key table documents itself
+                cls.__doc__ = f"{(cls.__doc__ or names[0]).rstrip()}\n\nKeys (tcnn's names and defaults):\n\n" \
+                              f"{describe(keys)}\n"
             return cls
         return deco
 
@@ -61,65 +107,16 @@ losses = Registry("loss", default="RelativeL2")
 optimizers = Registry("optimizer", default="Adam")
 
 
-class Options:
-    """Reads a component's keys with tcnn's defaults and names the key in every error."""
-
-    def __init__(self, kind: str, otype: str, config: dict):
-        if not isinstance(config, dict):
-            raise TypeError(f"{kind} config must be a dict, got {type(config).__name__}")
-        self.where = f"{kind} '{otype}'"
-        self.config = config
-        self.used = {"otype"}
-
-    def get(self, key: str, default, kind=float, *, choices=None, check=None, rule: str = ""):
-        """The value of ``key`` (or ``default``), converted to ``kind`` and validated."""
-        self.used.add(key)
-        value = self.config.get(key, default)
-        try:
-            if kind is bool:
-                if not isinstance(value, bool):
-                    raise TypeError
-            elif kind is int:
-                if isinstance(value, bool) or float(value) != int(value):
-                    raise TypeError
-                value = int(value)
-            elif kind is str:
-                if not isinstance(value, str):
-                    raise TypeError
-            else:
-                value = kind(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"{self.where}: key '{key}' must be {kind.__name__}, got {value!r}") from None
-        if choices is not None:
-            match = [c for c in choices if c.lower() == value.lower()]
-            if not match:
-                raise ValueError(f"{self.where}: key '{key}' must be one of {', '.join(choices)}; got {value!r}")
-            value = match[0]
-        if check is not None and not check(value):
-            raise ValueError(f"{self.where}: key '{key}' {rule}; got {value!r}")
-        return value
-
-    def has(self, key: str) -> bool:
-        return key in self.config
-
-    def done(self):
-        """Warn about keys nobody read (tcnn ignores them; a typo is the usual cause)."""
-        unknown = sorted(set(self.config) - self.used)
-        if unknown:
-            warnings.warn(f"{self.where}: ignoring unknown keys {unknown}", stacklevel=3)
-
-
 def _build(registry: Registry, config, *args, **kwargs):
     config = load_config(config)
-    if not isinstance(config, dict):
-        raise TypeError(f"{registry.kind} config must be a dict")
     name, cls = registry.lookup(config)
     return cls.from_config(*args, config, otype=name, **kwargs)
 
 
 def create_encoding(n_input_dims: int, config, *, alignment: int = 0, n_instances: int = 1, seed: int = 1337):
     """An encoding of ``n_input_dims`` inputs. ``alignment`` pads the output width (tcnn's torch API: 0)."""
-    enc = _build(encodings, config, _check_dims(n_input_dims, "n_input_dims"), n_instances=n_instances, seed=seed)
+    enc = _build(encodings, config, _check_dims(n_input_dims, "n_input_dims"),
+                 n_instances=_check_instances(n_instances), seed=check_seed(seed))
     if alignment:
         enc.set_alignment(alignment)
     return enc
@@ -128,21 +125,31 @@ def create_encoding(n_input_dims: int, config, *, alignment: int = 0, n_instance
 def create_network(n_input_dims: int, n_output_dims: int, config, *, n_instances: int = 1, seed: int = 1337):
     """An MLP from ``n_input_dims`` to ``n_output_dims``."""
     return _build(networks, config, _check_dims(n_input_dims, "n_input_dims"),
-                  _check_dims(n_output_dims, "n_output_dims"), n_instances=n_instances, seed=seed)
+                  _check_dims(n_output_dims, "n_output_dims"), n_instances=_check_instances(n_instances),
+                  seed=check_seed(seed))
 
 
 def create_loss(config):
+    """The loss of ``config["otype"]`` (default ``RelativeL2``; tcnn's names and aliases,
+    case-insensitive), from a dict or a JSON file. Losses have no other keys."""
     return _build(losses, config)
 
 
 def create_optimizer(config):
+    """The optimizer of ``config["otype"]`` (default ``Adam``) with the config's keys, from a dict
+    or a JSON file. Wrappers (EMA, Average, Batched, ExponentialDecay, Lookahead) take their
+    inner optimizer's config under ``nested``; Composite a list of them. Unknown keys warn;
+    a bad value is a ``ValueError`` naming the optimizer and the key. The optimizer allocates
+    its state on its first ``step`` (or ``allocate``)."""
     return _build(optimizers, config)
 
 
 def _check_dims(n, name):
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"{name} must be a positive integer, got {n!r}")
-    return n
+    return check_int(n, name, 1)
+
+
+def _check_instances(n):
+    return check_int(n, "n_instances", 1)
 
 
 @dataclass
@@ -161,11 +168,12 @@ def create_from_config(n_input_dims: int, n_output_dims: int, config, *, n_insta
     from .trainer import Trainer
 
     config = load_config(config)
-    unknown = set(config) - {"loss", "optimizer", "encoding", "network"}
+    unknown = set(config) - set(SECTIONS)
     if unknown:
         warnings.warn(f"create_from_config: ignoring unknown sections {sorted(unknown)}", stacklevel=2)
-    loss = create_loss(config.get("loss", {}))
-    optimizer = create_optimizer(config.get("optimizer", {}))
-    network = NetworkWithInputEncoding(n_input_dims, n_output_dims, config.get("encoding", {}),
-                                       config.get("network", {}), n_instances=n_instances, seed=seed)
+    loss, optimizer, encoding, network = (section(config, name) for name in SECTIONS)
+    loss, optimizer = create_loss(loss), create_optimizer(optimizer)
+    network = NetworkWithInputEncoding(_check_dims(n_input_dims, "n_input_dims"),
+                                       _check_dims(n_output_dims, "n_output_dims"), encoding, network,
+                                       n_instances=_check_instances(n_instances), seed=check_seed(seed))
     return TrainableModel(loss, optimizer, network, Trainer(network, optimizer, loss))

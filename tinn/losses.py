@@ -21,7 +21,8 @@ import numpy as np
 import taichi as ti
 
 from ._runtime import RuntimeBound, to_numpy, as_batch, as_instances, current_program
-from .config import Options, losses
+from .config import losses
+from .keys import Options
 from .object import Object
 
 _f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)

@@ -18,9 +18,12 @@ class NetworkWithInputEncoding(DifferentiableObject):
         super().__init__(n_instances, seed)
         self.encoding = create_encoding(n_input_dims, load_config(encoding_config or {}),
                                         alignment=OUTPUT_ALIGNMENT, n_instances=n_instances, seed=seed)
+        if not self.encoding.padded_output_width:
+            raise ValueError(f"encoding '{self.encoding.name}' of the {n_input_dims} input dims has no outputs, so "
+                             "the network would have no inputs (use it inside a Composite to drop some dims)")
         self.network = create_network(self.encoding.padded_output_width, n_output_dims,
                                       load_config(network_config or {}), n_instances=n_instances, seed=seed)
-        self.n_input_dims, self.n_output_dims = n_input_dims, n_output_dims
+        self.n_input_dims, self.n_output_dims = self.encoding.n_input_dims, self.network.n_output_dims
         self.padded_output_width = self.network.padded_output_width
         self.n_params = self.network.n_params + self.encoding.n_params
         self.store                                  # allocate and initialise now

@@ -18,6 +18,7 @@ import numpy as np
 
 from ._runtime import RuntimeBound, as_batch, as_instances
 from ._rng import Pcg32
+from .keys import check_int, check_seed
 from .params import ParamStore
 
 GRADIENT_MODES = ("overwrite", "accumulate")
@@ -65,10 +66,8 @@ class ParametricObject(Object, RuntimeBound):
 
     def __init__(self, n_instances: int = 1, seed: int = 1337):
         self._bind_runtime()
-        if not isinstance(n_instances, (int, np.integer)) or n_instances < 1:
-            raise ValueError(f"n_instances must be an integer >= 1, got {n_instances!r}")
-        self.n_instances = int(n_instances)
-        self.seed = int(seed)
+        self.n_instances = check_int(n_instances, "n_instances", 1)
+        self.seed = check_seed(seed)
         self._store: ParamStore | None = None
         self._offset = 0
 

@@ -40,12 +40,15 @@ from math import lcm
 import numpy as np
 import taichi as ti
 
-from ..config import Options, create_encoding, encodings
+from ..config import create_encoding, encodings
+from ..keys import NON_NEGATIVE, POWER_OF_TWO, REQUIRED, Key, between, reported
 from ..object import Context
 from .encoding import Encoding, next_multiple
 
 REDUCTIONS = ("Concatenation", "Sum", "Product")
-_NESTED_KEYS = ("n_dims_to_encode", "dims_to_encode_begin")
+NESTED_KEYS = {"n_dims_to_encode": Key(0, NON_NEGATIVE, "input dims this entry encodes"),
+               "dims_to_encode_begin": Key(0, NON_NEGATIVE, "its first input dim")}
+"""Keys of each entry of a Composite's ``nested`` list, read by the Composite."""
 
 
 def _chunks(n: int, size: int = 32) -> list:
@@ -59,10 +62,7 @@ def _resolve(where: str, n_input_dims: int, nested) -> list:
         raise ValueError(f"{where}: key 'nested' must be a list of encoding configs, got {nested!r}")
 
     def count(i, c, key):
-        v = c[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or v < 0:
-            raise ValueError(f"{where}: nested[{i}] key '{key}' must be a non-negative integer, got {v!r}")
-        return int(v)
+        return NESTED_KEYS[key].convert(c[key], f"{where}: nested[{i}]", key)
 
     explicit = any("dims_to_encode_begin" in c for c in nested)
     unspecified = [i for i, c in enumerate(nested) if "n_dims_to_encode" not in c]
@@ -87,7 +87,7 @@ def _resolve(where: str, n_input_dims: int, nested) -> list:
             raise ValueError(f"{where}: nested[{i}] encodes input dims {offset}..{offset + n - 1}, beyond the "
                              f"composite's {n_input_dims} input dims")
         if n > 0:
-            entries.append((offset, n, {k: v for k, v in c.items() if k not in _NESTED_KEYS}))
+            entries.append((offset, n, {k: v for k, v in c.items() if k not in NESTED_KEYS}))
         offset += n
     if not entries:
         raise ValueError(f"{where}: no nested encoding has any input dims to encode")
@@ -96,6 +96,9 @@ def _resolve(where: str, n_input_dims: int, nested) -> list:
 
 @encodings.register("Composite")
 class CompositeEncoding(Encoding):
+    KEYS = {"nested": Key(REQUIRED, kind=list, doc="a list of encoding configs"),
+            "reduction": Key("Concatenation", choices=REDUCTIONS, doc="how the nested outputs combine")}
+
     def __init__(self, n_input_dims: int, nested: list, reduction: str = "Concatenation", *, n_instances: int = 1,
                  seed: int = 1337, where: str = "encoding 'Composite'"):
         super(Encoding, self).__init__(n_instances, seed)        # the widths are properties of the nested encodings
@@ -122,17 +125,6 @@ class CompositeEncoding(Encoding):
                 raise ValueError(f"{where}: reduction '{self.reduction}' needs nested encodings of equal output "
                                  f"width, got widths {widths}")
         self.n_raw_output_dims = self.padded_output_width
-
-    @classmethod
-    def from_config(cls, n_input_dims, config, *, otype="Composite", **kwargs):
-        opt = Options("encoding", otype, config)
-        if not opt.has("nested"):
-            raise ValueError(f"{opt.where}: key 'nested' (a list of encoding configs) is required")
-        opt.used.add("nested")
-        nested = config["nested"]
-        reduction = opt.get("reduction", "Concatenation", str, choices=REDUCTIONS)
-        opt.done()
-        return cls(n_input_dims, nested, reduction, where=opt.where, **kwargs)
 
     def hyperparams(self):
         nested = [{**e.hyperparams(), "n_dims_to_encode": n, "dims_to_encode_begin": begin}
@@ -289,6 +281,9 @@ class CompositeEncoding(Encoding):
 
 @encodings.register("NRC", "OneBlobFrequency")
 class NRCEncoding(CompositeEncoding):
+    KEYS = {"n_frequencies": Key(12, between(1, 32), "TriangleWave octaves"),
+            "n_bins": Key(4, POWER_OF_TWO, "OneBlob bins")}
+
     def __init__(self, n_input_dims: int, n_frequencies: int = 12, n_bins: int = 4, **kwargs):
         if n_input_dims < 8:
             raise ValueError(f"encoding 'NRC' encodes 3 dims with TriangleWave and 5 with OneBlob: n_input_dims "
@@ -299,13 +294,5 @@ class NRCEncoding(CompositeEncoding):
                   {"otype": "Identity"}]
         super().__init__(n_input_dims, nested, "Concatenation", where="encoding 'NRC'", **kwargs)
 
-    @classmethod
-    def from_config(cls, n_input_dims, config, *, otype="NRC", **kwargs):
-        opt = Options("encoding", otype, config)
-        n_frequencies = opt.get("n_frequencies", 12, int, check=lambda v: 1 <= v <= 32, rule="must lie in [1, 32]")
-        n_bins = opt.get("n_bins", 4, int, check=lambda v: v >= 1 and v & (v - 1) == 0, rule="must be a power of two")
-        opt.done()
-        return cls(n_input_dims, n_frequencies, n_bins, **kwargs)
-
     def hyperparams(self):
-        return {"otype": "NRC", "n_frequencies": self.n_frequencies, "n_bins": self.n_bins}
+        return {"otype": "NRC", **reported(self, self.KEYS)}

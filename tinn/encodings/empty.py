@@ -7,7 +7,7 @@ Typical use is inside a ``Composite``, to drop input dims.
 import numpy as np
 import taichi as ti
 
-from ..config import Options, encodings
+from ..config import encodings
 from ..object import Context
 from .encoding import Encoding
 
@@ -16,14 +16,6 @@ from .encoding import Encoding
 class EmptyEncoding(Encoding):
     def __init__(self, n_input_dims: int, **kwargs):
         super().__init__(n_input_dims, 0, **kwargs)
-
-    @classmethod
-    def from_config(cls, n_input_dims, config, *, otype="Empty", **kwargs):
-        Options("encoding", otype, config).done()
-        return cls(n_input_dims, **kwargs)
-
-    def hyperparams(self):
-        return {"otype": "Empty"}
 
     @property
     def func(self):

@@ -11,6 +11,7 @@ from math import lcm
 
 import numpy as np
 
+from ..keys import Options, reported
 from ..object import Context, DifferentiableObject
 
 
@@ -23,12 +24,25 @@ class Encoding(DifferentiableObject):
 
     fill_value = 1.0
     required_output_alignment = 1
+    KEYS: dict = {}
+    """Config key -> :class:`~tinn.keys.Key`; the constructor takes each key as a keyword."""
 
     def __init__(self, n_input_dims: int, n_raw_output_dims: int, *, n_instances: int = 1, seed: int = 1337):
         super().__init__(n_instances, seed)
         self.n_input_dims = n_input_dims
         self.n_raw_output_dims = n_raw_output_dims
         self.padded_output_width = n_raw_output_dims
+
+    @classmethod
+    def from_config(cls, n_input_dims: int, config: dict, *, otype: str, **kwargs):
+        """The encoding of ``config``, read and validated through ``KEYS``."""
+        opt = Options("encoding", otype, config)
+        values = opt.read(cls.KEYS)
+        opt.done()
+        return cls(n_input_dims, **values, **kwargs)
+
+    def hyperparams(self) -> dict:
+        return {"otype": self.otype, **reported(self, self.KEYS)}
 
     @property
     def n_output_dims(self) -> int:

@@ -19,7 +19,8 @@ import taichi as ti
 
 from .. import _blas
 from .._runtime import current_program, is_cpu
-from ..config import Options, encodings
+from ..config import encodings
+from ..keys import Key, between
 from ..object import Context
 from ._per_dim import PerDimEncoding, exp2i
 
@@ -54,20 +55,12 @@ def _expand_kernel(program, n_frequencies: int, n_dims: int, n_padding: int, fil
 
 @encodings.register("Frequency")
 class FrequencyEncoding(PerDimEncoding):
+    KEYS = {"n_frequencies": Key(12, between(1, 32), "F, octaves per input dim")}
+
     def __init__(self, n_input_dims: int, n_frequencies: int = 12, **kwargs):
         self.n_frequencies = n_frequencies
         self.width_per_dim = 2 * n_frequencies
         super().__init__(n_input_dims, **kwargs)
-
-    @classmethod
-    def from_config(cls, n_input_dims, config, *, otype="Frequency", **kwargs):
-        opt = Options("encoding", otype, config)
-        n = opt.get("n_frequencies", 12, int, check=lambda v: 1 <= v <= 32, rule="must lie in [1, 32]")
-        opt.done()
-        return cls(n_input_dims, n, **kwargs)
-
-    def hyperparams(self):
-        return {"otype": "Frequency", "n_frequencies": self.n_frequencies}
 
     @staticmethod
     def funcs():

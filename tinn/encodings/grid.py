@@ -21,13 +21,15 @@ The backward pass scatters ``weight * dL/dy`` into per-thread private gradient t
 on the CPU (no atomics), then reduces them; the input gradient is analytic.
 """
 
+import dataclasses
 import math
 
 import numpy as np
 import taichi as ti
 
 from .._runtime import FieldTree, is_cpu
-from ..config import Options, encodings
+from ..config import encodings
+from ..keys import OFF, POSITIVE_INT, Key, Options, above, between, one_of, reported
 from ..object import Context
 from .encoding import Encoding, next_multiple
 
@@ -69,6 +71,22 @@ def level_geometry(n_dims, grid_type, n_levels, log2_hashmap_size, base_resoluti
 @encodings.register("HashGrid", "Grid", "DenseGrid", "TiledGrid")
 class GridEncoding(Encoding):
     fill_value = 0.0
+    hash = "CoherentPrime"
+    KEYS = {
+        "type": Key("Hash", choices=GRID_TYPES + ("Tile",), doc="DenseGrid: Dense, TiledGrid: Tiled"),
+        "n_levels": Key(16, between(1, 128), "L, resolution levels"),
+        "n_features_per_level": Key(2, one_of(1, 2, 4, 8), "F, features per level"),
+        "log2_hashmap_size": Key(19, between(1, 30), "log2 of a Hash level's most entries"),
+        "base_resolution": Key(16, POSITIVE_INT, "N_min, the coarsest level's resolution"),
+        "per_level_scale": Key(2.0, above(0), "b, resolution factor between levels; "
+                                              "Dense: (256 / N_min)^(1 / (L - 1))"),
+        "interpolation": Key("Linear", choices=INTERPOLATIONS, doc="Nearest, Linear or Smoothstep"),
+        "hash": Key("CoherentPrime", choices=("CoherentPrime",), doc="the spatial hash"),
+        "n_features": Key(32, POSITIVE_INT, "L * F, instead of n_levels", report=False),
+        "n_grid_features": Key(32, POSITIVE_INT, "alias of n_features", report=False),
+        "fixed_point_pos": Key(False, OFF, "tcnn's JIT-only mode", report=False),
+        "stochastic_interpolation": Key(False, OFF, report=False),
+    }
 
     def __init__(self, n_input_dims: int, *, type: str = "Hash", n_levels: int = 16, n_features_per_level: int = 2,
                  log2_hashmap_size: int = 19, base_resolution: int = 16, per_level_scale: float = 2.0,
@@ -87,40 +105,41 @@ class GridEncoding(Encoding):
 
     @classmethod
     def from_config(cls, n_input_dims, config, *, otype="HashGrid", **kwargs):
-        opt = Options("encoding", otype, config)
+        opt, keys = Options("encoding", otype, config), cls.KEYS
         default_type = {"densegrid": "Dense", "tiledgrid": "Tiled"}.get(otype.lower(), "Hash")
-        grid_type = opt.get("type", default_type, str, choices=GRID_TYPES + ("Tile",))
+        grid_type = opt.get("type", dataclasses.replace(keys["type"], default=default_type))
         grid_type = "Tiled" if grid_type == "Tile" else grid_type
-        F = opt.get("n_features_per_level", 2, int, check=lambda v: v in (1, 2, 4, 8), rule="must be 1, 2, 4 or 8")
+        F = opt.get("n_features_per_level", keys["n_features_per_level"])
         if opt.has("n_levels") and (opt.has("n_features") or opt.has("n_grid_features")):
             raise ValueError(f"{opt.where}: give either 'n_levels' or 'n_features', not both")
         key = "n_features" if opt.has("n_features") else "n_grid_features"
         if opt.has(key):
-            n_features = opt.get(key, 0, int, check=lambda v: v > 0 and v % F == 0,
-                                 rule=f"must be a positive multiple of n_features_per_level ({F})")
+            n_features = opt.get(key, keys[key])
+            if n_features % F:
+                raise ValueError(f"{opt.where}: key '{key}' must be a multiple of n_features_per_level ({F}); "
+                                 f"got {n_features!r}")
             n_levels = n_features // F
+            if not keys["n_levels"].rule(n_levels):
+                raise ValueError(f"{opt.where}: key '{key}' gives {n_levels} levels; n_levels "
+                                 f"{keys['n_levels'].rule.text}")
         else:
-            n_levels = opt.get("n_levels", 16, int, check=lambda v: 1 <= v <= 128, rule="must lie in [1, 128]")
-        base = opt.get("base_resolution", 16, int, check=lambda v: v >= 1, rule="must be >= 1")
+            n_levels = opt.get("n_levels", keys["n_levels"])
+        base = opt.get("base_resolution", keys["base_resolution"])
         dense_scale = math.exp(math.log(256 / base) / (n_levels - 1)) if n_levels > 1 else 1.0
-        scale = opt.get("per_level_scale", dense_scale if grid_type == "Dense" else 2.0,
-                        check=lambda v: v > 0, rule="must be > 0")
-        kwargs.update(
-            type=grid_type, n_levels=n_levels, n_features_per_level=F, base_resolution=base, per_level_scale=scale,
-            log2_hashmap_size=opt.get("log2_hashmap_size", 19, int, check=lambda v: 1 <= v <= 30,
-                                      rule="must lie in [1, 30]"),
-            interpolation=opt.get("interpolation", "Linear", str, choices=INTERPOLATIONS))
-        opt.get("hash", "CoherentPrime", str, choices=("CoherentPrime",))
-        opt.get("fixed_point_pos", False, bool, check=lambda v: not v, rule="(tcnn's JIT-only mode) is not supported")
-        opt.get("stochastic_interpolation", False, bool, check=lambda v: not v, rule="is not supported")
+        scale = opt.get("per_level_scale", dataclasses.replace(keys["per_level_scale"],
+                                                               default=dense_scale if grid_type == "Dense" else 2.0))
+        if math.log2(base) + (n_levels - 1) * math.log2(scale) >= 32:      # tcnn's resolutions are uint32
+            raise ValueError(f"{opt.where}: key 'per_level_scale' {scale!r} makes the finest level's resolution "
+                             f"base_resolution * per_level_scale^(n_levels - 1) reach 2^32")
+        values = opt.read({k: v for k, v in keys.items() if k in ("log2_hashmap_size", "interpolation", "hash",
+                                                                   "fixed_point_pos", "stochastic_interpolation")})
         opt.done()
-        return cls(n_input_dims, **kwargs)
+        return cls(n_input_dims, type=grid_type, n_levels=n_levels, n_features_per_level=F, base_resolution=base,
+                   per_level_scale=scale, log2_hashmap_size=values["log2_hashmap_size"],
+                   interpolation=values["interpolation"], **kwargs)
 
     def hyperparams(self):
-        return {"otype": "Grid", "type": self.type, "n_levels": self.n_levels,
-                "n_features_per_level": self.n_features_per_level, "log2_hashmap_size": self.log2_hashmap_size,
-                "base_resolution": self.base_resolution, "per_level_scale": self.per_level_scale,
-                "interpolation": self.interpolation, "hash": "CoherentPrime"}
+        return {"otype": "Grid", **reported(self, self.KEYS)}
 
     def initial_params(self, rng):
         return (rng.uniform_fill(self.n_params) * np.float32(2) - np.float32(1)) * np.float32(1e-4)

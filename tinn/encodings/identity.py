@@ -1,30 +1,22 @@
 """Identity encoding (tcnn ``encodings/identity.h``): ``y_j = scale * x_j + offset``.
 
-Keys: ``scale`` (1.0), ``offset`` (0.0). Backward: ``dL/dx_j = scale * dL/dy_j``.
+Keys: ``IdentityEncoding.KEYS``. Backward: ``dL/dx_j = scale * dL/dy_j``.
 """
 import taichi as ti
 
-from ..config import Options, encodings
+from ..config import encodings
+from ..keys import Key
 from ._per_dim import PerDimEncoding
 
 
 @encodings.register("Identity")
 class IdentityEncoding(PerDimEncoding):
     width_per_dim = 1
+    KEYS = {"scale": Key(1.0, doc="multiplies the input"), "offset": Key(0.0, doc="added after scaling")}
 
     def __init__(self, n_input_dims: int, scale: float = 1.0, offset: float = 0.0, **kwargs):
         self.scale, self.offset = float(scale), float(offset)
         super().__init__(n_input_dims, **kwargs)
-
-    @classmethod
-    def from_config(cls, n_input_dims, config, *, otype="Identity", **kwargs):
-        opt = Options("encoding", otype, config)
-        enc = cls(n_input_dims, opt.get("scale", 1.0), opt.get("offset", 0.0), **kwargs)
-        opt.done()
-        return enc
-
-    def hyperparams(self):
-        return {"otype": "Identity", "scale": self.scale, "offset": self.offset}
 
     def constants(self):
         return (self.scale, self.offset)

@@ -11,26 +11,18 @@ The K outputs of one dim sum to 1. Any K works, including K > 32 (spec §8 A2).
 """
 import taichi as ti
 
-from ..config import Options, encodings
+from ..config import encodings
+from ..keys import POWER_OF_TWO, Key
 from ._per_dim import PerDimEncoding
 
 
 @encodings.register("OneBlob")
 class OneBlobEncoding(PerDimEncoding):
+    KEYS = {"n_bins": Key(16, POWER_OF_TWO, "K, bins per input dim")}
+
     def __init__(self, n_input_dims: int, n_bins: int = 16, **kwargs):
         self.n_bins = self.width_per_dim = n_bins
         super().__init__(n_input_dims, **kwargs)
-
-    @classmethod
-    def from_config(cls, n_input_dims, config, *, otype="OneBlob", **kwargs):
-        opt = Options("encoding", otype, config)
-        n_bins = opt.get("n_bins", 16, int, check=lambda v: v >= 1 and v & (v - 1) == 0,
-                         rule="must be a power of two")
-        opt.done()
-        return cls(n_input_dims, n_bins, **kwargs)
-
-    def hyperparams(self):
-        return {"otype": "OneBlob", "n_bins": self.n_bins}
 
     def constants(self):
         return (self.n_bins,)

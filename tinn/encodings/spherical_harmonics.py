@@ -28,7 +28,8 @@ import numpy as np
 import taichi as ti
 
 from .._runtime import current_program
-from ..config import Options, encodings
+from ..config import encodings
+from ..keys import Key, between
 from .encoding import KernelEncoding
 
 _f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
@@ -154,6 +155,8 @@ def _kernels(program, degree: int, n_padding: int, fill: float):
 
 @encodings.register("SphericalHarmonics")
 class SphericalHarmonicsEncoding(KernelEncoding):
+    KEYS = {"degree": Key(4, between(1, 8), "outputs degree^2 terms")}
+
     def __init__(self, n_input_dims: int = 3, degree: int = 4, **kwargs):
         if n_input_dims != 3:
             raise ValueError("encoding 'SphericalHarmonics' encodes a direction: n_input_dims must be 3, "
@@ -162,16 +165,6 @@ class SphericalHarmonicsEncoding(KernelEncoding):
             raise ValueError(f"encoding 'SphericalHarmonics': key 'degree' must lie in [1, 8]; got {degree!r}")
         self.degree = int(degree)
         super().__init__(n_input_dims, self.degree ** 2, **kwargs)
-
-    @classmethod
-    def from_config(cls, n_input_dims, config, *, otype="SphericalHarmonics", **kwargs):
-        opt = Options("encoding", otype, config)
-        degree = opt.get("degree", 4, int, check=lambda v: 1 <= v <= 8, rule="must lie in [1, 8]")
-        opt.done()
-        return cls(n_input_dims, degree, **kwargs)
-
-    def hyperparams(self):
-        return {"otype": "SphericalHarmonics", "degree": self.degree}
 
     def _kernels(self):
         return _kernels(current_program(), self.degree, self.n_padding, float(self.fill_value))

@@ -7,25 +7,18 @@ Key: ``n_frequencies`` F (12). Output ``d * F + k``, k < F::
 """
 import taichi as ti
 
-from ..config import Options, encodings
+from ..config import encodings
+from ..keys import Key, between
 from ._per_dim import PerDimEncoding, exp2i
 
 
 @encodings.register("TriangleWave")
 class TriangleWaveEncoding(PerDimEncoding):
+    KEYS = {"n_frequencies": Key(12, between(1, 32), "F, octaves per input dim")}
+
     def __init__(self, n_input_dims: int, n_frequencies: int = 12, **kwargs):
         self.n_frequencies = self.width_per_dim = n_frequencies
         super().__init__(n_input_dims, **kwargs)
-
-    @classmethod
-    def from_config(cls, n_input_dims, config, *, otype="TriangleWave", **kwargs):
-        opt = Options("encoding", otype, config)
-        n = opt.get("n_frequencies", 12, int, check=lambda v: 1 <= v <= 32, rule="must lie in [1, 32]")
-        opt.done()
-        return cls(n_input_dims, n, **kwargs)
-
-    def hyperparams(self):
-        return {"otype": "TriangleWave", "n_frequencies": self.n_frequencies}
 
     @staticmethod
     def funcs():

@@ -1,7 +1,7 @@
 """The multilayer perceptron behind tcnn's ``FullyFusedMLP`` and ``CutlassMLP`` (spec §2).
 
-Keys (defaults): ``n_neurons`` H (128), ``n_hidden_layers`` NL (5), ``activation``
-("ReLU"), ``output_activation`` ("None"). No biases::
+Keys: ``MLP.KEYS`` (``n_neurons`` H, ``n_hidden_layers`` NL, ``activation``, ``output_activation``).
+No biases::
 
     h_0 = x,   h_k = act(W_{k-1} h_{k-1}) for k = 1..NL,   y = out_act(W_NL h_NL)
 
@@ -19,19 +19,29 @@ rule). The class holds the config, the layout and the initialisation; the work i
 batches by ``_mlp_host.HostMLP`` (numpy's BLAS on tinn's worker threads), chosen in
 ``MLP._batch_path``, and samples inside users' kernels by the ``ti.func``s of ``_mlp_funcs``.
 """
+import warnings
 
 import numpy as np
 
-from ..config import Options, networks
+from ..config import networks
+from ..keys import POSITIVE_INT, Key, Options, between, reported
 from . import activations
 from ._mlp_funcs import sample_funcs
 from ._mlp_host import HostMLP
 from .network import Network
 
+MAX_HIDDEN_LAYERS = 1024
+"""Deeper stacks are refused as a config error (each layer is a separate product on the host)."""
+
 
 @networks.register("CutlassMLP", "MLP", "FullyFusedMLP", "MegakernelMLP")
 class MLP(Network):
     """tcnn's ``CutlassMLP`` / ``FullyFusedMLP``: ``n_input_dims -> n_output_dims`` (module docstring)."""
+
+    KEYS = {"n_neurons": Key(128, POSITIVE_INT, "width of the hidden layers"),
+            "n_hidden_layers": Key(5, between(0, MAX_HIDDEN_LAYERS), "number of hidden layers"),
+            "activation": Key("ReLU", choices=activations.NAMES, doc="of the hidden layers"),
+            "output_activation": Key("None", choices=activations.NAMES, doc="of the output layer")}
 
     def __init__(self, n_input_dims: int, n_output_dims: int, *, n_neurons: int = 128, n_hidden_layers: int = 5,
                  activation: str = "ReLU", output_activation: str = "None", otype: str = "CutlassMLP",
@@ -47,19 +57,18 @@ class MLP(Network):
     def from_config(cls, n_input_dims, n_output_dims, config, *, otype="CutlassMLP", **kwargs):
         opt = Options("network", otype, config)
         canonical = "FullyFusedMLP" if otype.lower() in ("fullyfusedmlp", "megakernelmlp") else "CutlassMLP"
-        net = cls(n_input_dims, n_output_dims, otype=canonical,
-                  n_neurons=opt.get("n_neurons", 128, int, check=lambda v: v >= 1, rule="must be >= 1"),
-                  n_hidden_layers=opt.get("n_hidden_layers", 5, int, check=lambda v: v >= 0, rule="must be >= 0"),
-                  activation=opt.get("activation", "ReLU", str, choices=activations.NAMES),
-                  output_activation=opt.get("output_activation", "None", str, choices=activations.NAMES),
-                  **kwargs)
-        opt.used.update({"n_input_dims", "n_output_dims"})
+        values = opt.read(cls.KEYS)
+        opt.accept("n_input_dims", "n_output_dims")               # tcnn configs may carry them
         opt.done()
-        return net
+        stacked = (values["n_hidden_layers"] if values["activation"] == "Exponential" else 0) + \
+            (values["output_activation"] == "Exponential")
+        if stacked >= 3:            # exp(exp(exp(z))) exceeds float32's 3.4e38 once z > 1.5
+            warnings.warn(f"{opt.where}: {stacked} stacked 'Exponential' activations overflow float32 for "
+                          "pre-activations above about 1.5, so expect inf/NaN outputs", stacklevel=3)
+        return cls(n_input_dims, n_output_dims, otype=canonical, **values, **kwargs)
 
     def hyperparams(self):
-        return {"otype": self.otype, "n_neurons": self.n_neurons, "n_hidden_layers": self.n_hidden_layers,
-                "activation": self.activation, "output_activation": self.output_activation}
+        return {"otype": self.otype, **reported(self, self.KEYS)}
 
     def layer_sizes(self):
         return list(self._layers)

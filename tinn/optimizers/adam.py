@@ -1,13 +1,6 @@
 """Adam, generalised to AdaBound (tcnn ``optimizers/adam.h``, spec §4.2).
 
-Keys (defaults): ``learning_rate`` (1e-3), ``beta1`` (0.9), ``beta2`` (0.999),
-``epsilon`` (1e-8), ``l2_reg`` (1e-8, matrix params), ``non_matrix_l2_reg`` (0),
-``non_matrix_learning_rate_factor`` (1), ``relative_decay`` (0), ``absolute_decay`` (0),
-``adabound`` (false), ``clipping_magnitude`` (0 = off), ``gradient_clipping_magnitude``
-(0 = off), ``optimize_matrix_params`` (true), ``optimize_non_matrix_params`` (true),
-``skip_zero_grad_non_matrix_params`` (true).
-
-Per parameter, with its own step count ``t``::
+Keys: see ``Adam.KEYS`` (listed in the class docstring). Per parameter, with its own step count ``t``::
 
     g   = grad / loss_scale + l2 * w                (clipped to gradient_clipping_magnitude)
     m   = beta1 m + (1 - beta1) g,   v = beta2 v + (1 - beta2) g^2
@@ -27,13 +20,26 @@ import taichi as ti
 
 from .._runtime import current_program
 from ..config import optimizers
-from .optimizer import F32_1D, I32_1D, NON_NEGATIVE, UNIT_INTERVAL, Optimizer, zeros
+from ..keys import NON_NEGATIVE, Key
+from .optimizer import (ABSOLUTE_DECAY, EPSILON, F32_1D, I32_1D, LEARNING_RATE, RELATIVE_DECAY, Optimizer, beta,
+                        l2_reg, zeros)
 
-DEFAULTS = {
-    "learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8, "l2_reg": 1e-8,
-    "non_matrix_l2_reg": 0.0, "non_matrix_learning_rate_factor": 1.0, "relative_decay": 0.0, "absolute_decay": 0.0,
-    "adabound": False, "clipping_magnitude": 0.0, "gradient_clipping_magnitude": 0.0,
-    "optimize_matrix_params": True, "optimize_non_matrix_params": True, "skip_zero_grad_non_matrix_params": True,
+KEYS = {
+    "learning_rate": LEARNING_RATE,
+    "beta1": beta(0.9, "first-moment decay"),
+    "beta2": beta(0.999, "second-moment decay"),
+    "epsilon": EPSILON,
+    "l2_reg": l2_reg(1e-8),
+    "non_matrix_l2_reg": Key(0.0, NON_NEGATIVE, "l2_reg of the non-matrix params"),
+    "non_matrix_learning_rate_factor": Key(1.0, NON_NEGATIVE, "multiplies the learning rate of non-matrix params"),
+    "relative_decay": RELATIVE_DECAY,
+    "absolute_decay": ABSOLUTE_DECAY,
+    "adabound": Key(False, doc="clamp the step size as AdaBound"),
+    "clipping_magnitude": Key(0.0, NON_NEGATIVE, "clamp the weights to [-c, c] (0: off)"),
+    "gradient_clipping_magnitude": Key(0.0, NON_NEGATIVE, "clamp the gradients to [-c, c] (0: off)"),
+    "optimize_matrix_params": Key(True, doc="update the matrix (MLP weight) params"),
+    "optimize_non_matrix_params": Key(True, doc="update the non-matrix (e.g. grid) params"),
+    "skip_zero_grad_non_matrix_params": Key(True, doc="leave non-matrix params with a zero gradient untouched"),
 }
 
 
@@ -112,8 +118,7 @@ def _adam_kernel(program, n_matrix: int, n: int, flags: tuple):
 @optimizers.register("Adam")
 class Adam(Optimizer):
     otype = "Adam"
-    DEFAULTS = DEFAULTS
-    RULES = {"beta1": UNIT_INTERVAL, "beta2": UNIT_INTERVAL, "epsilon": NON_NEGATIVE, "learning_rate": NON_NEGATIVE}
+    KEYS = KEYS
     STATE = ("first_moments", "second_moments", "matrix_steps", "param_steps")
 
     def _setup(self):

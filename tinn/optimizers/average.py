@@ -1,6 +1,6 @@
 """Average (tcnn ``optimizers/average.h``, spec §4.5): the mean of the last ``n_samples`` weights for inference.
 
-Keys (defaults): ``nested`` ({} -> Adam), ``n_samples`` (128).
+Keys: ``nested`` ({} -> Adam) and ``Average.KEYS``.
 
 After the nested step, with ``j = nested.step_counts() mod N`` (per instance) and a
 ring buffer of N weight snapshots::
@@ -17,7 +17,8 @@ import numpy as np
 import taichi as ti
 
 from ..config import optimizers
-from .optimizer import F32_3D, I32_1D, POSITIVE_INT, zeros
+from ..keys import INT32_MAX, POSITIVE_INT, Key
+from .optimizer import F32_3D, I32_1D, zeros
 from .wrapper import Wrapper
 
 
@@ -35,8 +36,7 @@ def _average_step(avg: ti.template(), W: ti.template(), wo: ti.i32, n: ti.i32, s
 @optimizers.register("Average")
 class Average(Wrapper):
     otype = "Average"
-    DEFAULTS = {"n_samples": 128}
-    RULES = {"n_samples": POSITIVE_INT}
+    KEYS = {"n_samples": Key(128, POSITIVE_INT, "number of weight snapshots averaged")}
     STATE = ("weights_samples", "weights_average")
 
     def _allocate_state(self, builder):
@@ -44,13 +44,24 @@ class Average(Wrapper):
         builder.dense(ti.ij, (self.n_instances, self.n_params)).place(self.weights_average)
 
     def _setup(self):
-        self.weights_samples = zeros((self.hparams["n_samples"], self.n_instances, self.n_params), ti.f32)
+        self.weights_samples = zeros(self._ring_shape(self.hparams["n_samples"]), ti.f32)
         self.weights_average.fill(0)
 
+    def _ring_shape(self, n_samples: int) -> tuple:
+        """``(n_samples, K, n)``; refused before allocating when it exceeds what one array can address."""
+        size = n_samples * self.n_instances * self.n_params
+        if size > INT32_MAX:
+            raise ValueError(f"optimizer 'Average': key 'n_samples' = {n_samples} keeps {n_samples} x "
+                             f"{self.n_instances} x {self.n_params} = {size} floats of snapshots, more than the "
+                             f"{INT32_MAX} one array can hold")
+        return n_samples, self.n_instances, self.n_params
+
     def _set_hparams(self, values):
-        resize = self._slot is not None and values["n_samples"] != self.hparams["n_samples"]
+        resize = self._slot is not None and self.n_params and values["n_samples"] != self.hparams["n_samples"]
+        if resize:
+            self._ring_shape(values["n_samples"])          # refuse before changing anything
         super()._set_hparams(values)
-        if resize and self.n_params:
+        if resize:
             self._setup()
 
     def _after(self, active):

@@ -1,6 +1,6 @@
 """Batched (tcnn ``optimizers/batched.h``, spec §4.5): average gradients over several calls, then step.
 
-Keys (defaults): ``nested`` ({} -> Adam), ``batch_size_multiplier`` N (16).
+Keys: ``nested`` ({} -> Adam) and ``Batched.KEYS`` (``batch_size_multiplier`` N).
 
 Every call adds ``grad / N`` to a float32 pool (the first call of each group of N
 resets it); after every N-th call the nested optimizer steps once on the pool
@@ -13,15 +13,15 @@ import numpy as np
 import taichi as ti
 
 from ..config import optimizers
-from .optimizer import I32_1D, POSITIVE_INT, Slot
+from ..keys import POSITIVE_INT, Key
+from .optimizer import I32_1D, Slot
 from .wrapper import Wrapper
 
 
 @optimizers.register("Batched")
 class Batched(Wrapper):
     otype = "Batched"
-    DEFAULTS = {"batch_size_multiplier": 16}
-    RULES = {"batch_size_multiplier": POSITIVE_INT}
+    KEYS = {"batch_size_multiplier": Key(16, POSITIVE_INT, "calls whose gradients are averaged into one step")}
     STATE = ("averaged_gradients",)
     COUNTS_STEPS = True
 

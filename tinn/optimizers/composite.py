@@ -28,9 +28,10 @@ import numpy as np
 import taichi as ti
 
 from .._runtime import FieldTree
-from ..config import Options, create_optimizer, optimizers
+from ..config import create_optimizer, optimizers
+from ..keys import NON_NEGATIVE, Key, Options
 from .optimizer import Optimizer, Slot, prefixed, unprefixed
-from .wrapper import Wrapper, _check_learning_rate, copy_kernel
+from .wrapper import Wrapper, check_learning_rate, copy_kernel
 
 
 def _merged(config: dict, changes: dict) -> dict:
@@ -63,6 +64,9 @@ def slice_layers(layer_sizes, offset: int, size: int):
     return out
 
 
+N_PARAMS_TO_OPTIMIZE = Key(0, NON_NEGATIVE, "size of this nested optimizer's slice")
+
+
 @optimizers.register("Composite")
 class Composite(Wrapper):
     otype = "Composite"
@@ -80,14 +84,13 @@ class Composite(Wrapper):
     @classmethod
     def from_config(cls, config, *, otype=None):
         opt = Options("optimizer", otype or cls.otype, config)
-        opt.used.add("nested")
-        entries = config.get("nested")
+        entries = opt.raw("nested")
         if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
             raise ValueError(f"{opt.where}: key 'nested' must be a non-empty list of optimizer configs")
         nested, sizes = [], []
         for i, entry in enumerate(entries):
-            sub = Options(f"optimizer 'Composite' nested[{i}]", "", entry)
-            sizes.append(sub.get("n_params_to_optimize", 0, int, check=lambda v: v >= 0, rule="must be >= 0"))
+            sizes.append(N_PARAMS_TO_OPTIMIZE.convert(entry.get("n_params_to_optimize", 0),
+                                                      f"{opt.where} nested[{i}]", "n_params_to_optimize"))
             nested.append(create_optimizer({k: v for k, v in entry.items() if k != "n_params_to_optimize"}))
         opt.done()
         return cls(nested, sizes)
@@ -122,7 +125,7 @@ class Composite(Wrapper):
 
     @learning_rate.setter
     def learning_rate(self, value: float):
-        self.learning_rate_factor = np.array(float(np.float32(_check_learning_rate(value))))
+        self.learning_rate_factor = np.array(float(np.float32(check_learning_rate(self, value))))
         for opt, base in zip(self.nested_list, self.base_learning_rates):
             opt.learning_rate = float(np.float32(base) * np.float32(value))
 

@@ -1,7 +1,7 @@
 """EMA (tcnn ``optimizers/ema.h``, spec §4.5): a bias-corrected moving average of the weights for inference.
 
-Keys (defaults): ``nested`` ({} -> Adam), ``decay`` (0.99), ``full_precision`` (false).
-Registered as ``Ema`` (and ``EMA``); ``hyperparams()`` reports ``"EMA"``.
+Keys: ``nested`` ({} -> Adam) and ``EMA.KEYS``. Registered as ``Ema`` (and ``EMA``);
+``hyperparams()`` reports ``"EMA"``.
 
 After the nested step, with ``t = nested.step_counts()`` (per instance, >= 1)::
 
@@ -19,15 +19,16 @@ import numpy as np
 import taichi as ti
 
 from ..config import optimizers
-from .optimizer import F32_1D, I32_1D, UNIT_INTERVAL
+from ..keys import Key
+from .optimizer import F32_1D, I32_1D, beta
 from .wrapper import Wrapper, copy_kernel
 
 
 @optimizers.register("Ema")
 class EMA(Wrapper):
     otype = "EMA"
-    DEFAULTS = {"decay": 0.99, "full_precision": False}
-    RULES = {"decay": UNIT_INTERVAL}
+    KEYS = {"decay": beta(0.99, "decay of the moving average"),
+            "full_precision": Key(False, doc="accepted and reported; tinn's average is float32 always")}
     STATE = ("weights_ema",)
 
     def _allocate_state(self, builder):

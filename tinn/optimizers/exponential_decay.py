@@ -1,7 +1,6 @@
 """ExponentialDecay (tcnn ``optimizers/exponential_decay.h``, spec §4.5): piecewise-constant learning-rate decay.
 
-Keys (defaults): ``nested`` ({} -> Adam), ``decay_base`` (0.1), ``decay_start`` (10000),
-``decay_interval`` (10000), ``decay_end`` (10000000).
+Keys: ``nested`` ({} -> Adam) and ``ExponentialDecay.KEYS``.
 
 Before each nested step, with ``s = nested.step_counts()`` (completed steps, per instance)::
 
@@ -24,15 +23,17 @@ State: ``learning_rate_factor`` ``(K,)`` plus ``nested.*``.
 import numpy as np
 
 from ..config import optimizers
-from .optimizer import NON_NEGATIVE, POSITIVE_INT
-from .wrapper import Wrapper, _check_learning_rate
+from ..keys import CLOSED_UNIT, NON_NEGATIVE, POSITIVE_INT, Key
+from .wrapper import Wrapper, check_learning_rate
 
 
 @optimizers.register("ExponentialDecay")
 class ExponentialDecay(Wrapper):
     otype = "ExponentialDecay"
-    DEFAULTS = {"decay_base": 0.1, "decay_start": 10000, "decay_interval": 10000, "decay_end": 10000000}
-    RULES = {"decay_start": NON_NEGATIVE, "decay_interval": POSITIVE_INT, "decay_end": NON_NEGATIVE}
+    KEYS = {"decay_base": Key(0.1, CLOSED_UNIT, "factor applied to the learning rate at each decay"),
+            "decay_start": Key(10000, NON_NEGATIVE, "steps before the first decay"),
+            "decay_interval": Key(10000, POSITIVE_INT, "steps between decays"),
+            "decay_end": Key(10000000, NON_NEGATIVE, "no decay after this step")}
     STATE = ("learning_rate_factor",)
 
     def _bind_slot(self, slot, layer_sizes):
@@ -48,7 +49,7 @@ class ExponentialDecay(Wrapper):
 
     @learning_rate.setter
     def learning_rate(self, value: float):
-        self.nested.learning_rate = float(np.float32(_check_learning_rate(value)) / self._factor())
+        self.nested.learning_rate = float(np.float32(check_learning_rate(self, value)) / self._factor())
 
     def _nested_lr_scale(self, active, lr_scale):
         h, f = self.hparams, self.learning_rate_factor

@@ -1,6 +1,6 @@
 """Lookahead (tcnn ``optimizers/lookahead.h``, spec §4.5; Zhang et al. 2019).
 
-Keys (defaults): ``nested`` ({} -> Adam), ``alpha`` (0.5), ``n_steps`` (16).
+Keys: ``nested`` ({} -> Adam) and ``Lookahead.KEYS``.
 
 Before each nested step, with ``s = nested.step_counts()`` (per instance)::
 
@@ -15,15 +15,16 @@ import numpy as np
 import taichi as ti
 
 from ..config import optimizers
-from .optimizer import I32_1D, POSITIVE_INT
+from ..keys import CLOSED_UNIT, POSITIVE_INT, Key
+from .optimizer import I32_1D
 from .wrapper import Wrapper, copy_kernel
 
 
 @optimizers.register("Lookahead")
 class Lookahead(Wrapper):
     otype = "Lookahead"
-    DEFAULTS = {"alpha": 0.5, "n_steps": 16}
-    RULES = {"n_steps": POSITIVE_INT}
+    KEYS = {"alpha": Key(0.5, CLOSED_UNIT, "how far the slow weights move toward the fast ones"),
+            "n_steps": Key(16, POSITIVE_INT, "fast steps between synchronisations")}
     STATE = ("weights_lookahead",)
 
     def _allocate_state(self, builder):

@@ -1,8 +1,5 @@
 """Novograd (tcnn ``optimizers/novograd.h``, spec §4.3; Ginsburg et al. 2019).
 
-Keys (defaults): ``learning_rate`` (1e-3), ``beta1`` (0.9), ``beta2`` (0.999),
-``epsilon`` (1e-8), ``relative_decay`` (0), ``absolute_decay`` (0).
-
 Per matrix layer l (``layer_sizes``), with this step's gradient ``g = grad / loss_scale``::
 
     n_l = sum_{i in l} g_i^2
@@ -19,7 +16,8 @@ import numpy as np
 import taichi as ti
 
 from ..config import optimizers
-from .optimizer import F32_1D, F32_2D, I32_1D, NON_NEGATIVE, UNIT_INTERVAL, Optimizer, zeros
+from .optimizer import (ABSOLUTE_DECAY, EPSILON, F32_1D, F32_2D, I32_1D, LEARNING_RATE, RELATIVE_DECAY, Optimizer,
+                        beta, zeros)
 
 
 @ti.kernel
@@ -50,9 +48,9 @@ def _novograd_step(P: ti.template(), po: ti.i32, G: ti.template(), go: ti.i32, n
 @optimizers.register("Novograd")
 class Novograd(Optimizer):
     otype = "Novograd"
-    DEFAULTS = {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8, "relative_decay": 0.0,
-                "absolute_decay": 0.0}
-    RULES = {"beta1": UNIT_INTERVAL, "beta2": UNIT_INTERVAL, "epsilon": NON_NEGATIVE, "learning_rate": NON_NEGATIVE}
+    KEYS = {"learning_rate": LEARNING_RATE, "beta1": beta(0.9, "first-moment decay"),
+            "beta2": beta(0.999, "per-layer second-moment decay"), "epsilon": EPSILON,
+            "relative_decay": RELATIVE_DECAY, "absolute_decay": ABSOLUTE_DECAY}
     STATE = ("first_moments", "per_layer_second_moments")
 
     def _setup(self):

@@ -30,7 +30,7 @@ import numpy as np
 import taichi as ti
 
 from .._runtime import FieldTree, RuntimeBound, current_program
-from ..config import Options
+from ..keys import NON_NEGATIVE, UNIT_INTERVAL, Key, Options
 from ..object import Object, ParametricObject
 from ..params import ParamStore
 
@@ -78,15 +78,25 @@ def scratch_store(n_instances: int, n_params: int) -> ParamStore:
     return store
 
 
-def _positive(v):
-    return v >= 1
+LEARNING_RATE = Key(1e-3, NON_NEGATIVE, "step size")
+EPSILON = Key(1e-8, NON_NEGATIVE, "added to the denominator")
+RELATIVE_DECAY = Key(0.0, NON_NEGATIVE, "weight decay proportional to the weight")
+ABSOLUTE_DECAY = Key(0.0, NON_NEGATIVE, "weight decay of constant size toward 0")
+
+
+def beta(default: float, doc: str) -> Key:
+    """A moving-average decay in [0, 1)."""
+    return Key(default, UNIT_INTERVAL, doc)
+
+
+def l2_reg(default: float) -> Key:
+    return Key(default, NON_NEGATIVE, "L2 regularisation: adds l2_reg * w to the gradient")
 
 
 class Optimizer(Object, RuntimeBound):
     """Base of every optimizer: hyperparameters, allocation, stepping, state.
 
-    Subclasses declare ``DEFAULTS`` (key -> default; the default's type is the key's
-    type) and ``RULES`` (key -> (check, rule text)), and implement
+    Subclasses declare ``KEYS`` (key -> :class:`~tinn.keys.Key`: default, rule, doc), and implement
     ``_allocate_state(builder)`` (Taichi fields, only for arrays that model kernels
     read, e.g. inference weights), ``_setup()`` (other state, as ``ti.ndarray``s or numpy
     arrays, and kernels) and ``_kernel_step(active, loss_scale, lr)``. ``STATE`` names
@@ -94,41 +104,31 @@ class Optimizer(Object, RuntimeBound):
     besides the step counter.
     """
 
-    DEFAULTS: dict = {}
-    RULES: dict = {}
+    KEYS: dict = {}
     STATE: tuple = ()
 
     def __init__(self, **hparams):
         self._bind_runtime()
-        unknown = set(hparams) - set(self.DEFAULTS)
+        unknown = set(hparams) - set(self.KEYS)
         if unknown:
             raise TypeError(f"{self.otype} got unknown hyperparameters {sorted(unknown)}")
-        self.hparams = {**self.DEFAULTS, **hparams}
+        self.hparams = Options("optimizer", self.otype, hparams).read(self.KEYS)
         self._slot: Slot | None = None
         self._tree = None
         self.n_params, self.n_instances, self.n_matrix, self.layer_sizes = 0, 1, 0, []
 
     # -- configuration -------------------------------------------------------------
     @classmethod
-    def _read_hparams(cls, opt: Options) -> dict:
-        values = {}
-        for key, default in cls.DEFAULTS.items():
-            kind = bool if isinstance(default, bool) else int if isinstance(default, int) else float
-            check, rule = cls.RULES.get(key, (None, ""))
-            values[key] = opt.get(key, default, kind, check=check, rule=rule)
-        return values
-
-    @classmethod
     def from_config(cls, config, *, otype=None):
         opt = Options("optimizer", otype or cls.otype, config)
-        values = cls._read_hparams(opt)
+        values = opt.read(cls.KEYS)
         opt.done()
         return cls(**values)
 
     def _validated(self, changes: dict) -> dict:
         """This optimizer's hyperparameters with ``changes`` applied, checked like a config."""
         opt = Options("optimizer", self.otype, {**self.hparams, **changes})
-        values = self._read_hparams(opt)
+        values = opt.read(self.KEYS)
         opt.done()
         return values
 
@@ -326,7 +326,3 @@ def unprefixed(prefix: str, state: dict) -> dict:
     p = prefix + "."
     return {k[len(p):]: v for k, v in state.items() if k.startswith(p)}
 
-
-POSITIVE_INT = (_positive, "must be >= 1")
-NON_NEGATIVE = (lambda v: v >= 0, "must be >= 0")
-UNIT_INTERVAL = (lambda v: 0 <= v < 1, "must lie in [0, 1)")

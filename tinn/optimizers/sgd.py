@@ -1,12 +1,12 @@
 """SGD (tcnn ``optimizers/sgd.h``, spec §4.1): ``w <- w - lr * (g + l2_reg * w)`` for every parameter.
 
-Keys (defaults): ``learning_rate`` (1e-3), ``l2_reg`` (1e-8). No matrix/non-matrix distinction.
+No matrix/non-matrix distinction.
 State: ``current_step``.
 """
 import taichi as ti
 
 from ..config import optimizers
-from .optimizer import F32_1D, I32_1D, NON_NEGATIVE, Optimizer
+from .optimizer import F32_1D, I32_1D, LEARNING_RATE, Optimizer, l2_reg
 
 
 @ti.kernel
@@ -21,8 +21,7 @@ def _sgd_step(P: ti.template(), po: ti.i32, G: ti.template(), go: ti.i32, n: ti.
 @optimizers.register("SGD")
 class SGD(Optimizer):
     otype = "SGD"
-    DEFAULTS = {"learning_rate": 1e-3, "l2_reg": 1e-8}
-    RULES = {"learning_rate": NON_NEGATIVE}
+    KEYS = {"learning_rate": LEARNING_RATE, "l2_reg": l2_reg(1e-8)}
 
     def _kernel_step(self, active, loss_scale, lr):
         s = self._slot

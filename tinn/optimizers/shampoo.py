@@ -1,9 +1,5 @@
 """Shampoo (tcnn ``optimizers/shampoo.h``, spec §4.4; Gupta et al. 2018), on the host with numpy.
 
-Keys (defaults): ``learning_rate`` (1e-3), ``beta1`` (0.9), ``beta2`` (0.99), ``beta3`` (0.9),
-``beta_shampoo`` (0.9), ``epsilon`` (1e-8), ``identity`` (0.01), ``cg_on_momentum`` (true),
-``l2_reg`` (1e-5), ``relative_decay`` (0), ``absolute_decay`` (0), ``frobenius_normalization`` (true).
-
 Every average is bias-corrected: with ``t`` the instance's completed steps before this
 one, ``avg <- beta_d avg + alpha_d x`` where ``alpha_d = (1 - d) / (1 - d^(t+1))`` and
 ``beta_d = d (1 - d^t) / (1 - d^(t+1))``. One step, per instance::
@@ -32,7 +28,8 @@ and per layer ``L.<j>``, ``R.<j>``, ``L_root.<j>``, ``R_root.<j>``.
 import numpy as np
 
 from ..config import optimizers
-from .optimizer import NON_NEGATIVE, UNIT_INTERVAL, Optimizer
+from ..keys import CLOSED_UNIT, Key
+from .optimizer import ABSOLUTE_DECAY, EPSILON, LEARNING_RATE, RELATIVE_DECAY, Optimizer, beta, l2_reg
 
 
 def inverse_fourth_root(a: np.ndarray, identity: float) -> np.ndarray:
@@ -51,12 +48,13 @@ def _decay(w, r, a):
 @optimizers.register("Shampoo")
 class Shampoo(Optimizer):
     otype = "Shampoo"
-    DEFAULTS = {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.99, "beta3": 0.9, "beta_shampoo": 0.9,
-                "epsilon": 1e-8, "identity": 0.01, "cg_on_momentum": True, "l2_reg": 1e-5, "relative_decay": 0.0,
-                "absolute_decay": 0.0, "frobenius_normalization": True}
-    RULES = {"beta1": UNIT_INTERVAL, "beta2": UNIT_INTERVAL, "beta3": UNIT_INTERVAL, "beta_shampoo": UNIT_INTERVAL,
-             "epsilon": NON_NEGATIVE, "learning_rate": NON_NEGATIVE,
-             "identity": (lambda v: 0 <= v <= 1, "must lie in [0, 1]")}
+    KEYS = {"learning_rate": LEARNING_RATE, "beta1": beta(0.9, "first-moment decay"),
+            "beta2": beta(0.99, "second-moment decay"), "beta3": beta(0.9, "decay of the preconditioner statistics"),
+            "beta_shampoo": beta(0.9, "decay of the preconditioned momentum"), "epsilon": EPSILON,
+            "identity": Key(0.01, CLOSED_UNIT, "weight of the identity mixed into the statistics"),
+            "cg_on_momentum": Key(True, doc="statistics of the momentum (else of the raw gradient)"),
+            "l2_reg": l2_reg(1e-5), "relative_decay": RELATIVE_DECAY, "absolute_decay": ABSOLUTE_DECAY,
+            "frobenius_normalization": Key(True, doc="rescale the step to the momentum's Frobenius norm")}
 
     def _bind_slot(self, slot, layer_sizes):
         super()._bind_slot(slot, layer_sizes)

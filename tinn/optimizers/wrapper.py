@@ -9,13 +9,12 @@ top-level ``learning_rate`` as tcnn's ``set_learning_rate``. ``state_dict()`` ho
 the wrapper's own arrays plus the nested state under ``nested.``.
 """
 
-import numbers
-
 import numpy as np
 import taichi as ti
 
-from ..config import Options, create_optimizer
-from .optimizer import I32_1D, Optimizer, Slot, prefixed, unprefixed
+from ..config import create_optimizer
+from ..keys import Options
+from .optimizer import I32_1D, LEARNING_RATE, Optimizer, Slot, prefixed, unprefixed
 
 
 def copy_kernel(dst, dst_off: int, src, src_off: int, n_instances: int, n: int):
@@ -30,10 +29,9 @@ def copy_kernel(dst, dst_off: int, src, src_off: int, n_instances: int, n: int):
     return copy
 
 
-def _check_learning_rate(value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value >= 0:
-        raise ValueError(f"optimizer: key 'learning_rate' must be a float >= 0, got {value!r}")
-    return float(value)
+def check_learning_rate(optimizer, value) -> float:
+    """A learning rate set on a wrapper (tcnn's ``set_learning_rate``), checked as the key."""
+    return LEARNING_RATE.convert(value, f"optimizer '{optimizer.otype}'", "learning_rate")
 
 
 class Wrapper(Optimizer):
@@ -57,9 +55,8 @@ class Wrapper(Optimizer):
     @classmethod
     def from_config(cls, config, *, otype=None):
         opt = Options("optimizer", otype or cls.otype, config)
-        values = cls._read_hparams(opt)
-        opt.used.add("nested")
-        nested = config.get("nested", {})
+        values = opt.read(cls.KEYS)
+        nested = opt.raw("nested", {})
         if not isinstance(nested, dict):
             raise ValueError(f"{opt.where}: key 'nested' must be an optimizer config (a dict), got {nested!r}")
         nested = create_optimizer(nested)
@@ -73,7 +70,7 @@ class Wrapper(Optimizer):
         if not isinstance(config, dict):
             raise TypeError(f"optimizer hyperparameters must be a dict, got {type(config).__name__}")
         own = self._validated({k: v for k, v in config.items() if k not in ("otype", "nested", "learning_rate")})
-        lr = _check_learning_rate(config["learning_rate"]) if "learning_rate" in config else None
+        lr = check_learning_rate(self, config["learning_rate"]) if "learning_rate" in config else None
         if "nested" in config:
             self._update_nested(config["nested"])
         self._set_hparams(own)
@@ -92,7 +89,7 @@ class Wrapper(Optimizer):
 
     @learning_rate.setter
     def learning_rate(self, value: float):
-        self.nested.learning_rate = _check_learning_rate(value)
+        self.nested.learning_rate = check_learning_rate(self, value)
 
     # -- allocation and stepping ---------------------------------------------------------
     def _allocate(self, slot: Slot, layer_sizes):
