@@ -28,21 +28,42 @@ numpy's per-call cost and the threads' turns at the GIL stay small (measured on 
 beat 512, 1024, 2048 and 8192 by 5-40 %)."""
 
 
+PARTIALS_PER_WORKER = 4
+"""Partial sums of weight gradients per worker thread when a batch is split along its samples: each
+partial sum covers a fixed run of consecutive blocks (so the result does not depend on which thread
+took which block), and the threads take partial sums first-come (four per thread leave room to even
+out a slower thread)."""
+
+
 class Blocks:
     """How a ``(R, S, n)`` stack is cut into blocks for tinn's BLAS workers: along the samples when row
-    blocks are few and large (``split_samples``; weight gradients summed in worker-private partial
-    sums), else into groups of whole row blocks (each one's weight gradient written once)."""
+    blocks are few and large (``split_samples``), else into groups of whole row blocks (each one's weight
+    gradient written once).
+
+    Split along the samples, block ``b`` adds its weight gradients to partial sum ``b // per_partial``
+    after the blocks before it in that run, and the partial sums are added in their order: for a given
+    batch and thread count the sums, so training, are bit-identical run to run."""
 
     def __init__(self, groups: Groups):
         self.n_row_blocks, self.size = groups.n_rows, groups.size
         self.split_samples = self.size >= SAMPLES_PER_BLOCK or self.n_row_blocks < _blas.n_workers()
-        self.n_partials = _blas.n_workers() if self.split_samples else 1
+        self.n_partials, self.per_partial = 1, 1
+        if self.split_samples:
+            n_blocks = -(-self.size // SAMPLES_PER_BLOCK)
+            self.per_partial = -(-n_blocks // (PARTIALS_PER_WORKER * _blas.n_workers()))
+            self.n_partials = -(-n_blocks // self.per_partial)
 
     def run(self, fn):
         """``fn(partial, index)`` per block: ``index`` selects the block in a ``(R, S, ...)`` stack, ``partial``
-        the partial sum of weight gradients it may add to (no two blocks at once add to the same one)."""
+        the partial sum of weight gradients it adds to (no two blocks at once add to the same one)."""
         if self.split_samples:
-            _blas.for_blocks(self.size, SAMPLES_PER_BLOCK, lambda w, lo, hi: fn(w, (slice(None), slice(lo, hi))))
+            span = self.per_partial * SAMPLES_PER_BLOCK
+
+            def run_partial(worker, partial, _):
+                for lo in range(partial * span, min((partial + 1) * span, self.size), SAMPLES_PER_BLOCK):
+                    fn(partial, (slice(None), slice(lo, min(lo + SAMPLES_PER_BLOCK, self.size))))
+
+            _blas.for_blocks(self.n_partials, 1, run_partial)
         else:
             per_block = max(1, SAMPLES_PER_BLOCK // self.size)
             _blas.for_blocks(self.n_row_blocks, per_block, lambda w, lo, hi: fn(0, (slice(lo, hi),)))
