@@ -68,9 +68,10 @@ def main():
     ap.add_argument("--batch", type=int, default=1 << 16)
     ap.add_argument("--seconds", type=float, default=30.0, help="training time of each model")
     ap.add_argument("--out", default="out")
+    ap.add_argument("--arch", default="cpu", help="Taichi arch (cpu, cuda, vulkan, metal, ...)")
     args = ap.parse_args()
 
-    tinn.init(log_level=ti.WARN)
+    tinn.init(arch=getattr(ti, args.arch), log_level=ti.WARN)
     image = load_image(args.image)
     coords = pixel_centres(*image.shape[:2])
     config = tinn.load_config(args.config)

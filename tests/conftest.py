@@ -1,14 +1,43 @@
-"""One Taichi runtime for the whole session (CPU unless TINN_ARCH says otherwise)."""
+"""One Taichi runtime for the whole session: the CPU, or the arch named by ``TINN_ARCH`` (``vulkan``,
+``cuda``, ``metal``, ...).
+
+Taichi falls back to the CPU when the asked-for arch has no driver; here that is an error instead,
+so a run meant for Vulkan never quietly tests the CPU. Tests that only make sense on the CPU backend
+carry ``@pytest.mark.x64_only(reason)`` and are skipped elsewhere, with that reason.
+"""
 import os
 
 import numpy as np
 import pytest
 import taichi as ti
+from taichi.lang import impl
+
+ARCH = os.environ.get("TINN_ARCH", "cpu")
 
 
 def pytest_configure(config):
-    arch = getattr(ti, os.environ.get("TINN_ARCH", "cpu"))
-    ti.init(arch=arch, offline_cache=True, log_level=ti.WARN)
+    config.addinivalue_line("markers", "x64_only(reason): the test checks something that exists only on the "
+                                       "CPU (x64) backend; skipped on other archs")
+    if not hasattr(ti, ARCH):
+        raise pytest.UsageError(f"TINN_ARCH={ARCH!r} is not a Taichi arch")
+    ti.init(arch=getattr(ti, ARCH), enable_fallback=False, offline_cache=True, log_level=ti.WARN)
+    wanted = {"cpu": (ti.x64, ti.arm64)}.get(ARCH, (getattr(ti, ARCH),))
+    if impl.current_cfg().arch not in wanted:
+        raise pytest.UsageError(f"TINN_ARCH={ARCH}: Taichi runs on {impl.current_cfg().arch}, not {ARCH}")
+
+
+def pytest_report_header(config):
+    return f"taichi arch: {impl.current_cfg().arch.name}"
+
+
+def pytest_collection_modifyitems(config, items):
+    if impl.current_cfg().arch == ti.x64:
+        return
+    for item in items:
+        mark = item.get_closest_marker("x64_only")
+        if mark is not None:
+            reason = mark.args[0] if mark.args else mark.kwargs.get("reason", "x64 backend only")
+            item.add_marker(pytest.mark.skip(reason=f"x64 only: {reason}"))
 
 
 @pytest.fixture

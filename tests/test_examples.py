@@ -48,7 +48,8 @@ def test_pixel_centres_reproduce_the_image(rng):
     ("network_array_image.py", ["--seconds", "1"]),
 ])
 def test_example_runs(tmp_path, script, args):
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", script), *args, "--out", str(tmp_path)],
+    arch = ["--arch", os.environ["TINN_ARCH"]] if "TINN_ARCH" in os.environ else []
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", script), *args, *arch, "--out", str(tmp_path)],
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "PSNR" in result.stdout

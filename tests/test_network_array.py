@@ -201,6 +201,7 @@ def test_many_networks_cut_into_blocks(rng, monkeypatch, in_place):
             assert_close(g, dW, rtol=1e-4, atol_rel=1e-5, atol=1e-7)
 
 
+@pytest.mark.x64_only("parameter views are host memory, which only the x64 backend has")
 def test_parameter_views_share_the_store_memory(rng, monkeypatch):
     """The in-place views the host path uses are the fields themselves: reads see kernel writes and
     writes reach the fields (parameters and gradients, every instance, any offset)."""

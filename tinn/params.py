@@ -13,31 +13,28 @@ import taichi as ti
 from ._runtime import FieldTree, RuntimeBound, host_view
 
 
-# Copies between a field slice and a numpy array. The loops run over flat indices with
-# the row width as a divisor: ti.ndrange over a dynamic ndarray shape costs an integer
-# division per element, several times the copy itself.
+# Copies between a field slice and a numpy array: one parallel loop over (row, element), so no
+# thread runs a long serial loop (on a GPU that would be one thread doing the whole copy, and Mesa's
+# software Vulkan driver silently stops any thread after 65,535 loop iterations).
 @ti.kernel
 def _read_rows(src: ti.template(), offset: ti.i32, rows: ti.types.ndarray(dtype=ti.i32, ndim=1),
                out: ti.types.ndarray(dtype=ti.f32, ndim=2)):
-    for g in range(out.shape[0]):
-        for i in range(out.shape[1]):
-            out[g, i] = src[rows[g], offset + i]
+    for g, i in ti.ndrange(out.shape[0], out.shape[1]):
+        out[g, i] = src[rows[g], offset + i]
 
 
 @ti.kernel
 def _add_rows(dst: ti.template(), offset: ti.i32, rows: ti.types.ndarray(dtype=ti.i32, ndim=1),
               src: ti.types.ndarray(dtype=ti.f32, ndim=2)):
-    for g in range(src.shape[0]):
-        for i in range(src.shape[1]):
-            dst[rows[g], offset + i] = dst[rows[g], offset + i] + src[g, i]
+    for g, i in ti.ndrange(src.shape[0], src.shape[1]):
+        dst[rows[g], offset + i] = dst[rows[g], offset + i] + src[g, i]
 
 
 @ti.kernel
 def _write_rows(dst: ti.template(), offset: ti.i32, rows: ti.types.ndarray(dtype=ti.i32, ndim=1),
                 src: ti.types.ndarray(dtype=ti.f32, ndim=2)):
-    for g in range(src.shape[0]):
-        for i in range(src.shape[1]):
-            dst[rows[g], offset + i] = src[g, i]
+    for g, i in ti.ndrange(src.shape[0], src.shape[1]):
+        dst[rows[g], offset + i] = src[g, i]
 
 
 VIEW_MIN = 1 << 18

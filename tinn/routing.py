@@ -38,7 +38,12 @@ def _count_slots(instance: ti.types.ndarray(dtype=ti.i32, ndim=1), first_row: _i
 
 @ti.kernel
 def _copy_rows(source: _f32_2d, slots: _i64_1d, target: _f32_2d, into_stack: ti.template()):
-    """Row b of the batch to row ``slots[b]`` of the flat stack (``into_stack``), or back."""
+    """Row b of the batch to row ``slots[b]`` of the flat stack (``into_stack``), or back. Into the stack,
+    every element of ``target`` is written (the padding zeroed first): Taichi's Vulkan runtime does not
+    upload a numpy argument that a kernel only writes, but copies all of it back."""
+    if ti.static(into_stack):
+        for s, j in ti.ndrange(target.shape[0], target.shape[1]):
+            target[s, j] = 0.0
     for b in range(slots.shape[0]):
         s = slots[b]
         for j in range(source.shape[1]):
@@ -100,7 +105,7 @@ class Groups:
         """``(batch, n)`` float32 -> ``(R, S, n)``, zero-padded."""
         if self._slots is None:
             return a.reshape(self.n_rows, self.size, -1)
-        out = np.zeros((self.n_rows * self.size, a.shape[1]), np.float32)
+        out = np.empty((self.n_rows * self.size, a.shape[1]), np.float32)
         _copy_rows(np.ascontiguousarray(a, np.float32), self._slots, out, True)
         return out.reshape(self.n_rows, self.size, -1)
 

@@ -262,7 +262,7 @@ class _GridKernels:
                     idx = idx * lv.res + p[d]
                 if ti.static(mode == DENSE):
                     if idx >= lv.size:
-                        idx -= lv.size
+                        idx = idx - lv.size      # not -=: SPIR-V has no unsigned negation
                 else:
                     idx %= lv.size
             return idx
