@@ -5,9 +5,10 @@
   ``set_params()`` / ``gradients()`` as flat float32 numpy copies (shape
   ``(n_params,)``, or ``(n_instances, n_params)`` for network arrays).
 * :class:`DifferentiableObject` — ``inference(x)``, ``forward(x) -> (y, ctx)``,
-  ``backward(ctx, dL_dy) -> dL_dx``. Public methods check their arguments and
-  hand contiguous numpy batches to the private ``_inference`` / ``_forward`` /
-  ``_backward`` of each component, which work on *padded* output widths.
+  ``backward(ctx, dL_dy) -> dL_dx`` and the second order
+  ``backward_backward_input(ctx, dL_ddLdx, dL_dy) -> (dL_ddLdy, dL_dx)``. Public methods check their
+  arguments and hand contiguous numpy batches to the private ``_inference`` / ``_forward`` /
+  ``_backward`` / ``_backward_backward_input`` of each component, which work on *padded* output widths.
 
 Parameter gradients follow tcnn's ``GradientMode``: ``mode="overwrite"``
 (default) replaces them, ``"accumulate"`` adds to them.
@@ -173,6 +174,26 @@ class DifferentiableObject(ParametricObject):
 
     def backward(self, ctx: Context, dL_doutput, *, input_gradient: bool = True, mode: str = "overwrite"):
         """Accumulate (or overwrite) parameter gradients; return ``dL/dinput`` unless ``input_gradient=False``."""
+        g = self._output_gradient(ctx, dL_doutput, mode)
+        dx = self._backward(ctx, g, input_gradient, self._gradient_mode(ctx, mode))
+        return None if dx is None else self._dense(ctx, dx)
+
+    def backward_backward_input(self, ctx: Context, dL_ddLdinput, dL_doutput, mode: str = "overwrite"):
+        """Second order, tcnn's contract: for ``L2 = <dL_ddLdinput, dL/dinput>``, with ``dL/dinput`` the input
+        gradient that ``backward(ctx, dL_doutput)`` returns, ``(dL2/d(dL_doutput), dL2/dinput)`` of shapes
+        ``(batch, n_output_dims)`` and ``(batch, n_input_dims)`` (``(n_instances, batch, ...)`` for a dense
+        batch); dL2/dparams is written to the parameter gradients (``mode="accumulate"``: added)."""
+        g = self._output_gradient(ctx, dL_doutput, mode)
+        v = as_batch(dL_ddLdinput, self.n_input_dims, "dL_ddLdinput", allow_dense=ctx.dense is not None)
+        v = v.reshape(-1, self.n_input_dims)
+        if v.shape[0] != ctx.x.shape[0]:
+            raise ValueError(f"dL_ddLdinput has {v.shape[0]} samples, the forward pass had {ctx.x.shape[0]}")
+        dy, dx = self._backward_backward_input(ctx, v, g, self._gradient_mode(ctx, mode))
+        dx = np.zeros_like(ctx.x) if dx is None else dx
+        return self._dense(ctx, np.ascontiguousarray(dy[:, : self.n_output_dims])), self._dense(ctx, dx)
+
+    def _output_gradient(self, ctx: Context, dL_doutput, mode: str) -> np.ndarray:
+        """Check a backward call's context, mode and output gradient; the gradient as ``(batch, padded width)``."""
         self._check_runtime()
         if not isinstance(ctx, Context) or ctx.owner is not self:
             raise ValueError("ctx must be the context returned by this object's forward()")
@@ -184,14 +205,20 @@ class DifferentiableObject(ParametricObject):
             raise ValueError(f"dL_doutput has {g.shape[0]} samples, the forward pass had {ctx.x.shape[0]}")
         if self.padded_output_width != self.n_output_dims:
             g = np.pad(g, ((0, 0), (0, self.padded_output_width - self.n_output_dims)))
-        # a batch that reached every network overwrites all gradients; otherwise the idle ones become 0
+        return g
+
+    def _gradient_mode(self, ctx: Context, mode: str) -> bool:
+        """Whether the components overwrite the parameter gradients: a batch that reached every network
+        overwrites all of them; otherwise the idle ones become 0 here and the components add."""
         overwrite = mode == "overwrite" and active_instances(ctx, self.n_instances) is None
         if mode == "overwrite" and not overwrite:
             self._zero_gradients()
-        dx = self._backward(ctx, g, input_gradient, overwrite)
-        if dx is None:
-            return None
-        return dx.reshape(ctx.dense[0], ctx.dense[1], -1) if ctx.dense else dx
+        return overwrite
+
+    @staticmethod
+    def _dense(ctx: Context, a: np.ndarray) -> np.ndarray:
+        """A per-sample result in the batch's own layout (``(n_instances, batch, n)`` for a dense batch)."""
+        return a.reshape(ctx.dense[0], ctx.dense[1], -1) if ctx.dense else a
 
     # -- implemented by components (numpy in, numpy out; padded output width) --
     def _inference(self, x: np.ndarray, instance) -> np.ndarray:
@@ -204,3 +231,9 @@ class DifferentiableObject(ParametricObject):
         """Add the parameter gradients of the batch (write them if ``overwrite``: only asked when the
         batch reached every network); return ``dL/dx`` if ``input_gradient``, else ``None``."""
         raise NotImplementedError
+
+    def _backward_backward_input(self, ctx: Context, dL_ddLdx: np.ndarray, dL_dy: np.ndarray, overwrite: bool):
+        """For ``L2 = <dL_ddLdx, dL/dx>`` (``dL_ddLdx`` is ``(batch, n_input_dims)``, ``dL_dy`` has the padded
+        width): add (``overwrite``: write) dL2/dparams to the gradients and return ``(dL2/d(dL_dy), dL2/dx)``,
+        the first at least ``n_output_dims`` wide, the second ``None`` where it is 0."""
+        raise NotImplementedError(f"{type(self).__name__} has no second-order backward")
