@@ -1,0 +1,80 @@
+"""The autograd functions behind :class:`tinn.torch.Module` (tinycudann's ``_module_function`` pair).
+
+``_ModuleFunction``: ``y = f(x; params)`` by the native object's ``forward``; its backward is itself a
+differentiable function, ``_ModuleFunctionBackward``: ``(dL/dx, dL/dparams) = g(dL/dy, x; params)`` by the
+native ``backward``, whose own backward is the native ``backward_backward_input``: for
+``L2 = <dL2/d(dL/dx), dL/dx>`` it gives ``dL2/d(dL/dy)``, ``dL2/dx`` and ``dL2/dparams`` (an Eikonal loss on
+an input gradient reaches the parameters and the inputs).
+
+Both functions run on contiguous float32 CPU tensors (the module converts around them, so torch
+differentiates the conversions); numpy views of those tensors reach tinn's kernels without copies, and
+results come back as tensors over tinn's own arrays. Each forward keeps its own native context, so
+several forwards may precede their backwards. Parameter gradients are read from the native store
+right after each native call, so calls never see each other's gradients.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    """A float32 CPU tensor as a numpy array over the same memory (copied only if not contiguous)."""
+    return t.detach().contiguous().numpy()
+
+
+def _params_grad(native, params: torch.Tensor) -> torch.Tensor:
+    """The native store's parameter gradients as a tensor shaped, typed and placed as ``params``."""
+    return torch.from_numpy(np.asarray(native.gradients())).reshape(params.shape).to(params.device, params.dtype)
+
+
+def _none_if_empty(t):
+    return None if t is None or t.dim() == 0 else t
+
+
+class _ModuleFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, native, x, params, instance):
+        ctx.set_materialize_grads(False)
+        y, native_ctx = native.forward(_numpy(x), instance)
+        ctx.native, ctx.native_ctx = native, native_ctx
+        ctx.save_for_backward(x, params)
+        return torch.from_numpy(y)
+
+    @staticmethod
+    def backward(ctx, dy):
+        if dy is None:
+            return None, None, None, None
+        x, params = ctx.saved_tensors
+        dx, dparams = _ModuleFunctionBackward.apply(ctx, dy.to(torch.float32), x, params)
+        return None, _none_if_empty(dx), _none_if_empty(dparams), None
+
+
+class _ModuleFunctionBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, fwd, dy, x, params):
+        ctx.set_materialize_grads(False)
+        ctx.fwd = fwd
+        ctx.save_for_backward(dy, x, params)
+        native = fwd.native
+        want_dx, want_dparams = fwd.needs_input_grad[1], fwd.needs_input_grad[2]
+        dx = native.backward(fwd.native_ctx, _numpy(dy), input_gradient=want_dx)
+        dx = torch.from_numpy(dx) if want_dx else torch.empty(())
+        dparams = _params_grad(native, params) if want_dparams else torch.empty(())
+        return dx, dparams
+
+    @staticmethod
+    def backward(ctx, d_dx, d_dparams):
+        if d_dparams is not None:
+            raise RuntimeError("tinn.torch: a loss on the parameter gradient cannot be differentiated (only "
+                               "losses on the input gradient, e.g. Eikonal terms, have second derivatives)")
+        if d_dx is None:
+            return None, None, None, None
+        dy, x, params = ctx.saved_tensors
+        fwd = ctx.fwd
+        native = fwd.native
+        d_dy, dx = native.backward_backward_input(fwd.native_ctx, _numpy(d_dx.to(torch.float32)), _numpy(dy))
+        d_dy = torch.from_numpy(d_dy) if ctx.needs_input_grad[1] else None
+        dx = torch.from_numpy(dx) if ctx.needs_input_grad[2] else None
+        dparams = _params_grad(native, params) if ctx.needs_input_grad[3] else None
+        return None, d_dy, dx, dparams

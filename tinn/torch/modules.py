@@ -1,0 +1,205 @@
+"""tinycudann's PyTorch modules on tinn: ``Module``, ``Network``, ``Encoding``, ``NetworkWithInputEncoding``.
+
+Each module wraps a native tinn object (``native_tcnn_module``, as tinycudann names it) and holds that
+object's parameters as one ``torch.nn.Parameter`` ``params``: ``(n_params,)`` in tcnn's order (network
+matrices row-major, then the encoding's parameters), ``(n_instances, n_params)`` for a network array.
+Its initial values are the native object's for the same ``seed`` (tcnn's ``initial_params(seed)``).
+
+``module(x)`` takes a ``(batch, n_input_dims)`` tensor of any floating dtype and device (any batch size
+>= 1) and returns ``(batch, n_output_dims)`` in ``x``'s dtype and device; a network array also takes
+``instance=ids`` (``(batch,)`` integers routing each sample to its network) or a dense
+``(n_instances, batch, n_input_dims)`` batch. Gradients flow to ``params`` and, when it requires grad, to
+``x``, through tinn's hand-written backward; second derivatives of a loss on ``dL/dx`` go through
+``backward_backward_input``.
+
+``params`` is owned by torch (optimizers, ``load_state_dict``, ``DistributedDataParallel`` write it in
+place); the native store is brought up to date before a forward only when ``params``' version counter or
+storage changed since the last one, so an ordinary step costs one copy of the parameters, not one per
+call. (A write through ``params.data`` bypasses the version counter: use ``torch.no_grad()`` and write
+``params`` itself, as torch's optimizers do.)
+
+If Taichi is not initialised when the first module is built, ``tinn.init()`` is called (a tinycudann
+script has no ``ti.init``); tinn computes in float32 on Taichi's arch, so ``supports_jit_fusion()`` is
+``False`` and ``loss_scale`` is 1.
+"""
+from __future__ import annotations
+
+import gc
+import operator
+
+import numpy as np
+import torch
+from taichi.lang import impl
+
+from .. import NetworkWithInputEncoding as _NativeNetworkWithInputEncoding
+from .. import _runtime
+from ..config import create_encoding, create_network
+from ._autograd import _ModuleFunction
+
+
+def supports_jit_fusion() -> bool:
+    """tinycudann's JIT fusion of a model into the user's CUDA kernels: not available (tinn models join
+    Taichi kernels through their ``func`` instead)."""
+    return False
+
+
+def free_temporary_memory():
+    """Free temporaries held by dead Python objects (tinn allocates its temporaries per call)."""
+    gc.collect()
+
+
+def _ensure_taichi():
+    if impl.get_runtime().prog is None:
+        _runtime.init()
+
+
+def _dims(n, name: str) -> int:
+    try:
+        return operator.index(n)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {n!r}") from None
+
+
+class Module(torch.nn.Module):
+    """Base of the tinycudann-compatible modules: a native tinn object and its flat ``params``."""
+
+    def __init__(self, seed: int = 1337, n_instances: int = 1):
+        super().__init__()
+        _ensure_taichi()
+        self.seed = _dims(seed, "seed")
+        self.n_instances = _dims(n_instances, "n_instances")
+        self.native_tcnn_module = self._native_tcnn_module()
+        self.dtype = torch.float32
+        self.loss_scale = 1.0
+        self.params = torch.nn.Parameter(torch.from_numpy(np.array(self.native_tcnn_module.params())),
+                                         requires_grad=True)
+        self._synced = self._params_key()
+
+    def _native_tcnn_module(self):
+        raise NotImplementedError
+
+    @property
+    def n_params(self) -> int:
+        return self.native_tcnn_module.n_params
+
+    def hyperparams(self) -> dict:
+        """The native object's full config (tcnn's ``hyperparams()``)."""
+        return self.native_tcnn_module.hyperparams()
+
+    # -- parameters: torch owns them, the native store follows ---------------------------------------
+    def _params_key(self):
+        p = self.params
+        return p._version, p.data_ptr(), p.dtype, p.device
+
+    def _sync_params(self):
+        """Copy ``params`` into the native store if torch changed them since the last copy."""
+        key = self._params_key()
+        if key != self._synced:
+            self.native_tcnn_module.set_params(self.params.detach().to("cpu", torch.float32).numpy())
+            self._synced = key
+
+    # -- calls -----------------------------------------------------------------------------------------
+    def forward(self, x, instance=None):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x must be a torch.Tensor, not {type(x).__name__}")
+        if not x.is_floating_point():
+            raise TypeError(f"x must have a floating-point dtype, got {x.dtype}")
+        self.native_tcnn_module._check_runtime()
+        inst = self._instances(instance)
+        self._sync_params()
+        x32 = x.to("cpu", torch.float32).contiguous()
+        if torch.is_grad_enabled() and (x.requires_grad or self.params.requires_grad):
+            y = _ModuleFunction.apply(self.native_tcnn_module, x32, self.params, inst)
+        else:
+            y = torch.from_numpy(self.native_tcnn_module.inference(x32.numpy(), inst))
+        return y.to(x.device, self._output_dtype(x))
+
+    def _output_dtype(self, x):
+        return x.dtype
+
+    @staticmethod
+    def _instances(instance):
+        """Routing ids as the int32 numpy array tinn takes (tinn checks their shape and range)."""
+        if instance is None:
+            return None
+        if isinstance(instance, torch.Tensor):
+            if instance.is_floating_point() or instance.is_complex() or instance.dtype == torch.bool:
+                raise TypeError(f"instance must hold integers, got {instance.dtype}")
+            return instance.detach().to("cpu", torch.int32).contiguous().numpy()
+        arr = np.asarray(instance)
+        if not np.issubdtype(arr.dtype, np.integer):
+            raise TypeError(f"instance must hold integers, got {arr.dtype}")
+        return arr.astype(np.int32, copy=False)
+
+    # -- pickling and copies (tcnn's __getstate__): the native object is rebuilt, params carried -------
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        del state["native_tcnn_module"]
+        state["_synced"] = None
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        _ensure_taichi()
+        self.native_tcnn_module = self._native_tcnn_module()
+
+    def extra_repr(self):
+        return (f"n_input_dims={self.n_input_dims}, n_output_dims={self.n_output_dims}, seed={self.seed}, "
+                f"dtype={self.dtype}, hyperparams={self.hyperparams()}")
+
+
+class NetworkWithInputEncoding(Module):
+    """An input encoding followed by a network (one native ``tinn.NetworkWithInputEncoding``).
+
+    ``x``: ``(batch, n_input_dims)``; output ``(batch, n_output_dims)``. ``encoding_config`` and
+    ``network_config`` are tcnn's JSON sections (dicts, or paths to JSON files).
+    """
+
+    def __init__(self, n_input_dims, n_output_dims, encoding_config, network_config, seed=1337, *,
+                 n_instances=1):
+        self.n_input_dims = _dims(n_input_dims, "n_input_dims")
+        self.n_output_dims = _dims(n_output_dims, "n_output_dims")
+        self.encoding_config, self.network_config = encoding_config, network_config
+        super().__init__(seed=seed, n_instances=n_instances)
+
+    def _native_tcnn_module(self):
+        return _NativeNetworkWithInputEncoding(self.n_input_dims, self.n_output_dims, self.encoding_config,
+                                               self.network_config, n_instances=self.n_instances, seed=self.seed)
+
+
+class Network(Module):
+    """A network (MLP) from ``n_input_dims`` to ``n_output_dims`` configured by tcnn's ``network`` section."""
+
+    def __init__(self, n_input_dims, n_output_dims, network_config, seed=1337, *, n_instances=1):
+        self.n_input_dims = _dims(n_input_dims, "n_input_dims")
+        self.n_output_dims = _dims(n_output_dims, "n_output_dims")
+        self.network_config = network_config
+        super().__init__(seed=seed, n_instances=n_instances)
+
+    def _native_tcnn_module(self):
+        return create_network(self.n_input_dims, self.n_output_dims, self.network_config,
+                              n_instances=self.n_instances, seed=self.seed)
+
+
+class Encoding(Module):
+    """An input encoding configured by tcnn's ``encoding`` section; ``n_output_dims`` follows from the config
+    (no padding, as tinycudann's ``Encoding``).
+
+    ``dtype``: the output dtype, ``torch.float32`` or ``torch.float16`` (tinycudann's precision); ``None``
+    returns the input's dtype. tinn computes in float32 either way.
+    """
+
+    def __init__(self, n_input_dims, encoding_config, seed=1337, dtype=None, *, n_instances=1):
+        if dtype not in (None, torch.float32, torch.float16):
+            raise ValueError(f"Encoding only supports fp32 or fp16 precision, but got {dtype}")
+        self.n_input_dims = _dims(n_input_dims, "n_input_dims")
+        self.encoding_config = encoding_config
+        self.output_dtype = dtype
+        super().__init__(seed=seed, n_instances=n_instances)
+        self.n_output_dims = self.native_tcnn_module.n_output_dims
+
+    def _native_tcnn_module(self):
+        return create_encoding(self.n_input_dims, self.encoding_config, n_instances=self.n_instances, seed=self.seed)
+
+    def _output_dtype(self, x):
+        return x.dtype if self.output_dtype is None else self.output_dtype
