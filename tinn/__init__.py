@@ -6,7 +6,7 @@
     loss = model.trainer.training_step(x, y)   # x (B, 2), y (B, 3) float32
     y_hat = model.network.inference(x)
 """
-from . import encodings, losses, networks, optimizers
+from . import ad, encodings, losses, networks, optimizers
 from ._runtime import RuntimeResetError, init
 from .config import (TrainableModel, create_encoding, create_from_config, create_loss, create_network,
                      create_optimizer, load_config)

@@ -43,26 +43,20 @@ class NetworkWithInputEncoding(DifferentiableObject):
     def initial_params(self, rng):
         return np.concatenate([self.network.initial_params(rng), self.encoding.initial_params(rng)], axis=-1)
 
-    @property
-    def func(self):
-        """``ti.func (x: ti.Vector[n_input_dims], instance=0) -> ti.Vector[n_output_dims]`` for user kernels."""
-        encode, network = self.encoding.func, self.network.func
+    def _sample_funcs(self, weights, grads):
+        """Per sample: ``y = network(encoding(x))``; the vjp runs the network's and then the encoding's,
+        both at ``weights`` (the training weights for ``backward_func``, the encoding included)."""
+        encode, encoding_vjp = self.encoding._sample_funcs(weights, grads)
+        network, network_vjp = self.network._sample_funcs(weights, grads)
 
         @ti.func
-        def func(x, k=0):
+        def forward(x, k=0):
             return network(encode(x, k), k)
-        return func
-
-    @property
-    def backward_func(self):
-        """``ti.func (x, dL_dy, instance=0) -> dL_dx``: adds parameter gradients (atomically) and returns dL/dx."""
-        encode, network_backward, encoding_backward = (self.encoding.func, self.network.backward_func,
-                                                       self.encoding.backward_func)
 
         @ti.func
-        def backward_func(x, dy, k=0):
-            return encoding_backward(x, network_backward(encode(x, k), dy, k), k)
-        return backward_func
+        def vjp(x, dy, k=0):
+            return encoding_vjp(x, network_vjp(encode(x, k), dy, k), k)
+        return forward, vjp
 
     def _inference(self, x, instance):
         return self.network._inference(self.encoding._inference(x, instance), instance)

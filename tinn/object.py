@@ -19,6 +19,7 @@ import numpy as np
 
 from ._runtime import RuntimeBound, as_batch, as_instances
 from ._rng import Pcg32
+from ._sample import SampleFuncs
 from .keys import check_int, check_seed
 from .params import ParamStore
 
@@ -85,6 +86,7 @@ class ParametricObject(Object, RuntimeBound):
     def bind(self, store: ParamStore, offset: int):
         """Use ``store[:, offset : offset + n_params]`` as this object's parameters."""
         self._store, self._offset = store, offset
+        self.__dict__.pop("_sample_cache", None)          # per-sample funcs close over the old store
 
     @property
     def store(self) -> ParamStore:
@@ -137,8 +139,10 @@ class ParametricObject(Object, RuntimeBound):
             self.store.write(self.store.grads, self._offset, np.zeros((self.n_instances, self.n_params), np.float32))
 
 
-class DifferentiableObject(ParametricObject):
-    """tcnn's ``DifferentiableObject``: batch inference, forward and hand-written backward."""
+class DifferentiableObject(SampleFuncs, ParametricObject):
+    """tcnn's ``DifferentiableObject``: batch inference, forward and hand-written backward; and the same
+    model per sample in a user's kernel (``func``, ``forward_func``, ``backward_func``, ``jacobian_func``:
+    see ``tinn._sample``)."""
 
     n_input_dims: int
     n_output_dims: int

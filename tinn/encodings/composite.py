@@ -193,21 +193,22 @@ class CompositeEncoding(Encoding):
         return self._run(x, instance, keep=True)
 
     # -- one sample inside a user's kernel ------------------------------------------------
-    def _layout(self):
-        """Static layout: per nested encoding (its func, backward func, input begin, dims, output column, width)."""
+    def _layout(self, weights, grads):
+        """Static layout: per nested encoding (its forward and vjp funcs, input begin, dims, output column, width)."""
         if self.n_params:
             self.store                           # bind the nested encodings before their funcs capture fields
         out, column = [], 0
         for e, (begin, n) in zip(self.nested, self.slices):
-            out.append((e.func, e.backward_func, begin, n, column, e.padded_output_width))
+            out.append(e._sample_funcs(weights, grads) + (begin, n, column, e.padded_output_width))
             if self.reduction == "Concatenation":
                 column += e.padded_output_width
         return out
 
-    @property
-    def func(self):
-        """``ti.func (x: ti.Vector[n_input_dims], instance=0) -> ti.Vector[n_output_dims]`` for user kernels."""
-        parts, width, reduction = self._layout(), self.padded_output_width, self.reduction
+    def _sample_funcs(self, weights, grads):
+        """Per sample: the nested encodings' funcs on their input slices, reduced; nested parameter
+        gradients are added by their own vjps."""
+        parts, width, reduction, n_in = self._layout(weights, grads), self.padded_output_width, self.reduction, \
+            self.n_input_dims
 
         @ti.func
         def func(x, k=0):
@@ -226,12 +227,6 @@ class CompositeEncoding(Encoding):
                 else:
                     y *= yi
             return y
-        return func
-
-    @property
-    def backward_func(self):
-        """``ti.func (x, dL_dy, instance=0) -> dL_dx``; nested parameter gradients are added atomically."""
-        parts, reduction, n_in = self._layout(), self.reduction, self.n_input_dims
 
         @ti.func
         def backward_func(x, dy, k=0):
@@ -254,7 +249,7 @@ class CompositeEncoding(Encoding):
                 for d in ti.static(range(n)):
                     dx[begin + d] += dxi[d]
             return dx
-        return backward_func
+        return func, backward_func
 
     def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
         dx = np.zeros_like(ctx.x) if input_gradient else None

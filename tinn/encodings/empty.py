@@ -17,27 +17,20 @@ class EmptyEncoding(Encoding):
     def __init__(self, n_input_dims: int, **kwargs):
         super().__init__(n_input_dims, 0, **kwargs)
 
-    @property
-    def func(self):
-        """``ti.func (x, instance=0) -> ti.Vector[n_output_dims]`` of ones, for user kernels."""
-        width, fill = self.padded_output_width, self.fill_value
+    def _sample_funcs(self, weights, grads):
+        """Per sample: ones of the padded width; dL/dx = 0."""
+        width, fill, n = self.padded_output_width, self.fill_value, self.n_input_dims
         if not width:
             raise ValueError("an Empty encoding without padding has no outputs, so no per-sample func")
 
         @ti.func
-        def func(x, k=0):
+        def forward(x, k=0):
             return ti.Vector([fill] * width, ti.f32)
-        return func
-
-    @property
-    def backward_func(self):
-        """``ti.func (x, dL_dy, instance=0) -> 0`` for user kernels."""
-        n = self.n_input_dims
 
         @ti.func
-        def backward_func(x, dy, k=0):
+        def vjp(x, dy, k=0):
             return ti.Vector.zero(ti.f32, n)
-        return backward_func
+        return forward, vjp
 
     def _forward(self, x, instance):
         return np.full((x.shape[0], self.padded_output_width), self.fill_value, np.float32), Context(self, x, instance)

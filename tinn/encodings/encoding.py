@@ -71,15 +71,8 @@ class KernelEncoding(Encoding):
     def _kernels(self) -> tuple:
         raise NotImplementedError
 
-    @property
-    def func(self):
-        """``ti.func (x: ti.Vector[n_input_dims], instance=0) -> ti.Vector[n_output_dims]`` for user kernels."""
-        return self._kernels()[2]
-
-    @property
-    def backward_func(self):
-        """``ti.func (x, dL_dy, instance=0) -> dL_dx`` for user kernels."""
-        return self._kernels()[3]
+    def _sample_funcs(self, weights, grads):
+        return self._kernels()[2:4]                 # no parameters: the weights do not matter
 
     def _forward(self, x, instance):
         y = np.empty((x.shape[0], self.padded_output_width), np.float32)

@@ -182,15 +182,8 @@ class GridEncoding(Encoding):
             self._kernels = _GridKernels(self)
         return self._kernels
 
-    @property
-    def func(self):
-        """``ti.func (x: ti.Vector[n_input_dims], instance=0) -> ti.Vector[n_output_dims]`` for user kernels."""
-        return self._get_kernels().func
-
-    @property
-    def backward_func(self):
-        """``ti.func (x, dL_dy, instance=0) -> dL_dx``; adds the parameter gradients (atomically)."""
-        return self._get_kernels().backward_func
+    def _sample_funcs(self, weights, grads):
+        return self._get_kernels().sample_funcs(weights, grads)
 
 
 def _routing(instance):
@@ -433,31 +426,37 @@ class _GridKernels:
                 scatter(add_atomic, x, inst, dy, routed)
 
         # -- one sample inside a user's kernel --------------------------------------
-        inference = store.inference_params
+        def sample_funcs(weights, grads):
+            """``(forward, vjp)`` ti.funcs of one sample reading ``weights``; the vjp scatters dL/dθ into
+            the gradients (``grads``, the store's) atomically unless ``grads`` is None."""
+            with_grads = grads is not None
 
-        @ti.func
-        def func(xs, k=0):
-            y = ti.Vector.zero(ti.f32, width)
-            for mode, first, stop in ti.static(runs):
-                for l in range(first, stop):
-                    acc = level_features(inference, k, xs, geometry[l], mode)
-                    for f in ti.static(range(F)):
-                        y[l * F + f] = acc[f]
-            return y
+            @ti.func
+            def forward(xs, k=0):
+                y = ti.Vector.zero(ti.f32, width)
+                for mode, first, stop in ti.static(runs):
+                    for l in range(first, stop):
+                        acc = level_features(weights, k, xs, geometry[l], mode)
+                        for f in ti.static(range(F)):
+                            y[l * F + f] = acc[f]
+                return y
 
-        @ti.func
-        def backward_func(xs, dy, k=0):
-            g = ti.Vector.zero(ti.f32, D)
-            for mode, first, stop in ti.static(runs):
-                for l in range(first, stop):
-                    lv = geometry[l]
-                    dy_l = ti.Vector.zero(ti.f32, F)
-                    for f in ti.static(range(F)):
-                        dy_l[f] = dy[l * F + f]
-                    level_scatter(add_atomic, 0, k, xs, lv, mode, dy_l)
-                    g += level_input_gradient(params, k, xs, lv, mode, dy_l)
-            return g
+            @ti.func
+            def vjp(xs, dy, k=0):
+                g = ti.Vector.zero(ti.f32, D)
+                for mode, first, stop in ti.static(runs):
+                    for l in range(first, stop):
+                        lv = geometry[l]
+                        dy_l = ti.Vector.zero(ti.f32, F)
+                        for f in ti.static(range(F)):
+                            dy_l[f] = dy[l * F + f]
+                        if ti.static(with_grads):
+                            level_scatter(add_atomic, 0, k, xs, lv, mode, dy_l)
+                        g += level_input_gradient(weights, k, xs, lv, mode, dy_l)
+                return g
+
+            return forward, vjp
 
         self.private = private
         self.forward, self.backward_params, self.backward_input = forward, backward_params, backward_input
-        self.func, self.backward_func = func, backward_func
+        self.sample_funcs = sample_funcs

@@ -8,13 +8,13 @@ import taichi as ti
 from .activations import ACTIVATIONS
 
 
-def sample_funcs(mlp, weights):
+def sample_funcs(mlp, weights, grads):
     """Per-sample forward and backward ``ti.func``s of ``mlp`` reading ``weights[instance, ...]``.
 
-    The backward recomputes the forward pass and adds ``dL/dW`` to the gradients atomically (user
-    kernels run samples in parallel).
+    The backward recomputes the forward pass and adds ``dL/dW`` to ``grads`` atomically (user
+    kernels run samples in parallel), unless ``grads`` is None.
     """
-    grads, base = mlp.store.grads, mlp._offset
+    base, with_grads = mlp._offset, grads is not None
     sizes = mlp.layer_sizes()
     offsets = [base + sum(r * c for r, c in sizes[:i]) for i in range(len(sizes))]
     layers = sizes[:-1] + [(mlp.n_output_dims, sizes[-1][1])]    # the padded output rows are not computed
@@ -81,7 +81,8 @@ def sample_funcs(mlp, weights):
             below = ti.Vector.zero(ti.f32, width)
             for r in range(rows):
                 for c in range(cols):
-                    ti.atomic_add(grads[k, off + r * cols + c], g[r] * hs[li, c])
+                    if ti.static(with_grads):
+                        ti.atomic_add(grads[k, off + r * cols + c], g[r] * hs[li, c])
                     below[c] += weights[k, off + r * cols + c] * g[r]
             g = below
         return head(g, n_in)

@@ -89,23 +89,8 @@ class MLP(Network):
         return np.concatenate(blocks, axis=-1)
 
     # -- one sample inside a user's kernel -----------------------------------------
-    @property
-    def func(self):
-        """``ti.func (x: ti.Vector[n_input_dims], instance=0) -> ti.Vector[n_output_dims]`` for user
-        kernels; reads the inference weights, as ``inference()`` does."""
-        return self._sample_funcs(self.store.inference_params)[0]
-
-    @property
-    def backward_func(self):
-        """``ti.func (x, dL_dy, instance=0) -> dL_dx`` through the training weights; adds the parameter
-        gradients (atomically)."""
-        return self._sample_funcs(self.store.params)[1]
-
-    def _sample_funcs(self, weights):
-        cache = self.__dict__.setdefault("_funcs", {})
-        if weights not in cache:
-            cache[weights] = sample_funcs(self, weights)
-        return cache[weights]
+    def _sample_funcs(self, weights, grads):
+        return sample_funcs(self, weights, grads)
 
     # -- batch API ---------------------------------------------------------------
     def _batch_path(self):

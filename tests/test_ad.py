@@ -1,0 +1,182 @@
+"""tinn.ad.stage under ti.ad.Tape: a user's differentiable program around a tinn model.
+
+The program: kernel A moves sample points by a user parameter ``offset``; the stage evaluates the
+network; kernel B composites ``tau_r = Σ_j scale · softplus(raw_rj) dt`` (one sample per parallel
+iteration, the AD-safe form); kernel C takes pixel = 1 − exp(−tau) and the mean squared error.
+"""
+import numpy as np
+import pytest
+import taichi as ti
+
+import tinn
+
+R, S, DT = 24, 8, 0.05
+NET = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 2, "activation": "Tanh",
+       "output_activation": "None"}
+SMOOTH = {"otype": "Frequency", "n_frequencies": 2}
+
+
+def np_softplus(v):
+    return np.maximum(v, 0) + np.log1p(np.exp(-np.abs(v)))
+
+
+class Program:
+    """The user's program: fields and kernels, with the network as a tinn.ad stage."""
+
+    def __init__(self, network, rng, instance=None, mask=None):
+        self.o = ti.Vector.field(2, ti.f32, R)
+        self.d = ti.Vector.field(2, ti.f32, R)
+        self.offset = ti.Vector.field(2, ti.f32, (), needs_grad=True)
+        self.scale = ti.field(ti.f32, (), needs_grad=True)
+        self.pts = ti.Vector.field(2, ti.f32, (R, S), needs_grad=True)
+        self.raw = ti.Vector.field(1, ti.f32, (R, S), needs_grad=True)
+        self.tau = ti.field(ti.f32, R, needs_grad=True)
+        self.pixel = ti.field(ti.f32, R, needs_grad=True)
+        self.target = ti.field(ti.f32, R)
+        self.loss = ti.field(ti.f32, (), needs_grad=True)
+        self.o.from_numpy(rng.uniform(0.2, 0.4, (R, 2)).astype(np.float32))
+        a = rng.uniform(0, 2 * np.pi, R)
+        self.d.from_numpy(np.stack([np.cos(a), np.sin(a)], -1).astype(np.float32))
+        self.target.from_numpy(rng.uniform(0.2, 0.6, R).astype(np.float32))
+        self.scale[None] = 1.3
+        self.offset[None] = [0.01, -0.02]
+        self.network = network
+        self.stage = tinn.ad.stage(network, self.pts, self.raw, instance=instance, mask=mask)
+        o, d, offset, scale, pts, raw, tau, pixel, target, loss = (
+            self.o, self.d, self.offset, self.scale, self.pts, self.raw, self.tau, self.pixel, self.target, self.loss)
+
+        @ti.kernel
+        def reset():                           # the Tape zeroes .grad fields, not the values accumulated into
+            for r in tau:
+                tau[r] = 0.0
+                if r == 0:
+                    loss[None] = 0.0
+
+        @ti.kernel
+        def sample_points():
+            for r, j in pts:
+                pts[r, j] = o[r] + offset[None] + (j + 0.5) * DT * d[r]
+
+        @ti.kernel
+        def composite():
+            for r, j in raw:
+                v = raw[r, j][0]
+                tau[r] += scale[None] * (ti.max(v, 0.0) + ti.log(1.0 + ti.exp(-ti.abs(v)))) * DT
+
+        @ti.kernel
+        def finish():
+            for r in pixel:
+                pixel[r] = 1.0 - ti.exp(-tau[r])
+                loss[None] += (pixel[r] - target[r]) ** 2 / R
+
+        self.kernels = reset, sample_points, composite, finish
+
+    def run(self):
+        """The whole program (forward only outside a Tape); returns the loss."""
+        reset, sample_points, composite, finish = self.kernels
+        reset()
+        sample_points()
+        self.stage()
+        composite()
+        finish()
+        return float(self.loss[None])
+
+    def gradients(self):
+        self.network.zero_grad()
+        with ti.ad.Tape(loss=self.loss):
+            self.run()
+        return float(self.scale.grad[None]), self.offset.grad[None].to_numpy(), self.network.gradients()
+
+    def batch_gradients(self, instance=None, mask=None):
+        """The same loss's network gradients and Σ dL/dx through the batch API, in numpy."""
+        P = self.pts.to_numpy().reshape(-1, 2)
+        keep = np.ones(R * S, bool) if mask is None else mask.reshape(-1) != 0
+        inst = None if instance is None else instance.reshape(-1)[keep]
+        y, ctx = self.network.forward(P[keep], inst)
+        raw = np.zeros(R * S)
+        raw[keep] = y[:, 0]
+        raw = raw.reshape(R, S)
+        scale = float(self.scale[None])
+        tau = (scale * np_softplus(raw) * DT).sum(1)        # masked samples: raw = 0
+        pixel = 1 - np.exp(-tau)
+        dL_draw = (2 * (pixel - self.target.to_numpy()) / R * (1 - pixel))[:, None] * scale / (1 + np.exp(-raw)) * DT
+        dx = self.network.backward(ctx, dL_draw.reshape(-1, 1)[keep].astype(np.float32))
+        return self.network.gradients(), dx.sum(0)
+
+
+def finite_differences(prog, eps=1e-3):
+    def at(scale, offset):
+        prog.scale[None], prog.offset[None] = scale, offset
+        return prog.run()
+
+    s0, o0 = float(prog.scale[None]), prog.offset[None].to_numpy()
+    d_scale = (at(s0 + eps, o0) - at(s0 - eps, o0)) / (2 * eps)
+    d_offset = []
+    for c in range(2):
+        e = np.zeros(2, np.float32)
+        e[c] = eps
+        d_offset.append((at(s0, o0 + e) - at(s0, o0 - e)) / (2 * eps))
+    at(s0, o0)
+    return d_scale, np.array(d_offset)
+
+
+def model(rng, n_instances=1):
+    net = tinn.NetworkWithInputEncoding(2, 1, SMOOTH, NET, n_instances=n_instances)
+    net.set_params(net.params() * 3 + rng.normal(0, 0.1, net.params().shape).astype(np.float32))
+    return net
+
+
+def test_stage_gradients_of_user_parameters_against_finite_differences(rng):
+    prog = Program(model(rng), rng)
+    d_scale, d_offset, _ = prog.gradients()
+    fd_scale, fd_offset = finite_differences(prog)
+    assert abs(fd_scale) > 1e-3 and np.abs(fd_offset).max() > 1e-3
+    np.testing.assert_allclose(d_scale, fd_scale, rtol=1e-2)
+    np.testing.assert_allclose(d_offset, fd_offset, rtol=2e-2, atol=2e-2 * np.abs(fd_offset).max())
+
+
+def test_stage_network_gradients_equal_the_batch_api(rng):
+    prog = Program(model(rng), rng)
+    _, d_offset, grads = prog.gradients()
+    batch_grads, dx_sum = prog.batch_gradients()
+    np.testing.assert_allclose(grads, batch_grads, rtol=1e-4, atol=1e-5 * np.abs(batch_grads).max())
+    np.testing.assert_allclose(d_offset, dx_sum, rtol=1e-4, atol=1e-6)
+
+
+def test_stage_with_routing_and_a_mask(rng):
+    """Each ray's samples go to network r % 3; a mask drops some samples (their raw is 0: softplus(0) each)."""
+    inst_np = np.repeat((np.arange(R) % 3)[:, None], S, 1).astype(np.int32)
+    mask_np = (rng.random((R, S)) > 0.3).astype(np.int32)
+    instance, mask = ti.field(ti.i32, (R, S)), ti.field(ti.i32, (R, S))
+    instance.from_numpy(inst_np)
+    mask.from_numpy(mask_np)
+    net = model(rng, n_instances=3)
+    prog = Program(net, rng, instance, mask)
+    d_scale, d_offset, grads = prog.gradients()
+    assert np.all(prog.raw.to_numpy()[..., 0][mask_np == 0] == 0)
+    np.testing.assert_array_equal(prog.stage.active, [0, 1, 2])
+    fd_scale, fd_offset = finite_differences(prog)
+    np.testing.assert_allclose(d_scale, fd_scale, rtol=1e-2)
+    np.testing.assert_allclose(d_offset, fd_offset, rtol=2e-2, atol=2e-2 * np.abs(fd_offset).max())
+    # the network gradients: the masked samples' raw is a constant 0 in the composite
+    batch_grads, dx_sum = prog.batch_gradients(inst_np, mask_np)
+    np.testing.assert_allclose(grads, batch_grads, rtol=1e-4, atol=1e-5 * np.abs(batch_grads).max())
+    np.testing.assert_allclose(d_offset, dx_sum, rtol=1e-4, atol=1e-6)
+
+
+def test_stage_checks_its_fields(rng):
+    net = model(rng)
+    x = ti.Vector.field(2, ti.f32, (4,), needs_grad=True)
+    y = ti.Vector.field(1, ti.f32, (4,), needs_grad=True)
+    with pytest.raises(ValueError, match="components"):
+        tinn.ad.stage(net, ti.Vector.field(3, ti.f32, (4,)), y)
+    with pytest.raises(ValueError, match="shape"):
+        tinn.ad.stage(net, x, ti.Vector.field(1, ti.f32, (5,), needs_grad=True))
+    with pytest.raises(ValueError, match="needs_grad"):
+        tinn.ad.stage(net, x, ti.Vector.field(1, ti.f32, (4,)))
+    with pytest.raises(TypeError, match="int32"):
+        tinn.ad.stage(net, x, y, mask=ti.field(ti.f32, (4,)))
+    with pytest.raises(TypeError, match="tinn model"):
+        tinn.ad.stage(object(), x, y)
+    with pytest.raises(ValueError, match="instance"):
+        tinn.ad.stage(model(rng, n_instances=2), x, y)

@@ -1,0 +1,154 @@
+"""``tinn.ad``: a tinn model as one stage of the user's differentiable Taichi program.
+
+Taichi's reverse mode (``ti.ad.Tape``) differentiates the user's kernels; a tinn model enters it as a
+stage with a hand-written backward (``ti.ad.grad_replaced``), so tinn's code is never differentiated
+by Taichi and the parameter gradients go through the batch path (no per-sample weight atomics)::
+
+    pts = ti.Vector.field(3, ti.f32, (R, S), needs_grad=True)        # the user's kernel A writes it
+    raw = ti.Vector.field(1, ti.f32, (R, S), needs_grad=True)        # the stage writes it, kernel B reads
+    density = tinn.ad.stage(model.network, pts, raw)
+
+    model.network.zero_grad()                  # the Tape clears Taichi's .grad fields, never tinn's gradients
+    with ti.ad.Tape(loss=loss):
+        sample_points(); density(); composite(); loss_kernel()
+    model.trainer.optimizer_step()             # or optimizer_step(active=density.active) for arrays
+
+``stage(network, x, y)``: forward ``y[I] = network(x[I])``; reverse ``x.grad[I] += J(x[I])^T y.grad[I]``
+and ``dθ += Σ_I (∂y[I]/∂θ)^T y.grad[I]`` (``network.backward(..., mode="accumulate")``).
+
+Stages take Taichi Vector fields of one shape (any number of axes, float32) and optional int32 fields
+of that shape: ``instance`` routes each element to its network of an array, ``mask`` leaves the
+elements where it is 0 out (their outputs are 0 and they get no gradient). Elements are independent;
+the reverse pass reads the inputs the forward pass saw. Calling a stage outside a Tape only runs the
+forward. Each call inside a Tape has its own reverse pass (a stage may run several times per Tape).
+"""
+from __future__ import annotations
+
+import numpy as np
+import taichi as ti
+from taichi.lang.field import ScalarField
+from taichi.lang.matrix import MatrixField
+
+from .object import DifferentiableObject
+
+
+def _check_field(name, f, n, shape=None, vector=True):
+    kind = MatrixField if vector else ScalarField
+    if not isinstance(f, kind) or (vector and f.m != 1):
+        want = f"a ti.Vector.field of {n} components" if vector else "a scalar int32 ti.field"
+        raise TypeError(f"{name} must be {want}, got {type(f).__name__}")
+    if vector and f.n != n:
+        raise ValueError(f"{name} must have {n} components (the network's dims), got {f.n}")
+    if f.dtype != (ti.f32 if vector else ti.i32):
+        raise TypeError(f"{name} must have dtype {'float32' if vector else 'int32'}, got {f.dtype}")
+    if shape is not None and tuple(f.shape) != tuple(shape):
+        raise ValueError(f"{name} must have the shape of x, {tuple(shape)}, got {tuple(f.shape)}")
+
+
+def _has_grad(f):
+    ti.lang.impl.get_runtime().materialize()
+    return f.snode.ptr.has_adjoint()
+
+
+class _Call:
+    """What one forward call keeps for its reverse pass."""
+    ctx = None
+    rows = None
+
+
+class _Stage:
+    """A callable stage: ``stage()`` runs the forward (recorded by an enclosing ``ti.ad.Tape``)."""
+
+    out_name = "y"
+
+    def __init__(self, network, x, out, instance=None, mask=None):
+        if not isinstance(network, DifferentiableObject):
+            raise TypeError(f"network must be a tinn model (a DifferentiableObject), got {type(network).__name__}")
+        _check_field("x", x, network.n_input_dims)
+        _check_field(self.out_name, out, self._out_dims(network), x.shape)
+        if not _has_grad(out):
+            raise ValueError(f"{self.out_name} needs gradients: create it with needs_grad=True")
+        if instance is None and network.n_instances > 1:
+            raise ValueError(f"the network holds {network.n_instances} networks: pass an int32 instance field")
+        if instance is not None:
+            _check_field("instance", instance, 1, x.shape, vector=False)
+        if mask is not None:
+            _check_field("mask", mask, 1, x.shape, vector=False)
+        self.network, self.x, self.out, self.instance, self.mask = network, x, out, instance, mask
+        self._active, self._x_grad = None, _has_grad(x)
+        launch = ti.ad.grad_replaced(self._forward)
+        ti.ad.grad_for(launch)(self._backward)
+        self._launch = launch
+
+    def __call__(self):
+        self._launch(_Call())
+
+    @property
+    def active(self):
+        """Ids of the networks the last call reached (``None`` for a single network): pass them to
+        ``trainer.optimizer_step(active=...)``."""
+        return self._active
+
+    def _rows(self):
+        """Flat indices of the elements taken, their inputs ``(n, n_input_dims)`` and network ids."""
+        n_in = self.network.n_input_dims
+        x = self.x.to_numpy().reshape(-1, n_in)
+        rows = None
+        if self.mask is not None:
+            rows = np.flatnonzero(self.mask.to_numpy().reshape(-1))
+            x = x[rows]
+        inst = None
+        if self.instance is not None:
+            inst = self.instance.to_numpy().reshape(-1)
+            inst = np.ascontiguousarray(inst if rows is None else inst[rows], dtype=np.int32)
+        return rows, np.ascontiguousarray(x, dtype=np.float32), inst
+
+    def _add_input_gradient(self, rows, dx):
+        if dx is None or not self._x_grad:
+            return
+        n_in = self.network.n_input_dims
+        total = self.x.grad.to_numpy().reshape(-1, n_in)
+        if rows is None:
+            total += dx
+        else:
+            total[rows] += dx
+        self.x.grad.from_numpy(total.reshape(tuple(self.x.shape) + (n_in,)))
+
+    def _scatter(self, field, rows, values, width):
+        full = values if rows is None else np.zeros((int(np.prod(self.x.shape)), width), np.float32)
+        if rows is not None:
+            full[rows] = values
+        field.from_numpy(np.ascontiguousarray(full, dtype=np.float32).reshape(tuple(self.x.shape) + (width,)))
+
+    def _note_active(self, inst):
+        self._active = None if inst is None else np.unique(inst).astype(np.int32)
+
+
+class Stage(_Stage):
+    """``y[I] = network(x[I])`` with the batch forward; reverse through the batch backward."""
+
+    @staticmethod
+    def _out_dims(network):
+        return network.n_output_dims
+
+    def _forward(self, call):
+        call.rows, x, inst = self._rows()
+        n_out = self.network.n_output_dims
+        y = np.zeros((0, n_out), np.float32)
+        if len(x):
+            y, call.ctx = self.network.forward(x, inst)
+        self._note_active(inst)
+        self._scatter(self.out, call.rows, y, n_out)
+
+    def _backward(self, call):
+        if call.ctx is None:
+            return
+        dy = self.out.grad.to_numpy().reshape(-1, self.network.n_output_dims)
+        dy = np.ascontiguousarray(dy if call.rows is None else dy[call.rows])
+        dx = self.network.backward(call.ctx, dy, input_gradient=self._x_grad, mode="accumulate")
+        self._add_input_gradient(call.rows, dx)
+
+
+def stage(network, x, y, instance=None, mask=None) -> Stage:
+    """A ``ti.ad.Tape`` stage ``y[I] = network(x[I])`` (see the module doc)."""
+    return Stage(network, x, y, instance, mask)
