@@ -207,15 +207,16 @@ def test_parameter_views_share_the_store_memory(rng, monkeypatch):
     writes reach the fields (parameters and gradients, every instance, any offset)."""
     from tinn.params import ParamStore
     store = ParamStore(5, 7)
+    o = store.offset
     rows = np.arange(5, dtype=np.int32)
     values = rng.normal(size=(5, 7)).astype(np.float32)
-    store.write(store.params, 0, values)
-    assert store.rows_view(store.params, 2, 4, rows) is None          # a small block is copied instead
+    store.write(store.params, o, values)
+    assert store.rows_view(store.params, o + 2, 4, rows) is None      # a small block is copied instead
     monkeypatch.setattr(tinn.params, "VIEW_MIN", 0)
-    np.testing.assert_array_equal(store.rows_view(store.params, 2, 4, rows), values[:, 2:6])
-    assert store.rows_view(store.params, 0, 7, rows[:4]) is None       # not every instance: copied
-    store.rows_view(store.grads, 1, 3, rows)[:] = 2.5
+    np.testing.assert_array_equal(store.rows_view(store.params, o + 2, 4, rows), values[:, 2:6])
+    assert store.rows_view(store.params, o, 7, rows[:4]) is None       # not every instance: copied
+    store.rows_view(store.grads, o + 1, 3, rows)[:] = 2.5
     expected = np.zeros((5, 7), np.float32)
     expected[:, 1:4] = 2.5
-    np.testing.assert_array_equal(store.read(store.grads, 0, 7), expected)
-    np.testing.assert_array_equal(store.read(store.params, 0, 7), values)
+    np.testing.assert_array_equal(store.read(store.grads, o, 7), expected)
+    np.testing.assert_array_equal(store.read(store.params, o, 7), values)

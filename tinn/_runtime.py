@@ -9,6 +9,8 @@ numpy arrays, ``ti.ndarray``s or torch tensors. :func:`as_batch` checks and
 converts them to contiguous numpy arrays *before* any kernel runs.
 """
 import ctypes
+import math
+import os
 
 import numpy as np
 import taichi as ti
@@ -107,18 +109,72 @@ class RuntimeBound:
                 "Taichi fields; build it anew after ti.init")
 
 
+MAX_ELEMENTS = 2 ** 31 - 1
+"""The most values one Taichi array can address (its indices are 32-bit)."""
+
+
+def available_memory() -> int:
+    """Bytes of memory the system can still hand out (``MemAvailable``; total memory where unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
+
+
+def check_allocation(what: str, shapes, itemsize: int = 4):
+    """Refuse, before anything is allocated, arrays of ``shapes`` that cannot be addressed (more than
+    2^31 - 1 values in one array) or that need more memory than the machine has: ``ValueError``
+    naming ``what`` and the size."""
+    total = 0
+    for shape in shapes:
+        n = math.prod(int(s) for s in shape)
+        if n > MAX_ELEMENTS:
+            raise ValueError(f"{what}: an array of shape {tuple(int(s) for s in shape)} holds {n:,} values, more than "
+                             f"the {MAX_ELEMENTS:,} (2^31 - 1) one Taichi array can address")
+        total += n * itemsize
+    if total > available_memory():
+        raise ValueError(f"{what} needs {total / 2 ** 30:,.1f} GiB, more than the "
+                         f"{available_memory() / 2 ** 30:,.1f} GiB of memory available")
+
+
+class _CheckedBuilder:
+    """A ``ti.FieldsBuilder`` whose ``dense`` refuses sizes :func:`check_allocation` refuses."""
+
+    def __init__(self, builder, what: str):
+        self._builder, self._what, self._shapes = builder, what, []
+
+    def dense(self, axes, shape):
+        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        check_allocation(self._what, self._shapes + [shape])
+        self._shapes.append(shape)
+        return self._builder.dense(axes, shape)
+
+
 class FieldTree:
     """Fields placed by one ``ti.FieldsBuilder``, freed when the owner is garbage collected.
 
-    Taichi's CPU backend allows a limited number of field trees (512), so every object
-    that allocates fields owns exactly one of these.
+    Taichi's CPU backend allows a limited number of field trees (512): objects share trees
+    (``tinn.params`` packs every parameter store into a few arenas) wherever they can.
+    Sizes are checked before Taichi sees them, and a failed allocation leaves no unfinalised
+    builder or unplaced field behind, so the process stays usable.
     """
 
-    def __init__(self, place):
+    def __init__(self, place, what: str = "tinn fields"):
         """``place(builder)`` declares the fields; they exist once this returns."""
         self._program = current_program()
         builder = ti.FieldsBuilder()
-        place(builder)
+        try:
+            place(_CheckedBuilder(builder, what))
+        except BaseException:
+            _discard(builder, impl.get_runtime())
+            raise
         self._tree = builder.finalize()
 
     def __del__(self):
@@ -127,6 +183,13 @@ class FieldTree:
                 self._tree.destroy()
         except Exception:  # interpreter shutdown or a runtime that is already gone
             pass
+
+
+def _discard(builder, runtime):
+    """Forget a builder whose placement failed, and the fields declared for it that were never placed
+    (Taichi would otherwise refuse every later kernel; tinn declares fields only right before placing them)."""
+    runtime.unfinalized_fields_builder.pop(builder, None)
+    runtime.global_vars[:] = [v for v in runtime.global_vars if v.ptr.snode() is not None]
 
 
 def to_numpy(a, name):

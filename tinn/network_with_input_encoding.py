@@ -9,6 +9,7 @@ import taichi as ti
 
 from .config import create_encoding, create_network, load_config
 from .object import Context, DifferentiableObject
+from .params import allocate
 from .networks.network import OUTPUT_ALIGNMENT
 
 
@@ -26,7 +27,7 @@ class NetworkWithInputEncoding(DifferentiableObject):
         self.n_input_dims, self.n_output_dims = self.encoding.n_input_dims, self.network.n_output_dims
         self.padded_output_width = self.network.padded_output_width
         self.n_params = self.network.n_params + self.encoding.n_params
-        self.store                                  # allocate and initialise now
+        allocate(self)
 
     def hyperparams(self):
         return {"otype": "NetworkWithInputEncoding", "encoding": self.encoding.hyperparams(),

@@ -21,7 +21,7 @@ from ._runtime import RuntimeBound, as_batch, as_instances
 from ._rng import Pcg32
 from ._sample import SampleFuncs
 from .keys import check_int, check_seed
-from .params import ParamStore
+from .params import ParamStore, allocate
 
 GRADIENT_MODES = ("overwrite", "accumulate")
 
@@ -84,17 +84,17 @@ class ParametricObject(Object, RuntimeBound):
         return np.zeros(rng.shape + (self.n_params,), np.float32)
 
     def bind(self, store: ParamStore, offset: int):
-        """Use ``store[:, offset : offset + n_params]`` as this object's parameters."""
+        """Use columns ``[offset, offset + n_params)`` of ``store``'s fields as this object's parameters
+        (``offset`` is absolute: ``store.offset`` plus the object's place in the model's buffer)."""
         self._store, self._offset = store, offset
         self.__dict__.pop("_sample_cache", None)          # per-sample funcs close over the old store
 
     @property
     def store(self) -> ParamStore:
-        """The parameter store; allocated and initialised from ``seed`` on first use."""
+        """The parameter store (see ``tinn.params.allocate``): models allocate it when they are built;
+        a component built on its own allocates it on first use."""
         if self._store is None:
-            store = ParamStore(self.n_instances, self.n_params)
-            self.bind(store, 0)
-            self.reset_params(self.seed)
+            allocate(self)
         return self._store
 
     def reset_params(self, seed: int):

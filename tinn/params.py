@@ -1,121 +1,264 @@
-"""One flat parameter buffer per model, as tcnn's Trainer owns it.
+"""Parameter memory: one flat buffer per model, as tcnn's Trainer owns it, packed into shared arenas.
 
-A :class:`ParamStore` holds ``params`` and ``grads`` as Taichi fields of shape
-``(n_instances, n_params)`` in tcnn's order (network matrices, then encoding
-parameters). Components receive an offset into it, like tcnn's
-``set_params(params + offset, ...)``; kernels and ``ti.func``s read the fields
-directly, so a model can be called from inside a user's Taichi kernel.
+A :class:`ParamStore` is a model's parameters, inference weights and gradients: columns
+``[offset, offset + n_params)`` of three Taichi fields of shape ``(n_instances, width)``, in tcnn's
+order (network matrices, then encoding parameters). Components are bound to their own columns,
+like tcnn's ``set_params(params + offset, inference_params + offset, gradients + offset)``; their
+kernels and ``ti.func``s take the fields and absolute column offsets, so a model can be called from
+inside a user's Taichi kernel, and models of one config share compiled kernels.
+
+The three fields of many stores live in one field tree (an arena *chunk*): stores with the same
+``n_instances`` are packed side by side into chunks that grow geometrically, and a dropped store's
+columns are reused. The number of field trees therefore grows with memory, not with models (Taichi's
+CPU backend allows 512). See ``docs/memory.md``.
+
+:func:`allocate` is the one moment memory is created: it sizes a model's store, binds every
+component to its columns and draws the initial parameters.
 """
+from __future__ import annotations
 
 import numpy as np
 import taichi as ti
 
-from ._runtime import FieldTree, RuntimeBound, host_view
-
-
-# Copies between a field slice and a numpy array: one parallel loop over (row, element), so no
-# thread runs a long serial loop (on a GPU that would be one thread doing the whole copy, and Mesa's
-# software Vulkan driver silently stops any thread after 65,535 loop iterations).
-@ti.kernel
-def _read_rows(src: ti.template(), offset: ti.i32, rows: ti.types.ndarray(dtype=ti.i32, ndim=1),
-               out: ti.types.ndarray(dtype=ti.f32, ndim=2)):
-    for g, i in ti.ndrange(out.shape[0], out.shape[1]):
-        out[g, i] = src[rows[g], offset + i]
-
-
-@ti.kernel
-def _add_rows(dst: ti.template(), offset: ti.i32, rows: ti.types.ndarray(dtype=ti.i32, ndim=1),
-              src: ti.types.ndarray(dtype=ti.f32, ndim=2)):
-    for g, i in ti.ndrange(src.shape[0], src.shape[1]):
-        dst[rows[g], offset + i] = dst[rows[g], offset + i] + src[g, i]
-
-
-@ti.kernel
-def _write_rows(dst: ti.template(), offset: ti.i32, rows: ti.types.ndarray(dtype=ti.i32, ndim=1),
-                src: ti.types.ndarray(dtype=ti.f32, ndim=2)):
-    for g, i in ti.ndrange(src.shape[0], src.shape[1]):
-        dst[rows[g], offset + i] = src[g, i]
-
+from ._kernels import copy_columns, fill_columns, rows_copy
+from ._runtime import MAX_ELEMENTS, FieldTree, RuntimeBound, check_allocation, current_program, host_view
 
 VIEW_MIN = 1 << 18
 """Floats from which a block of all instances' parameters is used in place instead of copied (1 MiB)."""
 
 GAP = 1040
-"""Floats between the parameter and gradient arrays (4160 bytes: one cache line past a 4 KiB page)."""
+"""Floats between a chunk's arrays (4160 bytes: one cache line past a 4 KiB page). Arrays a power of
+two apart map ``params[i]`` and ``grads[i]`` to the same cache sets, which made Adam 2-4x slower."""
+
+ALIGN = 16
+"""Stores start on a 64-byte boundary (a cache line)."""
+
+CHUNK_MIN, CHUNK_MAX = 1 << 18, 1 << 24
+"""Floats per array of an arena's first chunk (1 MiB) and the most a later one grows to (64 MiB);
+a store larger than that gets a chunk of its own size."""
+
+
+class _Chunk:
+    """One field tree: ``params``, ``inference`` and ``grads``, each ``(n_instances, width)``, and
+    the free column ranges between the stores placed in it."""
+
+    def __init__(self, n_instances: int, width: int, what: str):
+        self.n_instances, self.width = n_instances, width
+        fields = [ti.field(ti.f32) for _ in range(3)]
+
+        def place(builder):
+            for i, f in enumerate(fields):
+                if i:
+                    builder.dense(ti.i, GAP).place(ti.field(ti.f32))
+                builder.dense(ti.ij, (n_instances, width)).place(f)
+
+        self._tree = FieldTree(place, what)
+        self.params, self.inference, self.grads = fields
+        self.free = [(0, width)]                   # sorted, disjoint [start, end) ranges
+        self.n_stores = 0
+        self._views = {}
+
+    def take(self, n: int):
+        """The first free column range of ``n`` (aligned) columns: its start, or ``None``."""
+        size = -(-max(n, 1) // ALIGN) * ALIGN
+        for j, (start, end) in enumerate(self.free):
+            if end - start >= size:
+                self.free[j:j + 1] = [(start + size, end)] if end - start > size else []
+                self.n_stores += 1
+                return start
+        return None
+
+    def give(self, start: int, n: int):
+        end = start + -(-max(n, 1) // ALIGN) * ALIGN
+        self.free.append((start, end))
+        self.free.sort()
+        merged = [self.free[0]]
+        for s, e in self.free[1:]:
+            if s == merged[-1][1]:
+                merged[-1] = (merged[-1][0], e)
+            else:
+                merged.append((s, e))
+        self.free = merged
+        self.n_stores -= 1
+
+    def view(self, field):
+        """The field's memory as a numpy array (x64 only), made once per field."""
+        if id(field) not in self._views:
+            self._views[id(field)] = host_view(field)
+        return self._views[id(field)]
+
+
+class _Arena:
+    """The chunks holding every store of ``n_instances`` networks in one Taichi program."""
+
+    def __init__(self, n_instances: int):
+        self.n_instances, self.chunks, self.next_floats = n_instances, [], CHUNK_MIN
+
+    def take(self, n: int, what: str):
+        for chunk in self.chunks:
+            start = chunk.take(n)
+            if start is not None:
+                return chunk, start
+        K = self.n_instances
+        width = max(-(-n // ALIGN) * ALIGN, self.next_floats // K)
+        width = min(width, max(MAX_ELEMENTS // K, n))            # an oversized store fails its size check
+        check_allocation(what, [(K, width)] * 3)
+        chunk = _Chunk(K, width, what)
+        if width * K <= CHUNK_MAX:
+            self.next_floats = min(2 * self.next_floats, CHUNK_MAX)
+        self.chunks.append(chunk)
+        return chunk, chunk.take(n)
+
+    def give(self, chunk: _Chunk, start: int, n: int):
+        chunk.give(start, n)
+        if not chunk.n_stores and chunk is not self.chunks[-1]:
+            self.chunks.remove(chunk)             # its tree is freed with it; the newest chunk stays for reuse
+
+
+_ARENAS: dict = {}
+
+
+def _arena(n_instances: int) -> _Arena:
+    """The arena of the live Taichi program for stores of ``n_instances`` (arenas of older programs
+    are dropped: ``ti.init`` freed their fields)."""
+    program = current_program()
+    if _ARENAS.get("program") is not program:
+        _ARENAS.clear()
+        _ARENAS["program"] = program
+    return _ARENAS.setdefault(n_instances, _Arena(n_instances))
 
 
 class ParamStore(RuntimeBound):
-    """Parameters and gradients of ``n_instances`` networks with ``n_params`` each."""
+    """Parameters, inference weights and gradients of ``n_instances`` networks with ``n_params`` each:
+    ``params[k, offset + i]``, ``inference_params[k, offset + i]``, ``grads[k, offset + i]``.
 
-    def __init__(self, n_instances: int, n_params: int):
+    The fields are shared with other stores; every method takes absolute column offsets and touches
+    only this store's columns. ``inference()`` and ``func`` read ``inference_params``: the optimizer
+    fills it after each step (a copy of the trained weights, or its averaged weights).
+    """
+
+    def __init__(self, n_instances: int, n_params: int, what: str = "parameter store"):
         self._bind_runtime()
+        check_allocation(what, [(n_instances, n_params)] * 3)
         self.n_instances, self.n_params = n_instances, n_params
-        self.params = ti.field(ti.f32)
-        self.grads = ti.field(ti.f32)
-        def place(builder):
-            # Separate arrays, so that a kernel reading one does not drag the other through the cache, and
-            # a gap between them that is not a power of two: arrays a power of two apart map params[i] and
-            # grads[i] to the same cache sets, which made Adam 2-4x slower on large network arrays.
-            builder.dense(ti.ij, (n_instances, n_params)).place(self.params)
-            builder.dense(ti.i, GAP).place(ti.field(ti.f32))
-            builder.dense(ti.ij, (n_instances, n_params)).place(self.grads)
+        self._arena = _arena(n_instances)
+        self._chunk, self.offset = self._arena.take(n_params, what)
+        self.params, self.inference_params, self.grads = self._chunk.params, self._chunk.inference, self._chunk.grads
 
-        self._tree = FieldTree(place)
-        self.inference_params = self.params
-        self._views = {}
+    def __del__(self):
+        try:
+            if self._program is ti.lang.impl.get_runtime().prog:
+                self._arena.give(self._chunk, self.offset, self.n_params)
+        except Exception:  # interpreter shutdown, or a store whose construction failed
+            pass
 
-    def use_inference_params(self, field=None):
-        """Make ``inference()`` read ``field`` (an optimizer's averaged weights; tcnn's
-        ``custom_weights``) instead of the training parameters; ``None`` restores them."""
-        self.inference_params = self.params if field is None else field
+    @property
+    def end(self) -> int:
+        return self.offset + self.n_params
 
-    def zero_grad(self):
-        self.grads.fill(0)
+    def _columns(self, field, offset: int, n: int):
+        """Refuse columns of this store's fields outside its own (other fields, e.g. an optimizer's, are
+        the caller's to index)."""
+        mine = field is self.params or field is self.inference_params or field is self.grads
+        if mine and (offset < self.offset or offset + n > self.end):
+            raise ValueError(f"columns [{offset}, {offset + n}) lie outside this store's [{self.offset}, {self.end})")
 
     def _all(self):
         return np.arange(self.n_instances, dtype=np.int32)
 
+    def zero_grad(self):
+        fill_columns(self.grads, self.offset, self.n_params, self.n_instances, 0.0)
+
     def read(self, field, offset: int, n: int) -> np.ndarray:
+        """``field[:, offset : offset + n]`` of every instance, ``(n_instances, n)``."""
         return self.read_rows(field, offset, n, self._all())
 
     def write(self, field, offset: int, values: np.ndarray):
-        values = np.ascontiguousarray(values, dtype=np.float32).reshape(self.n_instances, -1)
-        if values.shape[1]:
-            _write_rows(field, offset, self._all(), values)
+        self.write_rows(field, offset, self._all(), values)
 
     def set(self, offset: int, values: np.ndarray):
-        """Set parameters: the training weights and, if separate, the inference weights too."""
+        """Set parameters: the training weights and the inference weights."""
         self.write(self.params, offset, values)
-        if self.inference_params is not self.params:
-            self.write(self.inference_params, offset, values)
+        self.write(self.inference_params, offset, values)
+
+    def publish(self, source, source_offset: int, active: np.ndarray):
+        """Fill the inference weights of the instances with ``active[k] != 0`` from
+        ``source[k, source_offset + i]`` (the trained weights, or an optimizer's averaged ones)."""
+        copy_columns(self.inference_params, self.offset, source, source_offset, self.n_params, active)
 
     def read_rows(self, field, offset: int, n: int, rows: np.ndarray) -> np.ndarray:
         """``field[rows, offset : offset + n]`` for the instances ``rows`` (int32, distinct)."""
+        self._columns(field, offset, n)
         out = np.empty((len(rows), n), np.float32)
         if n:
-            _read_rows(field, offset, rows, out)
+            rows_copy(field, offset, rows, out, 0)
         return out
 
     def rows_view(self, field, offset: int, n: int, rows: np.ndarray) -> np.ndarray | None:
         """``field[rows, offset : offset + n]`` as a numpy view of the field's own memory (``params`` or
         ``grads``), where that is possible and worth it: the x64 backend, every instance in order and at
         least ``VIEW_MIN`` floats. Else ``None``: copy with :meth:`read_rows` / :meth:`write_rows`."""
+        self._columns(field, offset, n)
         if len(rows) != self.n_instances or len(rows) * n < VIEW_MIN or (field is not self.params and
                                                                         field is not self.grads):
             return None
-        if id(field) not in self._views:
-            self._views[id(field)] = host_view(field)
-        view = self._views[id(field)]
+        view = self._chunk.view(field)
         return None if view is None else view[:, offset:offset + n]
 
     def write_rows(self, field, offset: int, rows: np.ndarray, values: np.ndarray):
         """``field[rows, offset : offset + n] = values`` for distinct instance ids ``rows``."""
-        values = np.ascontiguousarray(values, dtype=np.float32).reshape(len(rows), -1)
-        if values.shape[1]:
-            _write_rows(field, offset, rows, values)
+        self._copy_in(field, offset, rows, values, 1)
 
     def add_rows(self, field, offset: int, rows: np.ndarray, values: np.ndarray):
         """``field[rows, offset : offset + n] += values`` for distinct instance ids ``rows``."""
+        self._copy_in(field, offset, rows, values, 2)
+
+    def _copy_in(self, field, offset, rows, values, mode):
         values = np.ascontiguousarray(values, dtype=np.float32).reshape(len(rows), -1)
+        self._columns(field, offset, values.shape[1])
         if values.shape[1]:
-            _add_rows(field, offset, rows, values)
+            rows_copy(field, offset, rows, values, mode)
+
+
+def _parts(obj):
+    """``obj`` and the components inside it, inputs first (encoding before network)."""
+    for name in ("encoding", "network"):
+        part = getattr(obj, name, None)
+        if part is not None and part is not obj:
+            yield from _parts(part)
+    for part in getattr(obj, "nested", None) or ():
+        if hasattr(part, "n_params"):
+            yield from _parts(part)
+    yield obj
+
+
+def _describe(obj) -> str:
+    try:
+        return f"{type(obj).__name__} {obj.hyperparams()}"
+    except Exception:
+        return type(obj).__name__
+
+
+def check_sizes(obj):
+    """``ValueError`` naming the component, before anything is allocated, if a component of ``obj``
+    has more parameters or a wider output than one Taichi array can address."""
+    K = obj.n_instances
+    for part in _parts(obj):
+        width = getattr(part, "padded_output_width", 0) or 0
+        if width > MAX_ELEMENTS:
+            raise ValueError(f"{_describe(part)}: its output has {width:,} values per sample, more than the "
+                             f"{MAX_ELEMENTS:,} (2^31 - 1) one array can address")
+        if K * part.n_params > MAX_ELEMENTS:
+            raise ValueError(f"{_describe(part)}: {K} x {part.n_params:,} parameters, more than the "
+                             f"{MAX_ELEMENTS:,} (2^31 - 1) one array can address")
+
+
+def allocate(obj, seed: int | None = None) -> ParamStore:
+    """Create ``obj``'s parameter store, bind every component to its columns and initialise it from
+    ``seed`` (default: ``obj.seed``) with tcnn's pcg32 draws. Sizes that cannot be allocated are
+    refused with a ``ValueError`` before any memory is taken."""
+    check_sizes(obj)
+    store = ParamStore(obj.n_instances, obj.n_params, what=_describe(obj))
+    obj.bind(store, store.offset)
+    obj.reset_params(obj.seed if seed is None else seed)
+    return store

@@ -63,8 +63,8 @@ def save(trainer, path):
     """Write ``trainer``'s configs, parameters and optimizer state to ``path`` (one .npz file)."""
     trainer._check_runtime()
     model, store = trainer.model, trainer.model.store
-    arrays = {"params": store.read(store.params, 0, model.n_params),
-              "inference_params": store.read(store.inference_params, 0, model.n_params)}
+    arrays = {"params": store.read(store.params, store.offset, model.n_params),
+              "inference_params": store.read(store.inference_params, store.offset, model.n_params)}
     arrays.update({f"optimizer.{k}": np.ascontiguousarray(v) for k, v in trainer.optimizer.state_dict().items()})
     header = {"format": FORMAT, "version": VERSION, "n_instances": model.n_instances, "n_params": model.n_params,
               "model": model.hyperparams(), "loss": trainer.loss.hyperparams(),
@@ -176,9 +176,8 @@ def load(trainer, path):
         optimizer.update_hyperparams(old[0])
         trainer.loss.update_hyperparams(old[1])
         raise
-    store.write(store.params, 0, arrays["params"])
-    if store.inference_params is not store.params:
-        store.write(store.inference_params, 0, arrays["inference_params"])
+    store.write(store.params, store.offset, arrays["params"])
+    store.write(store.inference_params, store.offset, arrays["inference_params"])
 
 
 # -- tcnn snapshots ---------------------------------------------------------------------
@@ -187,7 +186,7 @@ def export_tcnn(trainer, path, instance: int | None = None):
     trainer._check_runtime()
     model, store = trainer.model, trainer.model.store
     row = _instance_row(model, instance)
-    params = store.read(store.inference_params, 0, model.n_params)[row]
+    params = store.read(store.inference_params, store.offset, model.n_params)[row]
     data = {"n_params": model.n_params, "params_type": "float",
             "params_binary": {"bytes": params.astype("<f4").tobytes(), "subtype": None}}
     text = json.dumps(data, default=lambda b: list(b))
@@ -243,9 +242,9 @@ def load_tcnn(trainer, source, instance: int | None = None):
     if values.size != model.n_params:
         raise ValueError(f"tcnn snapshot has {values.size} params, this model has {model.n_params}")
     for field in {id(store.params): store.params, id(store.inference_params): store.inference_params}.values():
-        full = store.read(field, 0, model.n_params)
+        full = store.read(field, store.offset, model.n_params)
         full[row] = values
-        store.write(field, 0, full)
+        store.write(field, store.offset, full)
 
 
 def _instance_row(model, instance):

@@ -69,7 +69,7 @@ class Trainer(RuntimeBound):
         """The weights ``inference()`` reads (tcnn's ``params_inference()``)."""
         self._check_runtime()
         store = self.model.store
-        values = store.read(store.inference_params, 0, self.model.n_params)
+        values = store.read(store.inference_params, store.offset, self.model.n_params)
         return values[0] if self.model.n_instances == 1 else values
 
     # -- checkpoints -------------------------------------------------------------------

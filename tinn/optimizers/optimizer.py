@@ -153,8 +153,9 @@ class Optimizer(Object, RuntimeBound):
     def allocate(self, n_params: int, layer_sizes=(), n_instances: int = 1, store: ParamStore | None = None):
         """Create state for ``n_instances`` x ``n_params`` parameters (tcnn's ``allocate``).
 
-        With a model's ``store``, inference then reads this optimizer's separate
-        inference weights if it keeps any (EMA, Average, Lookahead, Composite).
+        With a model's ``store``, every step then fills the store's inference weights: with
+        this optimizer's averaged weights if it keeps any (EMA, Average, Lookahead, Composite),
+        else with the trained weights.
         Without one, the optimizer works on numpy arrays (``step(params, gradients)``)
         staged through a scratch store.
         """
@@ -164,10 +165,9 @@ class Optimizer(Object, RuntimeBound):
         if (store.n_instances, store.n_params) != (n_instances, n_params):
             raise ValueError(f"store holds {store.n_instances} x {store.n_params} params, "
                              f"not {n_instances} x {n_params}")
-        self._allocate(Slot(store, store.params, 0, store.grads, 0, n_params), layer_sizes)
+        self._allocate(Slot(store, store.params, store.offset, store.grads, store.offset, n_params), layer_sizes)
         if model_store:
-            custom = self._custom()
-            store.use_inference_params(None if custom is None else custom[0])
+            self._publish(np.ones(n_instances, np.int32))
 
     def _allocate(self, slot: Slot, layer_sizes):
         self._bind_slot(slot, layer_sizes)
@@ -211,7 +211,7 @@ class Optimizer(Object, RuntimeBound):
             store = target.store
             if self._slot is None or self._slot.store is not store:
                 self.allocate(target.n_params, target.layer_sizes(), target.n_instances, store)
-            self._step_store(loss_scale, active)
+            self._publish(self._step_store(loss_scale, active))
             return
         params = target
         if not isinstance(params, np.ndarray) or params.dtype != np.float32 or not params.flags.c_contiguous:
@@ -224,10 +224,10 @@ class Optimizer(Object, RuntimeBound):
         if store is None or (store.n_instances, store.n_params) != flat.shape:
             self.allocate(flat.shape[1], [(1, flat.shape[1])], flat.shape[0])
             store = self._slot.store
-        store.write(store.params, 0, flat)
-        store.write(store.grads, 0, grads.reshape(flat.shape))
+        store.write(store.params, store.offset, flat)
+        store.write(store.grads, store.offset, grads.reshape(flat.shape))
         self._step_store(loss_scale, active)
-        flat[...] = store.read(store.params, 0, flat.shape[1])
+        flat[...] = store.read(store.params, store.offset, flat.shape[1])
 
     def _step_store(self, loss_scale, active):
         mask = np.ones(self.n_instances, np.int32)
@@ -235,6 +235,13 @@ class Optimizer(Object, RuntimeBound):
             mask[:] = 0
             mask[np.asarray(active, dtype=np.int64)] = 1
         self._update(mask, float(loss_scale), None)
+        return mask
+
+    def _publish(self, active: np.ndarray):
+        """Fill the model store's inference weights of the ``active`` instances: this optimizer's
+        averaged weights (tcnn's ``custom_weights``) or the trained ones."""
+        slot = self._slot
+        slot.store.publish(*(self._custom() or (slot.params, slot.p_off)), active)
 
     def _update(self, active: np.ndarray, loss_scale: float, lr_scale):
         """One step for the instances with ``active[k] != 0`` (int32 mask); ``lr_scale`` (K,) or None."""

@@ -1,0 +1,106 @@
+"""Kernel plumbing shared by every component: one way to build a kernel specialised to a config,
+the ndarray type aliases, chunking, and the row/column copies of parameter memory.
+
+:func:`specialised` caches a kernel factory per Taichi program and per configuration constants, and
+forgets the kernels of a program once ``ti.init`` has replaced it. Kernels take fields as
+``ti.template()`` arguments and offsets as runtime arguments, so that every model of one config,
+whose parameters share an arena field (``tinn.params``), runs the same compiled kernel.
+
+Copies run as one parallel loop over (row, block of ``CHUNK`` columns): contiguous work per task that
+the CPU compiler vectorises, and no long serial loop on a GPU thread (Mesa's software Vulkan driver
+stops a shader invocation after 65,535 loop iterations).
+"""
+
+import functools
+
+import numpy as np
+import taichi as ti
+
+from ._runtime import current_program
+
+F32_1D = ti.types.ndarray(dtype=ti.f32, ndim=1)
+F32_2D = ti.types.ndarray(dtype=ti.f32, ndim=2)
+F32_3D = ti.types.ndarray(dtype=ti.f32, ndim=3)
+I32_1D = ti.types.ndarray(dtype=ti.i32, ndim=1)
+I32_2D = ti.types.ndarray(dtype=ti.i32, ndim=2)
+
+CHUNK = 1024
+"""Columns per parallel task of the copies."""
+
+COMPILED = {"count": 0}
+"""How many kernel factories :func:`specialised` has run (tests check that models of one config share them)."""
+
+
+def specialised(factory):
+    """Decorator: ``factory(*constants)`` builds kernels for one configuration; the result is cached
+    per live Taichi program and per ``constants`` (hashable), and dropped when the program changes."""
+    cache = {"program": None, "kernels": {}}
+
+    @functools.wraps(factory)
+    def get(*constants):
+        program = current_program()
+        if cache["program"] is not program:
+            cache["program"], cache["kernels"] = program, {}
+        kernels = cache["kernels"].get(constants)
+        if kernels is None:
+            kernels = cache["kernels"][constants] = factory(*constants)
+            COMPILED["count"] += 1
+        return kernels
+
+    return get
+
+
+def static_chunks(items, size: int):
+    """``items`` cut into consecutive lists of at most ``size`` (for ``ti.static`` unrolling in blocks)."""
+    items = list(items)
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+@ti.kernel
+def rows_copy(field: ti.template(), offset: ti.i32, rows: I32_1D, values: F32_2D, mode: ti.template()):
+    """Between ``field[rows[g], offset + i]`` and ``values[g, i]``: mode 0 reads into ``values``,
+    1 writes them, 2 adds them."""
+    n = values.shape[1]
+    tasks = (n + CHUNK - 1) // CHUNK
+    for t in range(values.shape[0] * tasks):
+        g, c = t // tasks, t % tasks
+        r = rows[g]
+        for i in range(c * CHUNK, ti.min(c * CHUNK + CHUNK, n)):
+            if ti.static(mode == 0):
+                values[g, i] = field[r, offset + i]
+            elif ti.static(mode == 1):
+                field[r, offset + i] = values[g, i]
+            else:
+                field[r, offset + i] = field[r, offset + i] + values[g, i]
+
+
+@ti.kernel
+def _copy_columns(dst: ti.template(), dst_off: ti.i32, src: ti.template(), src_off: ti.i32, n: ti.i32,
+                  active: I32_1D):
+    tasks = (n + CHUNK - 1) // CHUNK
+    for t in range(active.shape[0] * tasks):
+        k, c = t // tasks, t % tasks
+        if active[k]:
+            for i in range(c * CHUNK, ti.min(c * CHUNK + CHUNK, n)):
+                dst[k, dst_off + i] = src[k, src_off + i]
+
+
+def copy_columns(dst, dst_off: int, src, src_off: int, n: int, active: np.ndarray):
+    """``dst[k, dst_off + i] = src[k, src_off + i]`` for ``i < n`` and every ``k`` with ``active[k] != 0``."""
+    if n:
+        _copy_columns(dst, dst_off, src, src_off, n, np.ascontiguousarray(active, dtype=np.int32))
+
+
+@ti.kernel
+def _fill_columns(dst: ti.template(), offset: ti.i32, n: ti.i32, n_rows: ti.i32, value: ti.f32):
+    tasks = (n + CHUNK - 1) // CHUNK
+    for t in range(n_rows * tasks):
+        k, c = t // tasks, t % tasks
+        for i in range(c * CHUNK, ti.min(c * CHUNK + CHUNK, n)):
+            dst[k, offset + i] = value
+
+
+def fill_columns(dst, offset: int, n: int, n_rows: int, value: float):
+    """``dst[k, offset + i] = value`` for ``k < n_rows``, ``i < n``."""
+    if n:
+        _fill_columns(dst, offset, n, n_rows, value)
