@@ -1,0 +1,32 @@
+"""The differentiable-programming examples run in a short mode and their error falls."""
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_example(tmp_path, script, *args):
+    arch = ["--arch", os.environ["TINN_ARCH"]] if "TINN_ARCH" in os.environ else []
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", script), *args, *arch,
+                             "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_raymarch_density_learns_the_volume_and_the_gain(tmp_path):
+    out = run_example(tmp_path, "raymarch_density.py", "--steps", "60", "--rays", "256", "--samples", "32",
+                      "--views", "12", "--size", "16")
+    psnr = [float(v) for v in re.findall(r"held-out PSNR\s+([\d.]+) dB", out)]
+    gains = [float(v) for v in re.findall(r"gain ([\d.]+) \(true", out)]
+    assert len(psnr) >= 2 and psnr[-1] > psnr[0] + 5, out
+    assert gains[-1] < gains[0], out                   # the gain moves from 1 towards the true 0.8
+    assert (tmp_path / "raymarch_views.png").exists()
+
+
+def test_raymarch_density_with_routed_micro_networks(tmp_path):
+    out = run_example(tmp_path, "raymarch_density.py", "--steps", "40", "--rays", "256", "--samples", "32",
+                      "--views", "12", "--size", "16", "--instances", "8")
+    psnr = [float(v) for v in re.findall(r"held-out PSNR\s+([\d.]+) dB", out)]
+    assert len(psnr) >= 2 and psnr[-1] > psnr[0] + 3, out
