@@ -123,3 +123,19 @@ def test_bad_optimizer_values_name_the_key():
         tinn.create_optimizer({"otype": "Adam", "beta1": 1.5})
     with pytest.raises(ValueError, match="learning_rate"):
         tinn.create_optimizer({"otype": "SGD", "learning_rate": "fast"})
+
+
+def test_adam_bias_correction_past_the_table(monkeypatch):
+    """Step counts beyond the host's bias-correction table (betas close to 1) are computed in the
+    kernel: with a constant gradient every Adam step is the learning rate (m/sqrt(v) times the
+    correction is 1, up to float32's rounding of 1 - beta2)."""
+    import tinn.optimizers.adam as adam
+    monkeypatch.setattr(adam, "BIAS_TABLE", 8)
+    opt = tinn.create_optimizer({"otype": "Adam", "beta1": 0.9, "beta2": 0.99999, "learning_rate": 0.125,
+                                 "l2_reg": 0.0, "epsilon": 0.0})
+    params, grads = np.zeros((1, 4), np.float32), np.ones((1, 4), np.float32)
+    for step in range(1, 21):
+        before = params.copy()
+        opt.step(params, grads)
+        np.testing.assert_allclose(before - params, 0.125, rtol=1e-3, err_msg=f"step {step}")
+    assert len(opt._bias_correction()) == 8

@@ -12,10 +12,9 @@ zip of ``.npy`` files, no pickle) holding
 * ``optimizer.<key>`` — every array of ``optimizer.state_dict()`` (nested optimizers'
   keys prefixed, step counters included).
 
-Loading reads the file with ``allow_pickle=False`` after checking the archive's
-declared sizes, validates everything (format, shapes, dtypes, model config, optimizer
-and loss structure) and only then writes; any problem is a ``ValueError`` that leaves
-the trainer untouched. Hyperparameter values (learning rate, betas, ...) are taken
+Loading never unpickles and never reads a member before checking its declared size and
+its ``.npy`` header against the trainer; it validates everything (see :func:`load`) and
+only then writes; any problem is a ``ValueError`` that leaves the trainer bit-identical. Hyperparameter values (learning rate, betas, ...) are taken
 from the file, so a trainer changed with ``update_hyperparams`` resumes as saved.
 
 tcnn snapshot (``Trainer.export_tcnn`` / ``Trainer.load_tcnn``): tcnn's
@@ -29,7 +28,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import stat
 import tempfile
+import warnings
 import zipfile
 
 import numpy as np
@@ -37,6 +38,8 @@ import numpy as np
 FORMAT, VERSION = "tinn-checkpoint", 1
 _MAX_HEADER = 1 << 24
 _NPY_SLACK = 4096          # bytes an .npy header may add to its data
+_NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+MAX_STEPS = 2 ** 31 - 1    # step counters beyond this are refused (the kernels count in int32)
 
 
 def _canonical(obj):
@@ -60,7 +63,11 @@ def _otype_tree(cfg):
 
 # -- tinn checkpoints -------------------------------------------------------------------
 def save(trainer, path):
-    """Write ``trainer``'s configs, parameters and optimizer state to ``path`` (one .npz file)."""
+    """Write ``trainer``'s configs, parameters and optimizer state to ``path`` (one .npz file).
+
+    The file is written beside ``path``, flushed to disk with its directory, then renamed
+    over ``path``: a crash never leaves a half-written checkpoint. Errors name ``path``.
+    """
     trainer._check_runtime()
     model, store = trainer.model, trainer.model.store
     arrays = {"params": store.read(store.params, store.offset, model.n_params),
@@ -71,41 +78,115 @@ def save(trainer, path):
               "optimizer": trainer.optimizer.hyperparams()}
     arrays["header"] = np.frombuffer(json.dumps(header).encode("utf-8"), np.uint8)
     path = os.fspath(path)
-    fd, tmp = tempfile.mkstemp(prefix=".tinn-", suffix=".tmp", dir=os.path.dirname(os.path.abspath(path)))
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(prefix=".tinn-", suffix=".tmp", dir=directory)
         with os.fdopen(fd, "wb") as f:
             np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)             # never leaves a half-written checkpoint behind
-    except BaseException:
-        if os.path.exists(tmp):
+        tmp = None
+        _fsync_directory(directory)
+    except OSError as e:
+        raise type(e)(e.errno, f"cannot save the checkpoint: {e.strerror or e}", path) from None
+    finally:
+        if tmp is not None and os.path.exists(tmp):
             os.remove(tmp)
+
+
+def _fsync_directory(directory: str):
+    """Make a rename in ``directory`` durable (where the platform can open directories)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _open_regular(path: str):
+    """``path`` opened for reading, refused unless it is a regular file (FIFOs, devices and
+    directories are never read: opening is non-blocking, and the check is on the opened file)."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
+    fd = os.open(path, flags)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{path}: not a tinn checkpoint (not a regular file)")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
         raise
 
 
-def _members(path) -> dict:
-    """Declared (uncompressed) sizes of the archive's members."""
-    try:
-        with zipfile.ZipFile(path) as zf:
-            return {info.filename: info.file_size for info in zf.infolist()}
-    except (OSError, zipfile.BadZipFile, ValueError, EOFError) as e:
-        raise ValueError(f"{path}: not a tinn checkpoint (unreadable archive: {e})") from None
+class _Archive:
+    """The members of a checkpoint archive, each read only after its declared size and its .npy
+    header (dtype, shape) have been checked against what the trainer expects."""
+
+    def __init__(self, f, path: str):
+        self.path = path
+        try:
+            self.zip = zipfile.ZipFile(f)
+            infos = self.zip.infolist()
+        except (OSError, zipfile.BadZipFile, ValueError, EOFError, RuntimeError) as e:
+            raise ValueError(f"{path}: not a tinn checkpoint (unreadable archive: {e})") from None
+        names = [info.filename for info in infos]
+        duplicates = sorted({n for n in names if names.count(n) > 1}) if len(set(names)) != len(names) else []
+        if duplicates:
+            raise ValueError(f"{path}: damaged tinn checkpoint (duplicate members {duplicates[:5]})")
+        self.infos = {info.filename: info for info in infos}
+
+    def names(self) -> set:
+        return {n[:-4] for n in self.infos if n.endswith(".npy")}
+
+    def read(self, name: str, dtype, shape, max_bytes: int | None = None) -> np.ndarray:
+        """Member ``name`` as a C-contiguous array of exactly ``dtype`` and ``shape`` (``shape=None``:
+        any 1-D length up to ``max_bytes``), else ``ValueError``; the data is read only after that check."""
+        info = self.infos.get(name + ".npy")
+        if info is None:
+            raise ValueError(f"{self.path}: checkpoint array '{name}' is missing")
+        dtype = np.dtype(dtype)
+        limit = (max_bytes if shape is None else int(np.prod(shape)) * dtype.itemsize) + _NPY_SLACK
+        if info.file_size > limit:
+            raise ValueError(f"{self.path}: checkpoint array '{name}' is larger than this trainer's "
+                             f"({dtype}{list(shape or [])})")
+        try:
+            with self.zip.open(info) as fp:
+                reader = _NPY_HEADERS.get(np.lib.format.read_magic(fp))
+                if reader is None:
+                    raise ValueError(f"checkpoint array '{name}' has an unsupported .npy version")
+                got_shape, fortran, got_dtype = reader(fp)
+                if got_dtype != dtype or (shape is not None and tuple(got_shape) != tuple(shape)) or \
+                        (shape is None and len(got_shape) != 1):
+                    raise ValueError(f"checkpoint array '{name}' is {got_dtype}{list(got_shape)}, this trainer "
+                                     f"needs {dtype}{list(shape) if shape is not None else '[n]'}")
+                count = int(np.prod(got_shape))
+                if count * dtype.itemsize > limit:
+                    raise ValueError(f"checkpoint array '{name}' declares {count} values, more than expected")
+                raw = fp.read(count * dtype.itemsize)
+                if len(raw) != count * dtype.itemsize or fp.read(1):     # reading to the end checks the CRC
+                    raise ValueError(f"checkpoint array '{name}' does not hold exactly its declared data")
+        except ValueError as e:
+            msg = str(e)
+            raise ValueError(msg if msg.startswith(self.path) else f"{self.path}: {msg}") from None
+        except Exception as e:               # any other failure to parse means a damaged (or hostile) file
+            raise ValueError(f"{self.path}: damaged tinn checkpoint ({type(e).__name__}: {e})") from None
+        array = np.frombuffer(raw, dtype).reshape(got_shape, order="F" if fortran else "C")
+        return np.ascontiguousarray(array)
 
 
-def _read(path, names) -> dict:
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            return {name: npz[name] for name in names}
-    except Exception as e:               # any failure to parse means a damaged (or hostile) file
-        raise ValueError(f"{path}: damaged tinn checkpoint ({type(e).__name__}: {e})") from None
-
-
-def _read_header(path, sizes: dict) -> dict:
-    if sizes.get("header.npy", _MAX_HEADER + 1) > _MAX_HEADER:
+def _read_header(archive: _Archive) -> dict:
+    path = archive.path
+    if "header" not in archive.names():
         raise ValueError(f"{path}: not a tinn checkpoint (no header)")
-    raw = _read(path, ["header"])["header"]
+    raw = archive.read("header", np.uint8, None, _MAX_HEADER)
     try:
-        if raw.dtype != np.uint8 or raw.ndim != 1:
-            raise ValueError("header is not a uint8 array")
         header = json.loads(raw.tobytes().decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: damaged tinn checkpoint header ({e})") from None
@@ -117,67 +198,104 @@ def _read_header(path, sizes: dict) -> dict:
     return header
 
 
+def _check_values(path: str, name: str, a: np.ndarray):
+    """Parameters and state must be finite; step counters within [0, MAX_STEPS]."""
+    if a.dtype.kind == "f":
+        if not np.isfinite(a).all():
+            raise ValueError(f"{path}: checkpoint array '{name}' holds non-finite values")
+    elif a.dtype.kind in "iu" and a.size and (a.min() < 0 or a.max() > MAX_STEPS):
+        raise ValueError(f"{path}: checkpoint array '{name}' holds counters outside [0, {MAX_STEPS}] "
+                         f"(from {a.min()} to {a.max()})")
+
+
 def load(trainer, path):
-    """Restore a checkpoint written by :func:`save` into ``trainer`` (validated before any change)."""
+    """Restore a checkpoint written by :func:`save` into ``trainer``.
+
+    Everything is checked before anything changes: the file (a regular file), the archive
+    (no duplicate members, every declared size bounded by what the trainer holds), the
+    header and its configs (the optimizer and loss are built from them off to the side, so
+    their hyperparameters are validated as a config and the state's shapes follow from
+    them), and every array (dtype, shape, finite values, counters within bounds). Only
+    then are hyperparameters, optimizer state and parameters replaced; a failure there
+    restores the trainer's previous state.
+    """
     from .config import create_loss, create_optimizer
 
     trainer._check_runtime()
-    model, store, optimizer = trainer.model, trainer.model.store, trainer.optimizer
+    model, optimizer = trainer.model, trainer.optimizer
     K, n = model.n_instances, model.n_params
     path = os.fspath(path)
-    sizes = _members(path)
-    header = _read_header(path, sizes)
+    with _open_regular(path) as f:
+        archive = _Archive(f, path)
+        header = _read_header(archive)
 
-    def mismatch(what, got, want):
-        raise ValueError(f"{path}: checkpoint {what} {got!r} does not match this trainer's {want!r}")
+        def mismatch(what, got, want):
+            raise ValueError(f"{path}: checkpoint {what} {got!r} does not match this trainer's {want!r}")
 
-    if header.get("n_instances") != K:
-        mismatch("n_instances", header.get("n_instances"), K)
-    if header.get("n_params") != n:
-        mismatch("n_params", header.get("n_params"), n)
-    if header.get("model") != _canonical(model.hyperparams()):
-        mismatch("model config", header.get("model"), _canonical(model.hyperparams()))
-    loss_cfg, opt_cfg = header.get("loss"), header.get("optimizer")
-    loss_otype = trainer.loss.hyperparams()["otype"]
-    if not isinstance(loss_cfg, dict) or str(loss_cfg.get("otype", "")).lower() != loss_otype.lower():
-        mismatch("loss", loss_cfg, trainer.loss.hyperparams())
-    if _otype_tree(opt_cfg) != _otype_tree(_canonical(optimizer.hyperparams())):
-        mismatch("optimizer", opt_cfg, optimizer.hyperparams())
-    try:                                                   # the file's hyperparameters must be valid
-        create_loss(loss_cfg)
-        create_optimizer(opt_cfg)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{path}: checkpoint has an invalid config: {e}") from None
+        if header.get("n_instances") != K or isinstance(header.get("n_instances"), bool):
+            mismatch("n_instances", header.get("n_instances"), K)
+        if header.get("n_params") != n or isinstance(header.get("n_params"), bool):
+            mismatch("n_params", header.get("n_params"), n)
+        if header.get("model") != _canonical(model.hyperparams()):
+            mismatch("model config", header.get("model"), _canonical(model.hyperparams()))
+        loss_cfg, opt_cfg = header.get("loss"), header.get("optimizer")
+        loss_otype = trainer.loss.hyperparams()["otype"]
+        if not isinstance(loss_cfg, dict) or str(loss_cfg.get("otype", "")).lower() != loss_otype.lower():
+            mismatch("loss", loss_cfg, trainer.loss.hyperparams())
+        if _otype_tree(opt_cfg) != _otype_tree(_canonical(optimizer.hyperparams())):
+            mismatch("optimizer", opt_cfg, optimizer.hyperparams())
+        try:                                   # the file's hyperparameters, built off to the side
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                create_loss(loss_cfg)
+                incoming = create_optimizer(opt_cfg)
+                if incoming.hyperparams() == optimizer.hyperparams():
+                    incoming = optimizer           # same hyperparameters: the same state shapes
+                else:
+                    incoming.allocate(n, model.layer_sizes(), K)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path}: checkpoint has an invalid config: {e}") from None
 
-    expected = {"params": np.empty((K, n), np.float32), "inference_params": np.empty((K, n), np.float32)}
-    expected.update({f"optimizer.{k}": v for k, v in optimizer.state_dict().items()})
-    names = {m[:-4] for m in sizes if m.endswith(".npy")} - {"header"}
-    missing, extra = sorted(set(expected) - names), sorted(names - set(expected))
-    if missing or extra or len(names) + 1 != len(sizes):
-        raise ValueError(f"{path}: checkpoint arrays do not match this trainer's optimizer state: "
-                         f"missing {missing}, unexpected {extra}")
-    for name, want in expected.items():                    # refuse oversized members before reading any
-        if sizes[name + ".npy"] > want.nbytes + _NPY_SLACK:
-            raise ValueError(f"{path}: checkpoint array '{name}' is larger than this trainer's "
-                             f"({want.dtype}{list(want.shape)})")
-    arrays = _read(path, sorted(expected))
-    for name, want in expected.items():
-        got = arrays[name]
-        if got.shape != want.shape or got.dtype != want.dtype:
-            raise ValueError(f"{path}: checkpoint array '{name}' is {got.dtype}{list(got.shape)}, "
-                             f"this trainer needs {want.dtype}{list(want.shape)}")
+        expected = {"params": ((K, n), np.float32), "inference_params": ((K, n), np.float32)}
+        expected.update({f"optimizer.{k}": (v.shape, v.dtype) for k, v in incoming.state_dict().items()})
+        del incoming
+        names = archive.names() - {"header"}
+        missing, extra = sorted(set(expected) - names), sorted(names - set(expected))
+        if missing or extra or len(names) + 1 != len(archive.infos):
+            raise ValueError(f"{path}: checkpoint arrays do not match this trainer's optimizer state: "
+                             f"missing {missing}, unexpected {extra}")
+        arrays = {}
+        for name, (shape, dtype) in expected.items():
+            arrays[name] = archive.read(name, dtype, shape)
+            _check_values(path, name, arrays[name])
+    state = {k[len("optimizer."):]: v for k, v in arrays.items() if k.startswith("optimizer.")}
+    _commit(trainer, opt_cfg, loss_cfg, state, arrays["params"], arrays["inference_params"])
 
-    old = (optimizer.hyperparams(), trainer.loss.hyperparams())
+
+def _commit(trainer, opt_cfg, loss_cfg, state, params, inference_params):
+    """Replace hyperparameters, optimizer state and parameters; on any failure put the old ones back."""
+    model, store, optimizer, loss = trainer.model, trainer.model.store, trainer.optimizer, trainer.loss
+    old = (optimizer.hyperparams(), loss.hyperparams(), optimizer.state_dict(),
+           store.read(store.params, store.offset, model.n_params),
+           store.read(store.inference_params, store.offset, model.n_params))
     try:
-        optimizer.update_hyperparams(opt_cfg)
-        trainer.loss.update_hyperparams(loss_cfg)
-        optimizer.load_state_dict({k[len("optimizer."):]: v for k, v in arrays.items() if k.startswith("optimizer.")})
-    except Exception:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            optimizer.update_hyperparams(opt_cfg)
+        loss.update_hyperparams(loss_cfg)
+        optimizer.load_state_dict(state)
+        _write_params(store, params, inference_params)
+    except BaseException:
         optimizer.update_hyperparams(old[0])
-        trainer.loss.update_hyperparams(old[1])
+        loss.update_hyperparams(old[1])
+        optimizer.load_state_dict(old[2])
+        _write_params(store, old[3], old[4])
         raise
-    store.write(store.params, store.offset, arrays["params"])
-    store.write(store.inference_params, store.offset, arrays["inference_params"])
+
+
+def _write_params(store, params, inference_params):
+    store.write(store.params, store.offset, params)
+    store.write(store.inference_params, store.offset, inference_params)
 
 
 # -- tcnn snapshots ---------------------------------------------------------------------

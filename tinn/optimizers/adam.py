@@ -14,6 +14,7 @@ State: ``current_step`` (per instance, AdaBound's t), ``first_moments``,
 and ``param_steps`` (per non-matrix parameter).
 """
 import functools
+import math
 
 import numpy as np
 import taichi as ti
@@ -48,6 +49,18 @@ CHUNK = 1024
 """Parameters per parallel task: each task runs over contiguous memory, which the compiler vectorises."""
 
 
+BIAS_TABLE = 1 << 22
+"""Most entries of the host's bias-correction table (16 MiB of float32)."""
+
+
+def _converged(beta1: float, beta2: float) -> int:
+    """A step count from which ``sqrt(1 - beta2^t) / (1 - beta1^t)`` rounds to 1 in float32:
+    ``beta1^t`` and ``beta2^t / 2`` below 2^-26 (a few steps of margin included)."""
+    def steps(beta):
+        return 1 if beta <= 0 else math.ceil(-26 * math.log(2) / math.log(beta)) + 4
+    return max(steps(beta1), steps(beta2))
+
+
 @functools.lru_cache(maxsize=None)
 def _adam_kernel(program, n_matrix: int, n: int, flags: tuple):
     """The update of one slot of ``n`` parameters, the first ``n_matrix`` of them matrix parameters.
@@ -60,6 +73,17 @@ def _adam_kernel(program, n_matrix: int, n: int, flags: tuple):
     adabound, gclip_on, wclip_on, decay_on, opt_matrix, opt_non_matrix, skip_zero = flags
     n_nm = n - n_matrix
     m_tasks, nm_tasks = -(-n_matrix // CHUNK), -(-n_nm // CHUNK)
+
+    @ti.func
+    def bias_at(bias: ti.template(), t, beta1, beta2):
+        """``sqrt(1 - beta2^t) / (1 - beta1^t)`` from the host's table; past its end the table's last
+        entry (1 once the correction has converged in float32, ``converged``), else computed here."""
+        last = bias.shape[0] - 1
+        b = bias[ti.min(t, last)]
+        if t > last and bias[last] != 1.0:
+            T = ti.cast(t, ti.f32)
+            b = ti.sqrt(1.0 - ti.pow(beta2, T)) / (1.0 - ti.pow(beta1, T))
+        return b
 
     @ti.func
     def update(w, g, m0, v0, a_t, T, beta1, beta2, eps, rel_decay, abs_decay, wclip, gclip):
@@ -88,7 +112,7 @@ def _adam_kernel(program, n_matrix: int, n: int, flags: tuple):
             for task in range(active.shape[0] * m_tasks):
                 k, c = task // m_tasks, task % m_tasks
                 if active[k] != 0:
-                    a_t, T = lr[k] * bias[matrix_steps[k]], ti.cast(steps[k], ti.f32)
+                    a_t, T = lr[k] * bias_at(bias, matrix_steps[k], beta1, beta2), ti.cast(steps[k], ti.f32)
                     for i in range(c * CHUNK, ti.min(c * CHUNK + CHUNK, n_matrix)):
                         w = P[k, po + i]
                         g = G[k, go + i] * inv_scale + l2_reg * w
@@ -105,7 +129,7 @@ def _adam_kernel(program, n_matrix: int, n: int, flags: tuple):
                         w0, g = P[k, po + i], G[k, go + i] * inv_scale
                         run = not (skip_zero and g == 0.0)
                         t = param_steps[s] + ti.cast(run, ti.i32)
-                        w, mi, vi = update(w0, g + nm_l2_reg * w0, m[k * n + i], v[k * n + i], a_k * bias[t], T,
+                        w, mi, vi = update(w0, g + nm_l2_reg * w0, m[k * n + i], v[k * n + i], a_k * bias_at(bias, t, beta1, beta2), T,
                                            beta1, beta2, eps, rel_decay, abs_decay, wclip, gclip)
                         P[k, po + i] = ti.select(run, w, w0)           # a skipped parameter keeps all it had
                         m[k * n + i] = ti.select(run, mi, m[k * n + i])
@@ -137,12 +161,16 @@ class Adam(Optimizer):
         return counts[0] if K == 1 else counts
 
     def _bias_correction(self) -> np.ndarray:
-        """``sqrt(1 - beta2^t) / (1 - beta1^t)`` for every step count t a parameter can have, computed
-        once on the host in float64 (a per-parameter pow in the kernel costs more than the rest of Adam)."""
-        b1, b2, t_max = self.hparams["beta1"], self.hparams["beta2"], int(self._steps.max())
+        """``sqrt(1 - beta2^t) / (1 - beta1^t)`` for the step counts t a parameter can have, computed once
+        on the host in float64 (a per-parameter pow in the kernel costs more than the rest of Adam).
+
+        The table ends where the correction is 1 in float32 for good (about 17,000 steps for the
+        default betas), or at ``BIAS_TABLE`` entries for betas so close to 1 that it converges later;
+        the kernel reads the last entry beyond the end, or computes the rare later ones itself."""
+        b1, b2 = self.hparams["beta1"], self.hparams["beta2"]
         cached = getattr(self, "_bias", None)
-        if cached is None or cached[0] != (b1, b2) or len(cached[1]) <= t_max:
-            t = np.arange(2 * t_max + 64, dtype=np.float64)
+        if cached is None or cached[0] != (b1, b2):
+            t = np.arange(min(_converged(b1, b2) + 2, BIAS_TABLE), dtype=np.float64)
             with np.errstate(divide="ignore", invalid="ignore"):
                 table = np.where(t > 0, np.sqrt(1 - b2 ** t) / (1 - b1 ** t), 0.0)
             self._bias = ((b1, b2), table.astype(np.float32))
