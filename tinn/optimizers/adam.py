@@ -129,7 +129,8 @@ def _adam_kernel(program, n_matrix: int, n: int, flags: tuple):
                         w0, g = P[k, po + i], G[k, go + i] * inv_scale
                         run = not (skip_zero and g == 0.0)
                         t = param_steps[s] + ti.cast(run, ti.i32)
-                        w, mi, vi = update(w0, g + nm_l2_reg * w0, m[k * n + i], v[k * n + i], a_k * bias_at(bias, t, beta1, beta2), T,
+                        a_t = a_k * bias_at(bias, t, beta1, beta2)
+                        w, mi, vi = update(w0, g + nm_l2_reg * w0, m[k * n + i], v[k * n + i], a_t, T,
                                            beta1, beta2, eps, rel_decay, abs_decay, wclip, gclip)
                         P[k, po + i] = ti.select(run, w, w0)           # a skipped parameter keeps all it had
                         m[k * n + i] = ti.select(run, mi, m[k * n + i])
