@@ -15,7 +15,8 @@ zip of ``.npy`` files, no pickle) holding
 Loading never unpickles and never reads a member before checking its declared size and
 its ``.npy`` header against the trainer; it validates everything (see :func:`load`) and
 only then writes; any problem is a ``ValueError`` that leaves the trainer bit-identical.
-Hyperparameter values (learning rate, betas, ...) are taken from the file, so a trainer changed with ``update_hyperparams`` resumes as saved.
+Hyperparameter values (learning rate, betas, ...) are taken from the file, so a trainer
+changed with ``update_hyperparams`` resumes as saved.
 
 tcnn snapshot (``Trainer.export_tcnn`` / ``Trainer.load_tcnn``): tcnn's
 ``Trainer::serialize()`` JSON, ``{"n_params", "params_type", "params_binary":
