@@ -154,8 +154,13 @@ def test_gradients_only_where_asked(x):
         assert not model(xg).requires_grad
 
 
-def test_sgd_and_in_place_writes_reach_the_native_store(x):
-    model = tt.NetworkWithInputEncoding(3, 2, HASH, NET)
+LARGE_HASH = dict(HASH, n_levels=16, log2_hashmap_size=15)
+"""Over 2^18 parameters: copies go straight into the store's memory (``ParamStore.rows_view``)."""
+
+
+@pytest.mark.parametrize("encoding", [HASH, LARGE_HASH], ids=["small", "large"])
+def test_sgd_and_in_place_writes_reach_the_native_store(x, encoding):
+    model = tt.NetworkWithInputEncoding(3, 2, encoding, NET)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     for lr in (0.5, 0.25):
@@ -166,8 +171,13 @@ def test_sgd_and_in_place_writes_reach_the_native_store(x):
         opt.step()
         sched.step()
         torch.testing.assert_close(model.params.detach(), before - lr * grad)
-    fresh = tinn.NetworkWithInputEncoding(3, 2, HASH, NET)
+    fresh = tinn.NetworkWithInputEncoding(3, 2, encoding, NET)
     fresh.set_params(model.params.detach().numpy())
+    out, ctx = fresh.forward(x.numpy())
+    fresh.backward(ctx, np.ones_like(out), input_gradient=False)
+    model.zero_grad()
+    model(x).sum().backward()
+    np.testing.assert_array_equal(model.params.grad.numpy(), fresh.gradients())
     np.testing.assert_array_equal(model(x).detach().numpy(), fresh.inference(x.numpy()))
     with torch.no_grad():
         model.params.mul_(0.5)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ._store import read_gradients
+
 
 def _numpy(t: torch.Tensor) -> np.ndarray:
     """A float32 CPU tensor as a numpy array over the same memory (copied only if not contiguous)."""
@@ -25,7 +27,7 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
 
 def _params_grad(native, params: torch.Tensor) -> torch.Tensor:
     """The native store's parameter gradients as a tensor shaped, typed and placed as ``params``."""
-    return torch.from_numpy(np.asarray(native.gradients())).reshape(params.shape).to(params.device, params.dtype)
+    return torch.from_numpy(read_gradients(native)).reshape(params.shape).to(params.device, params.dtype)
 
 
 def _none_if_empty(t):

@@ -35,6 +35,7 @@ from .. import NetworkWithInputEncoding as _NativeNetworkWithInputEncoding
 from .. import _runtime
 from ..config import create_encoding, create_network
 from ._autograd import _ModuleFunction
+from ._store import write_params
 
 
 def supports_jit_fusion() -> bool:
@@ -95,7 +96,7 @@ class Module(torch.nn.Module):
         """Copy ``params`` into the native store if torch changed them since the last copy."""
         key = self._params_key()
         if key != self._synced:
-            self.native_tcnn_module.set_params(self.params.detach().to("cpu", torch.float32).numpy())
+            write_params(self.native_tcnn_module, self.params.detach().to("cpu", torch.float32).numpy())
             self._synced = key
 
     # -- calls -----------------------------------------------------------------------------------------
