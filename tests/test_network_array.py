@@ -109,14 +109,14 @@ def test_skewed_routing_is_cut_into_row_blocks_and_matches_single_networks(rng):
     """One network with far more samples than the others: the grouped stack stays a small multiple of
     the batch (its samples are cut into several row blocks), and outputs, input gradients and summed
     weight gradients still equal those of each network alone."""
-    from tinn.routing import Groups
+    from tinn.routing import Routing
     cfg = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 2}
     n = 300
     counts = np.full(n, 3)
     counts[[7, 123]] = [20_000, 0]
     ids = np.repeat(np.arange(n, dtype=np.int32), counts)
     rng.shuffle(ids)
-    groups = Groups(ids, n, len(ids))
+    groups = Routing(len(ids), n, ids).groups
     assert groups.row_group is not None and groups.n_rows * groups.size <= 3 * len(ids)
     net = tinn.create_network(4, 3, cfg, n_instances=n)
     x = rng.uniform(-1, 1, (len(ids), 4)).astype(np.float32)
@@ -220,3 +220,55 @@ def test_parameter_views_share_the_store_memory(rng, monkeypatch):
     expected[:, 1:4] = 2.5
     np.testing.assert_array_equal(store.read(store.grads, o, 7), expected)
     np.testing.assert_array_equal(store.read(store.params, o, 7), values)
+
+
+def test_optimizer_step_updates_exactly_the_networks_it_is_given(data):
+    """``optimizer_step(active=ids)`` steps those networks only, whatever the last backward reached;
+    ``active=None`` steps all of them (it never re-uses the routing of an earlier batch)."""
+    x, y = data
+    model = tinn.create_from_config(2, 3, CONFIG, n_instances=K)
+    ids = np.repeat(np.arange(K, dtype=np.int32), 32)
+    model.trainer.backward(model.trainer.forward(x.reshape(-1, 2), y.reshape(-1, 3), ids))
+    before = model.network.params()
+    model.trainer.optimizer_step(active=[1, 3])
+    after = model.network.params()
+    for k in range(K):
+        assert np.array_equal(after[k], before[k]) == (k in (0, 2)), k
+    np.testing.assert_array_equal(model.optimizer.step_counts(), [0, 1, 0, 1])
+
+    two = ids[ids < 2]                                       # a batch reaching networks 0 and 1 only
+    model.trainer.backward(model.trainer.forward(x[:2].reshape(-1, 2), y[:2].reshape(-1, 3), two))
+    model.trainer.optimizer_step()
+    np.testing.assert_array_equal(model.optimizer.step_counts(), [1, 2, 1, 2])
+    with pytest.raises(ValueError, match="active"):
+        model.trainer.optimizer_step(active=[K])
+
+
+def test_training_step_steps_only_the_networks_that_got_samples(data):
+    x, y = data
+    model = tinn.create_from_config(2, 3, CONFIG, n_instances=K)
+    before = model.network.params()
+    ids = np.repeat(np.array([0, 2], np.int32), 32)
+    model.trainer.training_step(x[[0, 2]].reshape(-1, 2), y[[0, 2]].reshape(-1, 3), ids)
+    after = model.network.params()
+    for k in range(K):
+        assert np.array_equal(after[k], before[k]) == (k in (1, 3)), k
+    np.testing.assert_array_equal(model.optimizer.step_counts(), [1, 0, 1, 0])
+
+
+def test_a_routed_step_counts_the_samples_per_network_once(data, monkeypatch):
+    """The routing of a batch is described once and carried in the context: one ``bincount`` of the
+    instance ids per training step (forward grouping, loss normalisation, backward, optimizer)."""
+    x, y = data
+    model = tinn.create_from_config(2, 3, CONFIG, n_instances=K)
+    ids = np.random.default_rng(3).permutation(np.repeat(np.arange(K, dtype=np.int32), 32))
+    calls = []
+    real = np.bincount
+
+    def counting(a, weights=None, minlength=0):
+        if weights is None:                  # a count (the loss also sums its row losses per network)
+            calls.append(len(a))
+        return real(a, weights, minlength)
+    monkeypatch.setattr(np, "bincount", counting)
+    model.trainer.training_step(x.reshape(-1, 2), y.reshape(-1, 3), ids)
+    assert calls == [len(ids)]

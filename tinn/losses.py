@@ -24,9 +24,11 @@ from ._runtime import RuntimeBound, to_numpy, as_batch, as_instances, current_pr
 from .config import losses
 from .keys import Options
 from .object import Object
+from .routing import Routing
 
 _f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 _f32_1d = ti.types.ndarray(dtype=ti.f32, ndim=1)
+_ONE = np.ones((1, 1), np.float32)         # the pdf argument of an unweighted evaluation (never read)
 
 
 @functools.lru_cache(maxsize=None)
@@ -87,57 +89,67 @@ class Loss(Object, RuntimeBound):
         raise NotImplementedError
 
     def evaluate(self, prediction, target, pdf=None, *, instance=None, n_instances: int | None = None,
-                 per_instance: bool = False, loss_scale: float = 1.0):
+                 per_instance: bool = False, loss_scale: float = 1.0, routing: Routing | None = None):
         """``(loss, dL_dprediction)``: the mean per-element loss and its gradient, shaped like ``prediction``.
 
-        For a network array pass the samples' ``instance`` ids: every network is then
-        normalised by its own sample count, and ``per_instance=True`` also returns the
-        ``(n_instances,)`` per-network losses (0 for networks without samples).
+        For a network array pass the samples' ``instance`` ids, or the ``routing`` of the forward
+        pass that made ``prediction`` (``ctx.routing``; dense ``(K, B_k, D)`` batches included):
+        every network is then normalised by its own sample count, and ``per_instance=True`` also
+        returns the ``(n_instances,)`` per-network losses (0 for networks without samples).
         """
         self._check_runtime()
-        t = as_batch(target, None, "target")
-        p = as_batch(prediction, None, "prediction")
-        if p.shape[0] != t.shape[0] or p.shape[1] < t.shape[1]:
+        dense = routing is not None and routing.dense is not None
+        t = as_batch(target, None, "target", allow_dense=dense)
+        p = as_batch(prediction, None, "prediction", allow_dense=dense)
+        if p.shape[:-1] != t.shape[:-1] or p.shape[-1] < t.shape[-1]:
             raise ValueError(f"prediction {p.shape} and target {t.shape} do not match: need the same batch and "
                              "at least as many prediction columns as target columns")
-        if t.shape[1] < self.min_dims:
-            raise ValueError(f"loss '{self.otype}' needs targets with at least {self.min_dims} dims, got {t.shape[1]}")
-        q = np.ones((1, 1), np.float32) if pdf is None else as_batch(pdf, t.shape[1], "pdf")
-        if pdf is not None and q.shape != t.shape:
+        if t.shape[-1] < self.min_dims:
+            raise ValueError(f"loss '{self.otype}' needs targets with at least {self.min_dims} dims, got {t.shape[-1]}")
+        q = None if pdf is None else as_batch(pdf, t.shape[-1], "pdf", allow_dense=dense)
+        if q is not None and q.shape != t.shape:
             raise ValueError(f"pdf must have the target's shape {t.shape}, got {q.shape}")
-        if instance is not None:
-            n_instances = n_instances or int(np.max(to_numpy(instance, 'instance'))) + 1
-        inst = None if instance is None else as_instances(instance, p.shape[0], n_instances)
-        loss, grad, per_network = self._evaluate(p, t, q, pdf is not None, loss_scale, inst, n_instances or 1)
+        if routing is None and instance is None:
+            routing = Routing(p.shape[0])
+        elif routing is None:
+            n_instances = n_instances or int(np.max(to_numpy(instance, "instance"))) + 1
+            routing = Routing(p.shape[0], n_instances, as_instances(instance, p.shape[0], n_instances))
+        elif routing.batch != int(np.prod(p.shape[:-1])):
+            raise ValueError(f"prediction has {int(np.prod(p.shape[:-1]))} samples, its routing {routing.batch}")
+        flat = (lambda a: a.reshape(routing.batch, a.shape[-1])) if dense else (lambda a: a)
+        loss, grad, per_network = self._evaluate(flat(p), flat(t), None if q is None else flat(q), routing,
+                                                 loss_scale)
+        grad = grad.reshape(p.shape)
         if not per_instance:
             return loss, grad
         return loss, grad, per_network if per_network is not None else np.array([loss])
 
-    def _evaluate(self, p, t, q, weighted, loss_scale, instance, n_instances=1, dense=False):
+    def _evaluate(self, p, t, q, routing: Routing, loss_scale):
         """``(loss, gradient, per-network losses or None)``.
 
-        With ``instance``, each network's samples are normalised by that network's own
+        With a routed batch, each network's samples are normalised by that network's own
         ``N_k = B_k * D``, so a network in an array gets exactly the gradient it would get
-        trained alone; the loss is then the mean of the per-network losses. ``dense`` says the
-        batch is a dense one (network k owns the k-th of K equal runs of samples), which needs no
-        per-sample bookkeeping.
+        trained alone; the loss is then the mean of the per-network losses. A dense batch
+        (network k owns the k-th of K equal runs of samples) needs no per-sample bookkeeping.
         """
         B, D = t.shape
-        if instance is None or dense:
-            counts, inv_n = None, np.full(B, 1.0 / (B // n_instances * D), np.float32)
+        K, dense = routing.n_instances, routing.dense is not None
+        if not routing.routed or dense:
+            inv_n = np.full(B, 1.0 / (B // K * D), np.float32)
         else:
-            counts = np.bincount(instance, minlength=n_instances)
-            inv_n = (1.0 / (counts[instance] * D)).astype(np.float32)
+            inv_n = (1.0 / (routing.counts[routing.instance] * D)).astype(np.float32)
         grad = np.empty_like(p)
         rows = np.empty(B, np.float32)
-        _kernel(current_program(), type(self))(p, t, q, weighted, inv_n, float(loss_scale), grad, rows)
-        if instance is None:
+        weighted = q is not None
+        _kernel(current_program(), type(self))(p, t, q if weighted else _ONE, weighted, inv_n, float(loss_scale),
+                                               grad, rows)
+        if not routing.routed:
             return float(rows.sum(dtype=np.float64)), grad, None
         if dense:
-            per_network = rows.reshape(n_instances, -1).sum(axis=1, dtype=np.float64)
+            per_network = rows.reshape(K, -1).sum(axis=1, dtype=np.float64)
             return float(per_network.mean()), grad, per_network
-        per_network = np.bincount(instance, weights=rows, minlength=n_instances)
-        return float(per_network.sum() / np.count_nonzero(counts)), grad, per_network
+        per_network = np.bincount(routing.instance, weights=rows, minlength=K)
+        return float(per_network.sum() / np.count_nonzero(routing.counts)), grad, per_network
 
 
 def _loss(name: str, doc: str, **attrs):

@@ -59,13 +59,13 @@ class NetworkWithInputEncoding(DifferentiableObject):
             return encoding_vjp(x, network_vjp(encode(x, k), dy, k), k)
         return forward, vjp
 
-    def _inference(self, x, instance):
-        return self.network._inference(self.encoding._inference(x, instance), instance)
+    def _inference(self, x, routing):
+        return self.network._inference(self.encoding._inference(x, routing), routing)
 
-    def _forward(self, x, instance):
-        encoded, enc_ctx = self.encoding._forward(x, instance)
-        y, net_ctx = self.network._forward(encoded, instance)
-        return y, Context(self, x, instance, enc_ctx=enc_ctx, net_ctx=net_ctx)
+    def _forward(self, x, routing):
+        encoded, enc_ctx = self.encoding._forward(x, routing)
+        y, net_ctx = self.network._forward(encoded, routing)
+        return y, Context(self, x, routing, enc_ctx=enc_ctx, net_ctx=net_ctx)
 
     def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
         needs_encoding = input_gradient or self.encoding.n_params > 0

@@ -22,19 +22,12 @@ from ._rng import Pcg32
 from ._sample import SampleFuncs
 from .keys import check_int, check_seed
 from .params import ParamStore, allocate
+from .routing import Routing
 
 GRADIENT_MODES = ("overwrite", "accumulate")
 
 INIT_CHUNK = 1 << 22
 """Parameters drawn per batch of instances at initialisation (bounds the generator's temporaries)."""
-
-
-def active_instances(ctx, n_instances: int):
-    """The networks a forward pass's batch reached: ``None`` for all of them, else their ids."""
-    if ctx.instance is None or ctx.dense is not None or n_instances == 1:
-        return None
-    counts = np.bincount(ctx.instance, minlength=n_instances)
-    return None if counts.all() else np.flatnonzero(counts)
 
 
 class Object:
@@ -54,10 +47,11 @@ class Object:
 
 
 class Context:
-    """What ``forward`` keeps for ``backward`` (tcnn's opaque ``Context``)."""
+    """What ``forward`` keeps for ``backward`` (tcnn's opaque ``Context``): the object that made it,
+    its input ``x``, the batch's :class:`~tinn.routing.Routing` and whatever the object saved."""
 
-    def __init__(self, owner, x, instance, **saved):
-        self.owner, self.x, self.instance = owner, x, instance
+    def __init__(self, owner, x, routing: Routing, **saved):
+        self.owner, self.x, self.routing = owner, x, routing
         self.__dict__.update(saved)
 
 
@@ -149,7 +143,7 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
     padded_output_width: int
 
     def _prepare(self, x, instance):
-        """Validate a batch; dense ``(K, B_k, n)`` batches become routed ones."""
+        """Validate a batch and describe its routing once; a dense ``(K, B_k, n)`` batch is flattened."""
         self._check_runtime()
         arr = as_batch(x, self.n_input_dims, allow_dense=self.n_instances > 1 and instance is None)
         if arr.ndim == 3:
@@ -157,24 +151,26 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
                 raise ValueError(f"a dense batch needs shape ({self.n_instances}, batch, {self.n_input_dims}), "
                                  f"got {arr.shape}")
             k, b = arr.shape[:2]
-            return arr.reshape(k * b, -1), np.repeat(np.arange(k, dtype=np.int32), b), (k, b)
-        return arr, as_instances(instance, arr.shape[0], self.n_instances), None
+            return arr.reshape(k * b, -1), Routing.of_dense(k, b)
+        ids = as_instances(instance, arr.shape[0], self.n_instances)
+        return arr, Routing(arr.shape[0], self.n_instances, ids)
 
-    def _finish(self, y: np.ndarray, dense):
+    def _finish(self, y: np.ndarray, routing: Routing):
         y = np.ascontiguousarray(y[:, : self.n_output_dims])
-        return y.reshape(dense[0], dense[1], -1) if dense else y
+        return y.reshape(routing.dense + (-1,)) if routing.dense else y
 
     def inference(self, x, instance=None) -> np.ndarray:
-        """Outputs ``(batch, n_output_dims)`` for inputs ``(batch, n_input_dims)``."""
-        x, inst, dense = self._prepare(x, instance)
-        return self._finish(self._inference(x, inst), dense)
+        """Outputs ``(batch, n_output_dims)`` for inputs ``(batch, n_input_dims)``; with a network array,
+        ``instance`` ``(batch,)`` int32 routes each sample, or ``x`` is a dense ``(K, B_k, n_input_dims)``."""
+        x, routing = self._prepare(x, instance)
+        return self._finish(self._inference(x, routing), routing)
 
     def forward(self, x, instance=None):
-        """``(output, ctx)``; keep ``ctx`` for :meth:`backward`."""
-        x, inst, dense = self._prepare(x, instance)
-        y, ctx = self._forward(x, inst)
-        ctx.dense = dense
-        return self._finish(y, dense), ctx
+        """``(output, ctx)``: the output as :meth:`inference` gives it, at the training weights; keep
+        ``ctx`` for :meth:`backward` (``ctx.routing`` describes how the batch reached the networks)."""
+        x, routing = self._prepare(x, instance)
+        y, ctx = self._forward(x, routing)
+        return self._finish(y, routing), ctx
 
     def backward(self, ctx: Context, dL_doutput, *, input_gradient: bool = True, mode: str = "overwrite"):
         """Accumulate (or overwrite) parameter gradients; return ``dL/dinput`` unless ``input_gradient=False``."""
@@ -188,7 +184,7 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         ``(batch, n_output_dims)`` and ``(batch, n_input_dims)`` (``(n_instances, batch, ...)`` for a dense
         batch); dL2/dparams is written to the parameter gradients (``mode="accumulate"``: added)."""
         g = self._output_gradient(ctx, dL_doutput, mode)
-        v = as_batch(dL_ddLdinput, self.n_input_dims, "dL_ddLdinput", allow_dense=ctx.dense is not None)
+        v = as_batch(dL_ddLdinput, self.n_input_dims, "dL_ddLdinput", allow_dense=ctx.routing.dense is not None)
         v = v.reshape(-1, self.n_input_dims)
         if v.shape[0] != ctx.x.shape[0]:
             raise ValueError(f"dL_ddLdinput has {v.shape[0]} samples, the forward pass had {ctx.x.shape[0]}")
@@ -203,10 +199,11 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
             raise ValueError("ctx must be the context returned by this object's forward()")
         if mode not in GRADIENT_MODES:
             raise ValueError(f"mode must be one of {GRADIENT_MODES}, got {mode!r}")
-        g = as_batch(dL_doutput, self.n_output_dims, "dL_doutput", allow_dense=ctx.dense is not None)
+        routing = ctx.routing
+        g = as_batch(dL_doutput, self.n_output_dims, "dL_doutput", allow_dense=routing.dense is not None)
         g = g.reshape(int(np.prod(g.shape[:-1])), self.n_output_dims)      # (batch, 0) has no -1 reshape
-        if g.shape[0] != ctx.x.shape[0]:
-            raise ValueError(f"dL_doutput has {g.shape[0]} samples, the forward pass had {ctx.x.shape[0]}")
+        if g.shape[0] != routing.batch:
+            raise ValueError(f"dL_doutput has {g.shape[0]} samples, the forward pass had {routing.batch}")
         if self.padded_output_width != self.n_output_dims:
             g = np.pad(g, ((0, 0), (0, self.padded_output_width - self.n_output_dims)))
         return g
@@ -214,7 +211,7 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
     def _gradient_mode(self, ctx: Context, mode: str) -> bool:
         """Whether the components overwrite the parameter gradients: a batch that reached every network
         overwrites all of them; otherwise the idle ones become 0 here and the components add."""
-        overwrite = mode == "overwrite" and active_instances(ctx, self.n_instances) is None
+        overwrite = mode == "overwrite" and ctx.routing.active is None
         if mode == "overwrite" and not overwrite:
             self._zero_gradients()
         return overwrite
@@ -222,13 +219,15 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
     @staticmethod
     def _dense(ctx: Context, a: np.ndarray) -> np.ndarray:
         """A per-sample result in the batch's own layout (``(n_instances, batch, n)`` for a dense batch)."""
-        return a.reshape(ctx.dense[0], ctx.dense[1], -1) if ctx.dense else a
+        dense = ctx.routing.dense
+        return a.reshape(dense + (-1,)) if dense else a
 
     # -- implemented by components (numpy in, numpy out; padded output width) --
-    def _inference(self, x: np.ndarray, instance) -> np.ndarray:
-        return self._forward(x, instance)[0]
+    def _inference(self, x: np.ndarray, routing: Routing) -> np.ndarray:
+        return self._forward(x, routing)[0]
 
-    def _forward(self, x: np.ndarray, instance):
+    def _forward(self, x: np.ndarray, routing: Routing):
+        """``(y, ctx)`` for a checked batch ``x`` routed by ``routing``; ``y`` has the padded width."""
         raise NotImplementedError
 
     def _backward(self, ctx: Context, dL_dy: np.ndarray, input_gradient: bool, overwrite: bool = False):

@@ -1,4 +1,12 @@
-"""Network arrays: grouping a routed batch by the network each sample belongs to.
+"""Network arrays: how a batch is spread over the networks of an array.
+
+``Routing`` describes one batch, once: built when the batch enters a model
+(``DifferentiableObject.forward`` / ``inference``), carried in the forward context, and
+read by every component, the loss (per-network normalisation), the backward pass (which
+networks' gradients a batch overwrites) and the optimizer (which networks step). A batch
+is one of three kinds: for a single network (no ids), *routed* (a ``(B,)`` int32
+``instance`` id per sample, in any order) or *dense* (``(K, B_k, dims)``: network k owns
+the k-th run of ``B_k`` samples).
 
 ``Groups`` is a counting sort of the per-sample ``instance`` ids. It gathers a
 ``(batch, n)`` array into a zero-padded ``(R, S, n)`` stack of row blocks, so a
@@ -12,6 +20,8 @@ Padding rows are zero and contribute nothing to weight gradients. The sort itsel
 row copies are small Taichi kernels (a serial pass of counters; parallel copies), several
 times faster than numpy's stable argsort and fancy indexing.
 """
+
+import functools
 
 import numpy as np
 import taichi as ti
@@ -62,22 +72,71 @@ def _block_size(counts: np.ndarray) -> int:
     return candidates[int(np.argmin(costs))]
 
 
+class Routing:
+    """The networks a batch of ``batch`` samples reaches, built once per batch.
+
+    ``instance``: the ``(batch,)`` int32 network id of every sample, or ``None`` for a
+    single network; ``dense``: ``(K, B_k)`` when the batch came as ``(K, B_k, dims)``
+    (then ``instance`` is ``k`` repeated ``B_k`` times). The derived facts are computed on
+    first use and kept: ``counts`` (samples per network), ``active`` (the networks that got
+    samples, ``None`` for all of them) and ``groups`` (the batch sorted by network).
+    """
+
+    def __init__(self, batch: int, n_instances: int = 1, instance: np.ndarray | None = None, dense=None):
+        self.batch, self.n_instances, self.instance, self.dense = batch, n_instances, instance, dense
+
+    @classmethod
+    def of_dense(cls, n_instances: int, per_network: int) -> "Routing":
+        """A dense ``(n_instances, per_network, dims)`` batch, flattened network by network."""
+        ids = np.repeat(np.arange(n_instances, dtype=np.int32), per_network)
+        return cls(n_instances * per_network, n_instances, ids, (n_instances, per_network))
+
+    @property
+    def routed(self) -> bool:
+        """Whether samples carry network ids (a network array's batch)."""
+        return self.instance is not None
+
+    @functools.cached_property
+    def counts(self) -> np.ndarray:
+        """Samples per network, ``(n_instances,)`` int64."""
+        if self.instance is None:
+            return np.array([self.batch], np.int64)
+        if self.dense is not None:
+            return np.full(self.n_instances, self.dense[1], np.int64)
+        return np.bincount(self.instance, minlength=self.n_instances)
+
+    @functools.cached_property
+    def active(self) -> np.ndarray | None:
+        """Ids (int32) of the networks that got samples; ``None`` when every network did."""
+        if self.dense is not None or self.n_instances == 1 or self.counts.all():
+            return None
+        return np.flatnonzero(self.counts).astype(np.int32)
+
+    @functools.cached_property
+    def groups(self) -> "Groups":
+        """The batch grouped by network (for the MLP's batched products)."""
+        return Groups(self)
+
+
 class Groups:
-    def __init__(self, instance: np.ndarray | None, n_instances: int, batch: int):
-        self.batch = batch
+    """A routed batch sorted by network into a zero-padded ``(R, S, n)`` stack of row blocks."""
+
+    def __init__(self, routing: Routing):
+        self.batch = batch = routing.batch
         self.row_group = None                      # group of each row block; None: one block per group
         self.first_row = None                      # first row block of each group, when cut into several
+        instance = routing.instance
         if instance is None:                       # one network, samples in order
             self.active = np.zeros(1, np.int32)
             self.size = batch
             self._slots = None
             return
-        counts = np.bincount(instance, minlength=n_instances)
+        counts = routing.counts
         self.active = np.flatnonzero(counts).astype(np.int32)
         counts = counts[self.active]
         self.size = _block_size(counts)
         equal = self.size == counts.max() and batch == len(self.active) * self.size
-        if equal and np.all(instance[:-1] <= instance[1:]):
+        if equal and (routing.dense is not None or np.all(instance[:-1] <= instance[1:])):
             self._slots = None                     # already grouped, equal counts: a reshape suffices
             return
         blocks = (counts + self.size - 1) // self.size
@@ -85,11 +144,11 @@ class Groups:
         if self.size < counts.max():
             self.row_group = np.repeat(np.arange(len(self.active)), blocks)
             self.first_row = first_block
-        network_row = np.zeros(n_instances, np.int64)
+        network_row = np.zeros(routing.n_instances, np.int64)
         network_row[self.active] = first_block
         self._slots = np.empty(batch, np.int64)                     # slot of sample b in the flat stack
-        _count_slots(np.ascontiguousarray(instance), network_row, np.zeros(n_instances, np.int64), self.size,
-                     self._slots)
+        _count_slots(np.ascontiguousarray(instance), network_row, np.zeros(routing.n_instances, np.int64),
+                     self.size, self._slots)
 
     @property
     def n_groups(self) -> int:

@@ -1,10 +1,17 @@
 """The trainer (tcnn ``trainer.h``): forward, loss, backward and optimizer step.
 
-``training_step(x, target)`` returns the loss as a float. The pieces are also
-available separately: ``forward(x, target) -> ctx`` (``ctx.loss``), ``backward(ctx)``
-and ``optimizer_step()``. With a network array, pass ``instance`` (or a dense
-``(K, B_k, dims)`` batch); networks that got no samples in a step are untouched.
-tinn computes in float32, so the loss scale is 1.
+``training_step(x, target)`` returns the loss as a float. It only composes public calls,
+as tcnn's ``Trainer::training_step`` does::
+
+    y, ctx = model.forward(x, instance)                 # ctx.routing: how the batch reached the networks
+    loss, dL_dy = loss.evaluate(y, target, pdf, routing=ctx.routing)
+    model.backward(ctx, dL_dy, input_gradient=False)   # overwrites the gradients (0 for idle networks)
+    optimizer.step(model, active=ctx.routing.active)    # networks without samples are not stepped
+
+The pieces are also available separately: ``forward(x, target) -> ctx`` (``ctx.loss``,
+``ctx.dL_doutput``), ``backward(ctx)`` and ``optimizer_step(active=None)``, which steps the
+networks it is given (all of them by default). With a network array, pass ``instance`` (or
+a dense ``(K, B_k, dims)`` batch). tinn computes in float32, so the loss scale is 1.
 
 If the optimizer keeps separate inference weights (tcnn's ``custom_weights``: EMA,
 Average, Lookahead, Composite with one of those), ``model.inference()`` reads them.
@@ -21,10 +28,16 @@ import numpy as np
 
 from . import serialization
 from ._runtime import RuntimeBound, as_batch
-from .object import Context, DifferentiableObject, active_instances
+from .object import Context, DifferentiableObject
 
 
 class Trainer(RuntimeBound):
+    """Trains ``model`` (a :class:`DifferentiableObject`, usually a ``NetworkWithInputEncoding``) with
+    ``optimizer`` on ``loss``; ``seed`` re-initialises the model's parameters first.
+
+    The optimizer is allocated for the model's parameters here (tcnn's ``Trainer`` constructor).
+    """
+
     loss_scale = 1.0
 
     def __init__(self, model: DifferentiableObject, optimizer, loss, *, seed: int | None = None):
@@ -34,7 +47,13 @@ class Trainer(RuntimeBound):
             model.reset_params(seed)
         store = model.store
         optimizer.allocate(model.n_params, model.layer_sizes(), model.n_instances, store)
-        self._active = None
+
+    def __repr__(self):
+        m = self.model
+        array = f", n_instances={m.n_instances}" if m.n_instances > 1 else ""
+        return (f"Trainer(model={type(m).__name__}({m.n_input_dims} -> {m.n_output_dims}, "
+                f"n_params={m.n_params}{array}), optimizer={self.optimizer.hyperparams()}, "
+                f"loss={self.loss.hyperparams()})")
 
     def hyperparams(self) -> dict:
         return {"otype": "Trainer", "optimizer": self.optimizer.hyperparams(), "loss": self.loss.hyperparams()}
@@ -91,39 +110,48 @@ class Trainer(RuntimeBound):
         serialization.load_tcnn(self, source, instance)
 
     def forward(self, x, target, instance=None, pdf=None) -> Context:
-        """Model forward and loss; the context carries ``loss`` and ``dL_doutput``."""
+        """Model forward and loss: the model's context, with ``loss``, ``dL_doutput`` and
+        ``instance_losses`` (per network, ``(n_instances,)``) added."""
         self._check_runtime()
         model = self.model
-        x, inst, dense = model._prepare(x, instance)
-        t = as_batch(target, model.n_output_dims, "target", allow_dense=dense is not None).reshape(-1, model.n_output_dims)
-        if t.shape[0] != x.shape[0]:
-            raise ValueError(f"target has {t.shape[0]} samples, x has {x.shape[0]}")
-        q = np.ones((1, 1), np.float32) if pdf is None else as_batch(pdf, model.n_output_dims, "pdf",
-                                                                     allow_dense=dense is not None)
-        y, ctx = model._forward(x, inst)
-        ctx.dense = dense
-        ctx.loss, ctx.dL_doutput, ctx.instance_losses = self.loss._evaluate(
-            y, t, q.reshape(-1, q.shape[-1]), pdf is not None, self.loss_scale, inst, model.n_instances,
-            dense=dense is not None)
+        dense = model.n_instances > 1 and instance is None      # a (K, B_k, dims) batch
+        x = as_batch(x, model.n_input_dims, "x", allow_dense=dense)
+        target = as_batch(target, model.n_output_dims, "target", allow_dense=dense)
+        if target.shape[:-1] != x.shape[:-1]:
+            raise ValueError(f"target has {_samples(target)} samples, x has {_samples(x)}")
+        if pdf is not None:
+            pdf = as_batch(pdf, model.n_output_dims, "pdf", allow_dense=dense)
+        y, ctx = model.forward(x, instance)
+        ctx.loss, ctx.dL_doutput, ctx.instance_losses = self.loss.evaluate(
+            y, target, pdf, routing=ctx.routing, per_instance=True, loss_scale=self.loss_scale)
         return ctx
 
     def backward(self, ctx: Context):
-        """Parameter gradients of ``ctx.loss`` (overwriting the previous ones)."""
+        """Parameter gradients of ``ctx.loss``, overwriting the previous ones (networks of an array that
+        got no samples get 0)."""
         self._check_runtime()
-        self._active = active_instances(ctx, self.model.n_instances)      # None: every network got samples
-        if self._active is not None:
-            self.model.store.zero_grad()                                    # networks without samples get 0
-        self.model._backward(ctx, ctx.dL_doutput, False, overwrite=self._active is None)
+        self.model.backward(ctx, ctx.dL_doutput, input_gradient=False)
 
-    def optimizer_step(self):
+    def optimizer_step(self, active=None):
+        """Apply the gradients: step the networks ``active`` (ids of an array's networks), or all of them."""
         self._check_runtime()
-        self.optimizer.step(self.model, loss_scale=self.loss_scale, active=self._active)
+        K = self.model.n_instances
+        if active is not None:
+            ids = np.asarray(active)
+            if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer) or (ids.size and (
+                    ids.min() < 0 or ids.max() >= K)):
+                raise ValueError(f"active must be a list of network ids in [0, {K}), got {active!r}")
+        self.optimizer.step(self.model, loss_scale=self.loss_scale, active=active)
 
     def training_step(self, x, target, instance=None, pdf=None, *, per_instance: bool = False):
         """One step; returns the loss, or ``(loss, per-network losses)`` with ``per_instance=True``."""
         ctx = self.forward(x, target, instance, pdf)
         self.backward(ctx)
-        self.optimizer_step()
+        self.optimizer_step(ctx.routing.active)
         if per_instance:
-            return ctx.loss, ctx.instance_losses if ctx.instance_losses is not None else np.array([ctx.loss])
+            return ctx.loss, ctx.instance_losses
         return ctx.loss
+
+
+def _samples(batch: np.ndarray) -> str:
+    return " x ".join(str(n) for n in batch.shape[:-1])

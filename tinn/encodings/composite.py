@@ -164,17 +164,17 @@ class CompositeEncoding(Encoding):
                               axis=-1)
 
     # -- batch API -------------------------------------------------------------------
-    def _run(self, x, instance, keep: bool):
+    def _run(self, x, routing, keep: bool):
         if self.n_params:
             self.store                           # bind the nested encodings before they touch parameters
         outs, ctxs = [], []
         for e, (begin, n) in zip(self.nested, self.slices):
             xi = np.ascontiguousarray(x[:, begin:begin + n])
             if keep:
-                y, c = e._forward(xi, instance)
+                y, c = e._forward(xi, routing)
                 ctxs.append(c)
             else:
-                y = e._inference(xi, instance)
+                y = e._inference(xi, routing)
             outs.append(y)
         if self.reduction == "Concatenation":
             y = np.concatenate(outs, axis=1)
@@ -184,13 +184,13 @@ class CompositeEncoding(Encoding):
             y = np.prod(outs, axis=0, dtype=np.float32)
         if not keep:
             return y, None
-        return y, Context(self, x, instance, nested=ctxs, outs=outs if self.reduction == "Product" else None)
+        return y, Context(self, x, routing, nested=ctxs, outs=outs if self.reduction == "Product" else None)
 
-    def _inference(self, x, instance):
-        return self._run(x, instance, keep=False)[0]
+    def _inference(self, x, routing):
+        return self._run(x, routing, keep=False)[0]
 
-    def _forward(self, x, instance):
-        return self._run(x, instance, keep=True)
+    def _forward(self, x, routing):
+        return self._run(x, routing, keep=True)
 
     # -- one sample inside a user's kernel ------------------------------------------------
     def _layout(self, weights, grads):

@@ -32,8 +32,8 @@ class EmptyEncoding(Encoding):
             return ti.Vector.zero(ti.f32, n)
         return forward, vjp
 
-    def _forward(self, x, instance):
-        return np.full((x.shape[0], self.padded_output_width), self.fill_value, np.float32), Context(self, x, instance)
+    def _forward(self, x, routing):
+        return np.full((x.shape[0], self.padded_output_width), self.fill_value, np.float32), Context(self, x, routing)
 
     def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
         return np.zeros_like(ctx.x) if input_gradient else None

@@ -74,10 +74,10 @@ class KernelEncoding(Encoding):
     def _sample_funcs(self, weights, grads):
         return self._kernels()[2:4]                 # no parameters: the weights do not matter
 
-    def _forward(self, x, instance):
+    def _forward(self, x, routing):
         y = np.empty((x.shape[0], self.padded_output_width), np.float32)
         self._kernels()[0](x, y)
-        return y, Context(self, x, instance)
+        return y, Context(self, x, routing)
 
     def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
         if not input_gradient:

@@ -82,9 +82,9 @@ class FrequencyEncoding(PerDimEncoding):
 
         return value, slope
 
-    def _forward(self, x, instance):
+    def _forward(self, x, routing):
         if not is_cpu():
-            return super()._forward(x, instance)
+            return super()._forward(x, routing)
         theta = np.multiply(np.float32(math.pi), x.T, order="C")      # phase() at octave 0, (D, B)
         n_restarts = -(-self.n_frequencies // RESTART)
         sincos = np.empty((n_restarts, 2) + theta.shape, np.float32)
@@ -99,4 +99,4 @@ class FrequencyEncoding(PerDimEncoding):
         y = np.empty((x.shape[0], self.padded_output_width), np.float32)
         _expand_kernel(current_program(), self.n_frequencies, self.n_input_dims, self.n_padding,
                        float(self.fill_value))(sincos, y)
-        return y, Context(self, x, instance)
+        return y, Context(self, x, routing)

@@ -150,11 +150,11 @@ class GridEncoding(Encoding):
         self._get_kernels().forward(weights, x, _routing(instance), y, instance is not None)
         return y
 
-    def _inference(self, x, instance):
-        return self._encode(self.store.inference_params, x, instance)
+    def _inference(self, x, routing):
+        return self._encode(self.store.inference_params, x, routing.instance)
 
-    def _forward(self, x, instance):
-        return self._encode(self.store.params, x, instance), Context(self, x, instance)
+    def _forward(self, x, routing):
+        return self._encode(self.store.params, x, routing.instance), Context(self, x, routing)
 
     def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
         k = self._get_kernels()
@@ -162,11 +162,12 @@ class GridEncoding(Encoding):
             self._zero_gradients()
             overwrite = False
         dL_dy = np.ascontiguousarray(dL_dy)
-        k.backward_params(ctx.x, _routing(ctx.instance), dL_dy, ctx.instance is not None, overwrite)
+        instance = ctx.routing.instance
+        k.backward_params(ctx.x, _routing(instance), dL_dy, instance is not None, overwrite)
         if not input_gradient:
             return None
         dx = np.empty_like(ctx.x)
-        k.backward_input(ctx.x, _routing(ctx.instance), dL_dy, dx, ctx.instance is not None)
+        k.backward_input(ctx.x, _routing(instance), dL_dy, dx, instance is not None)
         return dx
 
     def bind(self, store, offset):

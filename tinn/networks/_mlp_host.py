@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import _blas
 from ..object import Context
-from ..routing import Groups
+from ..routing import Groups, Routing
 from . import activations
 from .activations import Activation
 
@@ -123,10 +123,10 @@ class HostMLP:
         return ws[:-1] + [ws[-1][:, : self._n_computed_outputs()]]
 
     # -- forward ------------------------------------------------------------------------
-    def run(self, x: np.ndarray, instance, keep: bool):
+    def run(self, x: np.ndarray, routing: Routing, keep: bool):
         """``(y (batch, computed outputs), ctx or None)``; ``keep`` keeps what backward needs."""
         mlp = self.mlp
-        groups = Groups(instance, mlp.n_instances, x.shape[0])
+        groups = routing.groups
         weights = self._weights(groups, mlp.store.params if keep else mlp.store.inference_params)
         blocks, n = Blocks(groups), len(weights)
         stack = (groups.n_rows, groups.size)
@@ -150,7 +150,7 @@ class HostMLP:
 
         blocks.run(block)
         y = groups.scatter(layers[-1].y)
-        return y, (Context(mlp, x, instance, groups=groups, blocks=blocks, layers=layers) if keep else None)
+        return y, (Context(mlp, x, routing, groups=groups, blocks=blocks, layers=layers) if keep else None)
 
     # -- backward -----------------------------------------------------------------------
     def _gradient_buffer(self, ctx, overwrite: bool):

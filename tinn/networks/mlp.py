@@ -99,11 +99,11 @@ class MLP(Network):
             self._path = HostMLP(self)
         return self._path
 
-    def _inference(self, x, instance):
-        return self._batch_path().run(x, instance, keep=False)[0]
+    def _inference(self, x, routing):
+        return self._batch_path().run(x, routing, keep=False)[0]
 
-    def _forward(self, x, instance):
-        return self._batch_path().run(x, instance, keep=True)
+    def _forward(self, x, routing):
+        return self._batch_path().run(x, routing, keep=True)
 
     def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
         return self._batch_path().backward(ctx, dL_dy, input_gradient, overwrite)
