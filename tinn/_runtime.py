@@ -202,12 +202,14 @@ def to_numpy(a, name):
     raise TypeError(f"{name} must be a numpy array, a ti.ndarray or a torch tensor, not {type(a).__name__}")
 
 
-def as_batch(a, n_dims, name: str = "x", *, dtype=np.float32, allow_dense: bool = False) -> np.ndarray:
+def as_batch(a, n_dims, name: str = "x", *, dtype=np.float32, allow_dense: bool = False, finite: bool = False,
+             positive: bool = False) -> np.ndarray:
     """Check a ``(batch, n_dims)`` array and return it as a contiguous numpy array.
 
     ``n_dims=None`` accepts any width.
     With ``allow_dense`` a ``(K, batch_k, n_dims)`` array is accepted too and
-    returned unchanged in shape (the caller flattens it).
+    returned unchanged in shape (the caller flattens it). ``finite`` rejects NaN and
+    ±Inf, ``positive`` also values <= 0 (see :func:`check_values`).
     """
     arr = to_numpy(a, name)
     if arr.dtype != dtype:
@@ -219,7 +221,30 @@ def as_batch(a, n_dims, name: str = "x", *, dtype=np.float32, allow_dense: bool 
         raise ValueError(f"{name} must have shape {want}, got {tuple(arr.shape)}")
     if 0 in arr.shape[:-1]:                      # (batch, 0) is fine: an Empty encoding's output
         raise ValueError(f"{name} is an empty batch; a batch needs at least one sample")
-    return np.ascontiguousarray(arr)
+    arr = np.ascontiguousarray(arr)
+    if finite or positive:
+        check_values(arr, name, positive=positive)
+    return arr
+
+
+def check_values(arr: np.ndarray, name: str, *, positive: bool = False):
+    """``ValueError`` naming the first row of a batch that holds NaN or ±Inf (or, with ``positive``,
+    a value <= 0). Two vectorised reductions without temporaries (min and max, which propagate NaN
+    and cannot overflow) decide; only a failing batch is searched for its row."""
+    if not arr.size:
+        return
+    lo, hi = arr.min(), arr.max()
+    if np.isfinite(hi) and (lo > 0 if positive else np.isfinite(lo)):
+        return
+    rows = arr.reshape(-1, arr.shape[-1])
+    bad = ~np.isfinite(rows)
+    if positive:
+        bad |= ~(rows > 0)
+    first = int(np.flatnonzero(bad.any(axis=1))[0])
+    where = first if arr.ndim == 2 else tuple(int(i) for i in np.unravel_index(first, arr.shape[:-1]))
+    value = rows[first][bad[first]][0]
+    rule = "finite and > 0" if positive else "finite"
+    raise ValueError(f"{name} must be {rule}: row {where} holds {value}")
 
 
 def as_instances(instance, batch: int, n_instances: int) -> np.ndarray | None:

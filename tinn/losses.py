@@ -14,6 +14,10 @@ from the whole prediction row (RelativeL2Luminance's luminance), ``q`` is only n
 Variance. Denominators that tcnn treats as constants (RelativeL2's ``p^2 + 0.01``,
 RelativeL1's, Smape's, the luminance) are constants here too, so those gradients are
 *not* the derivative of the value. No loss has JSON keys.
+
+``target`` and ``pdf`` must be finite and ``pdf > 0``: anything else is a ``ValueError`` naming
+the first offending row, before any kernel runs. A non-finite ``prediction`` (a diverged
+network) is not an error: it gives a non-finite loss, as in tcnn.
 """
 import functools
 
@@ -99,14 +103,14 @@ class Loss(Object, RuntimeBound):
         """
         self._check_runtime()
         dense = routing is not None and routing.dense is not None
-        t = as_batch(target, None, "target", allow_dense=dense)
+        t = as_batch(target, None, "target", allow_dense=dense, finite=True)
         p = as_batch(prediction, None, "prediction", allow_dense=dense)
         if p.shape[:-1] != t.shape[:-1] or p.shape[-1] < t.shape[-1]:
             raise ValueError(f"prediction {p.shape} and target {t.shape} do not match: need the same batch and "
                              "at least as many prediction columns as target columns")
         if t.shape[-1] < self.min_dims:
             raise ValueError(f"loss '{self.otype}' needs targets with at least {self.min_dims} dims, got {t.shape[-1]}")
-        q = None if pdf is None else as_batch(pdf, t.shape[-1], "pdf", allow_dense=dense)
+        q = None if pdf is None else as_batch(pdf, t.shape[-1], "pdf", allow_dense=dense, positive=True)
         if q is not None and q.shape != t.shape:
             raise ValueError(f"pdf must have the target's shape {t.shape}, got {q.shape}")
         if routing is None and instance is None:

@@ -145,7 +145,7 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
     def _prepare(self, x, instance):
         """Validate a batch and describe its routing once; a dense ``(K, B_k, n)`` batch is flattened."""
         self._check_runtime()
-        arr = as_batch(x, self.n_input_dims, allow_dense=self.n_instances > 1 and instance is None)
+        arr = as_batch(x, self.n_input_dims, allow_dense=self.n_instances > 1 and instance is None, finite=True)
         if arr.ndim == 3:
             if arr.shape[0] != self.n_instances:
                 raise ValueError(f"a dense batch needs shape ({self.n_instances}, batch, {self.n_input_dims}), "

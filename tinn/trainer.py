@@ -13,6 +13,10 @@ The pieces are also available separately: ``forward(x, target) -> ctx`` (``ctx.l
 networks it is given (all of them by default). With a network array, pass ``instance`` (or
 a dense ``(K, B_k, dims)`` batch). tinn computes in float32, so the loss scale is 1.
 
+Every argument is checked before any kernel runs: shapes, dtypes, and values (``x``, ``target``
+and ``pdf`` finite, ``pdf > 0``; a ``ValueError`` names the argument and the first bad row),
+so a rejected step leaves the model and the optimizer exactly as they were.
+
 If the optimizer keeps separate inference weights (tcnn's ``custom_weights``: EMA,
 Average, Lookahead, Composite with one of those), ``model.inference()`` reads them.
 
@@ -115,12 +119,12 @@ class Trainer(RuntimeBound):
         self._check_runtime()
         model = self.model
         dense = model.n_instances > 1 and instance is None      # a (K, B_k, dims) batch
-        x = as_batch(x, model.n_input_dims, "x", allow_dense=dense)
-        target = as_batch(target, model.n_output_dims, "target", allow_dense=dense)
+        x = as_batch(x, model.n_input_dims, "x", allow_dense=dense, finite=True)
+        target = as_batch(target, model.n_output_dims, "target", allow_dense=dense, finite=True)
         if target.shape[:-1] != x.shape[:-1]:
             raise ValueError(f"target has {_samples(target)} samples, x has {_samples(x)}")
         if pdf is not None:
-            pdf = as_batch(pdf, model.n_output_dims, "pdf", allow_dense=dense)
+            pdf = as_batch(pdf, model.n_output_dims, "pdf", allow_dense=dense, positive=True)
         y, ctx = model.forward(x, instance)
         ctx.loss, ctx.dL_doutput, ctx.instance_losses = self.loss.evaluate(
             y, target, pdf, routing=ctx.routing, per_instance=True, loss_scale=self.loss_scale)
