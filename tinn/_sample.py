@@ -98,7 +98,7 @@ class SampleFuncs:
         self._check_runtime()
         if not self.n_params:
             return
-        if self._offset == 0 and self.n_params == self.store.n_params:
+        if self.n_params == self.store.n_params:           # the whole store: one fill
             self.store.zero_grad()
         else:
             self._zero_gradients()
