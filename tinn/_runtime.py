@@ -53,6 +53,11 @@ def _keep_large_buffers():
     mallopt(M_TOP_PAD, 1 << 28)
 
 
+def next_multiple(value: int, multiple: int) -> int:
+    """The least multiple of ``multiple`` that is >= ``value``."""
+    return -(-value // multiple) * multiple
+
+
 def current_program():
     """The live Taichi program; a clear error before ``ti.init``."""
     prog = impl.get_runtime().prog

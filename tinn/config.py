@@ -1,59 +1,23 @@
-"""The otype registries and tcnn's factories.
+"""tcnn's ``config.h``: ``create_from_config`` builds the whole ``TrainableModel`` (loss,
+optimizer, ``NetworkWithInputEncoding``, trainer) from one config.
 
-``create_encoding``, ``create_network``, ``create_loss`` and ``create_optimizer``
-look a config's ``otype`` up case-insensitively (tcnn's aliases included) and
-build the registered class; ``create_from_config`` builds the whole
-``TrainableModel`` (loss, optimizer, network, trainer) as tcnn's ``config.h``.
-A config is a dict or a path to a JSON file, which may contain comments.
+This is the top floor: it imports the model and the trainer it wires. The registries, the
+component factories (``create_encoding``, ``create_network``, ``create_loss``,
+``create_optimizer``) and ``load_config`` live on the ground floor, ``tinn.registry``, and
+are re-exported here.
 """
 from __future__ import annotations
 
-import os
 import warnings
 from dataclasses import dataclass
 
-import commentjson
-
-from .keys import Options, check_int, check_seed, describe  # noqa: F401 (Options: components import it here)
+from .keys import check_seed
+from .network_with_input_encoding import NetworkWithInputEncoding
+from .registry import (Registry, _check_dims, _check_instances, create_encoding, create_loss,  # noqa: F401
+                       create_network, create_optimizer, encodings, load_config, losses, networks, optimizers)
+from .trainer import Trainer
 
 SECTIONS = ("loss", "optimizer", "encoding", "network")
-
-
-def load_config(config) -> dict:
-    """A config dict, or the JSON file (comments allowed) at path ``config``.
-
-    A file that does not parse gives ``ValueError("<file>: invalid JSON at line L, column C: ...")``;
-    its top level must be a JSON object.
-    """
-    if isinstance(config, dict):
-        return config
-    if isinstance(config, (str, os.PathLike)):
-        path = os.fspath(config)
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-        data = parse_json(text, path)
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: a config must be a JSON object, got {type(data).__name__}")
-        return data
-    raise TypeError(f"config must be a dict or a path to a JSON file, not {type(config).__name__}")
-
-
-def parse_json(text: str, where: str):
-    """JSON with comments (commentjson's grammar); errors name ``where``, the line and the column."""
-    try:
-        return commentjson.loads(text)
-    except Exception as e:                  # lark's parse errors, or commentjson's ValueError wrapping one
-        cause = e if hasattr(e, "line") else e.__context__ if hasattr(e.__context__, "line") else None
-        if cause is None:
-            raise ValueError(f"{where}: invalid JSON: {str(e).splitlines()[0]}") from None
-        token = getattr(cause, "token", None)
-        if token is not None and getattr(token, "type", "") == "$END":
-            what = "unexpected end of file"
-        elif token is not None:
-            what = f"unexpected {str(token)!r}"
-        else:
-            what = f"unexpected character {getattr(cause, 'char', '?')!r}"
-        raise ValueError(f"{where}: invalid JSON at line {cause.line}, column {cause.column}: {what}") from None
 
 
 def section(config: dict, name: str, where: str = "create_from_config") -> dict:
@@ -63,93 +27,6 @@ def section(config: dict, name: str, where: str = "create_from_config") -> dict:
         raise ValueError(f"{where}: section '{name}' must be a dict (a JSON object) with an 'otype', "
                          f"got {type(value).__name__} {value!r}")
     return value
-
-
-class Registry:
-    """Case-insensitive map from otype (and aliases) to a component class."""
-
-    def __init__(self, kind: str, default: str):
-        self.kind, self.default = kind, default
-        self._classes: dict[str, type] = {}
-        self._names: dict[str, str] = {}
-
-    def register(self, *names: str):
-        """Class decorator: ``@register("HashGrid", "Grid")``; the first name is canonical."""
-        def deco(cls):
-            for name in names:
-                key = name.lower()
-                if key in self._classes:
-                    raise ValueError(f"{self.kind} otype '{name}' is registered twice")
-                self._classes[key], self._names[key] = cls, name
-            if "otype" not in cls.__dict__:
-                cls.otype = names[0]
-            keys = cls.__dict__.get("KEYS")
-            if keys:                             # the key table documents itself
-                cls.__doc__ = f"{(cls.__doc__ or names[0]).rstrip()}\n\nKeys (tcnn's names and defaults):\n\n" \
-                              f"{describe(keys)}\n"
-            return cls
-        return deco
-
-    def names(self) -> list[str]:
-        return sorted(self._names.values(), key=str.lower)
-
-    def lookup(self, config: dict):
-        """``(canonical name as written in the registry, class)`` for ``config['otype']``."""
-        otype = config.get("otype", self.default)
-        if not isinstance(otype, str) or otype.lower() not in self._classes:
-            raise ValueError(f"unknown {self.kind} otype {otype!r}; valid otypes: {', '.join(self.names())}")
-        return self._names[otype.lower()], self._classes[otype.lower()]
-
-
-encodings = Registry("encoding", default="OneBlob")
-networks = Registry("network", default="CutlassMLP")
-losses = Registry("loss", default="RelativeL2")
-optimizers = Registry("optimizer", default="Adam")
-
-
-def _build(registry: Registry, config, *args, **kwargs):
-    config = load_config(config)
-    name, cls = registry.lookup(config)
-    return cls.from_config(*args, config, otype=name, **kwargs)
-
-
-def create_encoding(n_input_dims: int, config, *, alignment: int = 0, n_instances: int = 1, seed: int = 1337):
-    """An encoding of ``n_input_dims`` inputs. ``alignment`` pads the output width (tcnn's torch API: 0)."""
-    enc = _build(encodings, config, _check_dims(n_input_dims, "n_input_dims"),
-                 n_instances=_check_instances(n_instances), seed=check_seed(seed))
-    if alignment:
-        enc.set_alignment(alignment)
-    return enc
-
-
-def create_network(n_input_dims: int, n_output_dims: int, config, *, n_instances: int = 1, seed: int = 1337):
-    """An MLP from ``n_input_dims`` to ``n_output_dims``."""
-    return _build(networks, config, _check_dims(n_input_dims, "n_input_dims"),
-                  _check_dims(n_output_dims, "n_output_dims"), n_instances=_check_instances(n_instances),
-                  seed=check_seed(seed))
-
-
-def create_loss(config):
-    """The loss of ``config["otype"]`` (default ``RelativeL2``; tcnn's names and aliases,
-    case-insensitive), from a dict or a JSON file. Losses have no other keys."""
-    return _build(losses, config)
-
-
-def create_optimizer(config):
-    """The optimizer of ``config["otype"]`` (default ``Adam``) with the config's keys, from a dict
-    or a JSON file. Wrappers (EMA, Average, Batched, ExponentialDecay, Lookahead) take their
-    inner optimizer's config under ``nested``; Composite a list of them. Unknown keys warn;
-    a bad value is a ``ValueError`` naming the optimizer and the key. The optimizer allocates
-    its state on its first ``step`` (or ``allocate``)."""
-    return _build(optimizers, config)
-
-
-def _check_dims(n, name):
-    return check_int(n, name, 1)
-
-
-def _check_instances(n):
-    return check_int(n, "n_instances", 1)
 
 
 @dataclass
@@ -164,9 +41,6 @@ class TrainableModel:
 def create_from_config(n_input_dims: int, n_output_dims: int, config, *, n_instances: int = 1,
                        seed: int = 1337) -> TrainableModel:
     """Loss, optimizer, ``NetworkWithInputEncoding`` and ``Trainer`` from one tcnn config."""
-    from .network_with_input_encoding import NetworkWithInputEncoding
-    from .trainer import Trainer
-
     config = load_config(config)
     unknown = set(config) - set(SECTIONS)
     if unknown:

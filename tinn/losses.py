@@ -25,7 +25,7 @@ import numpy as np
 import taichi as ti
 
 from ._runtime import RuntimeBound, to_numpy, as_batch, as_instances, current_program
-from .config import losses
+from .registry import losses
 from .keys import Options
 from .object import Object
 from .routing import Routing

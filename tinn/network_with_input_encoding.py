@@ -7,7 +7,7 @@ encoding, and are initialised in that order from one pcg32 generator.
 import numpy as np
 import taichi as ti
 
-from .config import create_encoding, create_network, load_config
+from .registry import create_encoding, create_network, load_config
 from .object import Context, DifferentiableObject
 from .params import allocate
 from .networks.network import OUTPUT_ALIGNMENT

@@ -36,6 +36,8 @@ import zipfile
 
 import numpy as np
 
+from .registry import create_loss, create_optimizer
+
 FORMAT, VERSION = "tinn-checkpoint", 1
 _MAX_HEADER = 1 << 24
 _NPY_SLACK = 4096          # bytes an .npy header may add to its data
@@ -220,8 +222,6 @@ def load(trainer, path):
     then are hyperparameters, optimizer state and parameters replaced; a failure there
     restores the trainer's previous state.
     """
-    from .config import create_loss, create_optimizer
-
     trainer._check_runtime()
     model, optimizer = trainer.model, trainer.optimizer
     K, n = model.n_instances, model.n_params

@@ -1,4 +1,4 @@
-"""Encodings, one module per tcnn otype (see ``tinn.config.encodings`` for the registry)."""
+"""Encodings, one module per tcnn otype (see ``tinn.registry.encodings`` for the registry)."""
 from .composite import CompositeEncoding, NRCEncoding
 from .empty import EmptyEncoding
 from .encoding import Encoding

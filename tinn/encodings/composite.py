@@ -40,7 +40,7 @@ from math import lcm
 import numpy as np
 import taichi as ti
 
-from ..config import create_encoding, encodings
+from ..registry import create_encoding, encodings
 from ..keys import NON_NEGATIVE, POWER_OF_TWO, REQUIRED, Key, between, reported
 from ..object import Context
 from .encoding import Encoding, next_multiple

@@ -7,7 +7,7 @@ Typical use is inside a ``Composite``, to drop input dims.
 import numpy as np
 import taichi as ti
 
-from ..config import encodings
+from ..registry import encodings
 from ..object import Context
 from .encoding import Encoding
 

@@ -11,12 +11,9 @@ from math import lcm
 
 import numpy as np
 
+from .._runtime import next_multiple
 from ..keys import Options, reported
 from ..object import Context, DifferentiableObject
-
-
-def next_multiple(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
 
 
 class Encoding(DifferentiableObject):

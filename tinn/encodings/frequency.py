@@ -19,7 +19,7 @@ import taichi as ti
 
 from .. import _blas
 from .._runtime import current_program, is_cpu
-from ..config import encodings
+from ..registry import encodings
 from ..keys import Key, between
 from ..object import Context
 from ._per_dim import PerDimEncoding, exp2i

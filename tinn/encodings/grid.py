@@ -28,7 +28,7 @@ import numpy as np
 import taichi as ti
 
 from .._runtime import FieldTree, is_cpu
-from ..config import encodings
+from ..registry import encodings
 from ..keys import OFF, POSITIVE_INT, Key, Options, above, between, one_of, reported
 from ..object import Context
 from .encoding import Encoding, next_multiple

@@ -4,7 +4,7 @@ Keys: ``IdentityEncoding.KEYS``. Backward: ``dL/dx_j = scale * dL/dy_j``.
 """
 import taichi as ti
 
-from ..config import encodings
+from ..registry import encodings
 from ..keys import Key
 from ._per_dim import PerDimEncoding
 

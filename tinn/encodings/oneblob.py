@@ -11,7 +11,7 @@ The K outputs of one dim sum to 1. Any K works, including K > 32 (spec §8 A2).
 """
 import taichi as ti
 
-from ..config import encodings
+from ..registry import encodings
 from ..keys import POWER_OF_TWO, Key
 from ._per_dim import PerDimEncoding
 

@@ -28,7 +28,7 @@ import numpy as np
 import taichi as ti
 
 from .._runtime import current_program
-from ..config import encodings
+from ..registry import encodings
 from ..keys import Key, between
 from .encoding import KernelEncoding
 

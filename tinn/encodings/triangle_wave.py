@@ -7,7 +7,7 @@ Key: ``n_frequencies`` F (12). Output ``d * F + k``, k < F::
 """
 import taichi as ti
 
-from ..config import encodings
+from ..registry import encodings
 from ..keys import Key, between
 from ._per_dim import PerDimEncoding, exp2i
 

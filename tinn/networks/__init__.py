@@ -1,4 +1,4 @@
-"""Networks (see ``tinn.config.networks`` for the registry)."""
+"""Networks (see ``tinn.registry.networks`` for the registry)."""
 from .mlp import MLP
 from .network import Network
 

@@ -23,7 +23,7 @@ import warnings
 
 import numpy as np
 
-from ..config import networks
+from ..registry import networks
 from ..keys import POSITIVE_INT, Key, Options, between, reported
 from . import activations
 from ._mlp_funcs import sample_funcs

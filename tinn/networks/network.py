@@ -1,7 +1,7 @@
 """The network base class (tcnn ``network.h``)."""
 from __future__ import annotations
 
-from ..encodings.encoding import next_multiple
+from .._runtime import next_multiple
 from ..object import DifferentiableObject
 
 OUTPUT_ALIGNMENT = 16

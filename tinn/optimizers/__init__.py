@@ -1,4 +1,4 @@
-"""Optimizers, one file per tcnn otype (see ``tinn.config.optimizers`` for the registry).
+"""Optimizers, one file per tcnn otype (see ``tinn.registry.optimizers`` for the registry).
 
 Leaf optimizers: ``SGD``, ``Adam``, ``Novograd``, ``Shampoo``. Wrappers around a
 ``nested`` optimizer: ``EMA``, ``Average``, ``Batched``, ``ExponentialDecay``,

@@ -20,7 +20,7 @@ import numpy as np
 import taichi as ti
 
 from .._runtime import current_program
-from ..config import optimizers
+from ..registry import optimizers
 from ..keys import NON_NEGATIVE, Key
 from .optimizer import (ABSOLUTE_DECAY, EPSILON, F32_1D, I32_1D, LEARNING_RATE, RELATIVE_DECAY, Optimizer, beta,
                         l2_reg, zeros)

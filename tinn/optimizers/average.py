@@ -16,7 +16,7 @@ State: ``weights_samples`` ``(N, K, n)``, ``weights_average`` plus ``nested.*``.
 import numpy as np
 import taichi as ti
 
-from ..config import optimizers
+from ..registry import optimizers
 from ..keys import INT32_MAX, POSITIVE_INT, Key
 from .optimizer import F32_3D, I32_1D, zeros
 from .wrapper import Wrapper

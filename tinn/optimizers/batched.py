@@ -12,7 +12,7 @@ half-precision copy of the pool; tinn is float32 throughout).
 import numpy as np
 import taichi as ti
 
-from ..config import optimizers
+from ..registry import optimizers
 from ..keys import POSITIVE_INT, Key
 from .optimizer import I32_1D, Slot
 from .wrapper import Wrapper

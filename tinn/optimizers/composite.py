@@ -28,7 +28,7 @@ import numpy as np
 import taichi as ti
 
 from .._runtime import FieldTree
-from ..config import create_optimizer, optimizers
+from ..registry import create_optimizer, optimizers
 from ..keys import NON_NEGATIVE, Key, Options
 from .optimizer import Optimizer, Slot, prefixed, unprefixed
 from .wrapper import Wrapper, check_learning_rate, copy_kernel

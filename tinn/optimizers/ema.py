@@ -18,7 +18,7 @@ State: ``weights_ema`` plus ``nested.*``.
 import numpy as np
 import taichi as ti
 
-from ..config import optimizers
+from ..registry import optimizers
 from ..keys import Key
 from .optimizer import F32_1D, I32_1D, beta
 from .wrapper import Wrapper, copy_kernel

@@ -22,7 +22,7 @@ State: ``learning_rate_factor`` ``(K,)`` plus ``nested.*``.
 """
 import numpy as np
 
-from ..config import optimizers
+from ..registry import optimizers
 from ..keys import CLOSED_UNIT, NON_NEGATIVE, POSITIVE_INT, Key
 from .wrapper import Wrapper, check_learning_rate
 

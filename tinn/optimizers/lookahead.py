@@ -14,7 +14,7 @@ State: ``weights_lookahead`` plus ``nested.*``.
 import numpy as np
 import taichi as ti
 
-from ..config import optimizers
+from ..registry import optimizers
 from ..keys import CLOSED_UNIT, POSITIVE_INT, Key
 from .optimizer import I32_1D
 from .wrapper import Wrapper, copy_kernel

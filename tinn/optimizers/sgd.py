@@ -5,7 +5,7 @@ State: ``current_step``.
 """
 import taichi as ti
 
-from ..config import optimizers
+from ..registry import optimizers
 from .optimizer import F32_1D, I32_1D, LEARNING_RATE, Optimizer, l2_reg
 
 

@@ -12,7 +12,7 @@ the wrapper's own arrays plus the nested state under ``nested.``.
 import numpy as np
 import taichi as ti
 
-from ..config import create_optimizer
+from ..registry import create_optimizer
 from ..keys import Options
 from .optimizer import I32_1D, LEARNING_RATE, Optimizer, Slot, prefixed, unprefixed
 
