@@ -10,6 +10,7 @@ against the reference (the image itself, evaluated at pixel centres). Pixel valu
 used as stored (``v / 255``), and grayscale images are learnt as RGB.
 """
 import argparse
+import functools
 import math
 import os
 import sys
@@ -19,13 +20,12 @@ T_START = time.perf_counter()
 
 import imageio.v3 as iio  # noqa: E402
 import numpy as np  # noqa: E402
-import taichi as ti  # noqa: E402
-
-import tinn  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_IMAGE = os.path.join(ROOT, "data", "images", "default.jpg")
 DEFAULT_CONFIG = os.path.join(ROOT, "data", "config_hash.json")
+ARCHS = ("cpu", "cuda", "vulkan", "metal", "opengl", "gles", "amdgpu", "dx11", "gpu")
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".exr", ".bmp", ".tif", ".tiff", ".gif", ".webp", ".hdr")
 
 
 def load_image(path):
@@ -40,21 +40,34 @@ def load_image(path):
     return np.ascontiguousarray(img.astype(np.float32) / scale)
 
 
-@ti.kernel
-def bilinear_lookup(image: ti.types.ndarray(dtype=ti.math.vec3, ndim=2), xy: ti.types.ndarray(dtype=ti.math.vec2, ndim=1),
-                    rgb: ti.types.ndarray(dtype=ti.math.vec3, ndim=1)):
-    """rgb[b] = image at xy[b] = (x right, y down) in [0, 1]^2, bilinear, clamped to the edges."""
-    H, W = image.shape[0], image.shape[1]
-    for b in range(xy.shape[0]):
-        p = xy[b] * ti.math.vec2(W, H) - 0.5
-        corner = ti.floor(p)
-        t = p - corner
-        x0, y0 = ti.cast(corner[0], ti.i32), ti.cast(corner[1], ti.i32)
-        x1, y1 = ti.math.clamp(x0 + 1, 0, W - 1), ti.math.clamp(y0 + 1, 0, H - 1)
-        x0, y0 = ti.math.clamp(x0, 0, W - 1), ti.math.clamp(y0, 0, H - 1)
-        top = image[y0, x0] * (1.0 - t[0]) + image[y0, x1] * t[0]
-        bottom = image[y1, x0] * (1.0 - t[0]) + image[y1, x1] * t[0]
-        rgb[b] = top * (1.0 - t[1]) + bottom * t[1]
+def bilinear_lookup(image, xy, rgb):
+    """rgb[b] = image at xy[b] = (x right, y down) in [0, 1]^2, bilinear, clamped to the edges.
+
+    ``image`` (H, W, 3), ``xy`` (B, 2), ``rgb`` (B, 3), float32; a Taichi kernel built on first use.
+    """
+    _bilinear_kernel()(image, xy, rgb)
+
+
+@functools.lru_cache(maxsize=None)
+def _bilinear_kernel():
+    import taichi as ti            # imported when needed: --help and argument errors never start Taichi
+
+    @ti.kernel
+    def lookup(image: ti.types.ndarray(dtype=ti.math.vec3, ndim=2), xy: ti.types.ndarray(dtype=ti.math.vec2, ndim=1),
+               rgb: ti.types.ndarray(dtype=ti.math.vec3, ndim=1)):
+        H, W = image.shape[0], image.shape[1]
+        for b in range(xy.shape[0]):
+            p = xy[b] * ti.math.vec2(W, H) - 0.5
+            corner = ti.floor(p)
+            t = p - corner
+            x0, y0 = ti.cast(corner[0], ti.i32), ti.cast(corner[1], ti.i32)
+            x1, y1 = ti.math.clamp(x0 + 1, 0, W - 1), ti.math.clamp(y0 + 1, 0, H - 1)
+            x0, y0 = ti.math.clamp(x0, 0, W - 1), ti.math.clamp(y0, 0, H - 1)
+            top = image[y0, x0] * (1.0 - t[0]) + image[y0, x1] * t[0]
+            bottom = image[y1, x0] * (1.0 - t[0]) + image[y1, x1] * t[0]
+            rgb[b] = top * (1.0 - t[1]) + bottom * t[1]
+
+    return lookup
 
 
 def pixel_centres(h, w):
@@ -92,31 +105,79 @@ def open_window(shape, enabled):
         print("--gui: no display found, continuing without a window")
         return None
     try:
+        import taichi as ti
         return ti.GUI("tinn: mlp_learning_an_image", res=(shape[1], shape[0]))
     except Exception as e:  # no usable window system
         print(f"--gui: cannot open a window ({e}), continuing without one")
         return None
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("image", nargs="?", default=DEFAULT_IMAGE)
-    ap.add_argument("config", nargs="?", default=DEFAULT_CONFIG)
-    ap.add_argument("--steps", type=int, default=1000)
-    ap.add_argument("--batch", type=int, default=1 << 16)
-    ap.add_argument("--out", default="out")
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        """A bad command line: one line on stderr, exit status 2 (no usage dump, no traceback)."""
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _positive(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def parse_args(argv=None):
+    ap = _Parser(description=__doc__.split("\n")[0],
+                 epilog="Taichi starts only after the arguments are checked.")
+    ap.add_argument("image", nargs="?", default=DEFAULT_IMAGE, metavar="IMAGE",
+                    help="image to learn (any format imageio reads; default: data/images/default.jpg)")
+    ap.add_argument("config", nargs="?", default=DEFAULT_CONFIG, metavar="CONFIG",
+                    help="tcnn JSON config, comments allowed (default: data/config_hash.json)")
+    ap.add_argument("--steps", type=_positive, default=1000, help="training steps (default: 1000)")
+    ap.add_argument("--batch", type=_positive, default=1 << 16, help="samples per step (default: 65536)")
+    ap.add_argument("--out", default="out", help="folder for the snapshots and reference.jpg (default: out)")
     ap.add_argument("--seed", type=int, default=1337, help="seed of the parameters and of the sampled batches")
     ap.add_argument("--gui", action="store_true", help="show the reconstruction live in a window")
-    ap.add_argument("--arch", default="cpu", help="Taichi arch (cpu, cuda, vulkan, metal, ...)")
-    args = ap.parse_args()
+    ap.add_argument("--arch", default="cpu", choices=ARCHS, metavar="ARCH",
+                    help=f"Taichi arch: {', '.join(ARCHS)} (default: cpu)")
+    args = ap.parse_args(argv)
+    for what, path in (("IMAGE", args.image), ("CONFIG", args.config)):
+        if not os.path.isfile(path):
+            ap.error(f"{what} {path!r} is not a file")
+    if args.image.lower().endswith((".json", ".jsonc")):
+        ap.error(f"IMAGE {args.image!r} is a JSON config: the order is IMAGE CONFIG")
+    if args.config.lower().endswith(IMAGE_SUFFIXES):
+        ap.error(f"CONFIG {args.config!r} is an image: the order is IMAGE CONFIG")
+    try:
+        args.image_data = load_image(args.image)
+    except Exception as e:             # whatever imageio raises for a file it cannot decode
+        ap.error(f"IMAGE {args.image!r} cannot be read as an image ({type(e).__name__}: {e})")
+    if min(args.image_data.shape[:2]) < 1:
+        ap.error(f"IMAGE {args.image!r} is empty")
+    return ap, args
+
+
+def main(argv=None):
+    ap, args = parse_args(argv)
+    import taichi as ti
+    import tinn
 
     tinn.init(arch=getattr(ti, args.arch))
-    image = load_image(args.image)
+    try:
+        config = tinn.load_config(args.config)
+    except (OSError, ValueError) as e:
+        ap.error(f"CONFIG: {e}")
+    image = args.image_data
     H, W, _ = image.shape
     os.makedirs(args.out, exist_ok=True)
     print(f"Image {args.image}: {W}x{H}; config {args.config}; batch {args.batch}, {args.steps} steps")
 
-    model = tinn.create_from_config(2, 3, args.config, seed=args.seed)
+    try:
+        model = tinn.create_from_config(2, 3, config, seed=args.seed)
+    except (TypeError, ValueError) as e:
+        ap.error(f"CONFIG {args.config!r}: {e}")
     print(f"Model: {model.network.n_params} parameters "
           f"({model.network.encoding.name} -> {model.network.network.name})")
     coords = pixel_centres(H, W)

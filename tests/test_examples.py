@@ -53,3 +53,52 @@ def test_example_runs(tmp_path, script, args):
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "PSNR" in result.stdout
+
+
+IMAGE_EXAMPLE = os.path.join(ROOT, "examples", "mlp_learning_an_image.py")
+IMAGE, CONFIG = os.path.join(ROOT, "data", "images", "default.jpg"), os.path.join(ROOT, "data", "config_hash.json")
+
+
+def run_example(*args, cwd=None):
+    return subprocess.run([sys.executable, IMAGE_EXAMPLE, *args], capture_output=True, text=True, timeout=300,
+                          cwd=cwd)
+
+
+def test_image_example_help_documents_every_argument_before_taichi_starts():
+    result = run_example("--help")
+    assert result.returncode == 0 and "[Taichi]" not in result.stdout + result.stderr
+    for argument in ("IMAGE", "CONFIG", "--steps", "--batch", "--out", "--seed", "--gui", "--arch"):
+        line = next(l for l in result.stdout.splitlines() if l.strip().startswith(argument))
+        assert len(line.split()) > 2, f"{argument} is not documented: {line!r}"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--steps", "0"], "--steps: must be a positive integer"),
+    (["--steps", "-3"], "--steps: must be a positive integer"),
+    (["--batch", "many"], "--batch: must be a positive integer"),
+    (["missing.png"], "IMAGE 'missing.png' is not a file"),
+    ([IMAGE, "missing.json"], "CONFIG 'missing.json' is not a file"),
+    ([CONFIG, IMAGE], "the order is IMAGE CONFIG"),
+    ([IMAGE, IMAGE], "the order is IMAGE CONFIG"),
+    ([os.path.join(ROOT, "data", "images", "LICENSE.txt")], "cannot be read as an image"),
+    (["--arch", "abacus"], "--arch: invalid choice"),
+], ids=["steps0", "steps-3", "batch", "missing-image", "missing-config", "swapped", "image-as-config",
+        "not-an-image", "arch"])
+def test_image_example_argument_errors_are_one_line(args, message, tmp_path):
+    result = run_example(*args, "--out", str(tmp_path), cwd=tmp_path)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in result.stderr, result.stderr
+    assert "[Taichi]" not in result.stdout                   # refused before Taichi starts
+
+
+@pytest.mark.parametrize("text, message", [('{"network": ', "invalid JSON at line 1"),
+                                           ('{"network": {"n_neurons": "64"}}', "key 'n_neurons'")],
+                         ids=["unparsable", "bad-value"])
+def test_image_example_config_errors_are_one_line(text, message, tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(text)
+    result = run_example(IMAGE, str(config), "--steps", "1", "--out", str(tmp_path))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in result.stderr, result.stderr
