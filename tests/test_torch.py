@@ -178,11 +178,18 @@ def test_sgd_and_in_place_writes_reach_the_native_store(x, encoding):
     model.zero_grad()
     model(x).sum().backward()
     np.testing.assert_array_equal(model.params.grad.numpy(), fresh.gradients())
-    np.testing.assert_array_equal(model(x).detach().numpy(), fresh.inference(x.numpy()))
+    assert_both_paths_equal(model, x, fresh.inference(x.numpy()))
     with torch.no_grad():
         model.params.mul_(0.5)
     fresh.set_params(model.params.detach().numpy())
-    np.testing.assert_array_equal(model(x).detach().numpy(), fresh.inference(x.numpy()))
+    assert_both_paths_equal(model, x, fresh.inference(x.numpy()))
+
+
+def assert_both_paths_equal(model, x, expected):
+    """The inference path (no grad) and the training path give ``expected``."""
+    with torch.no_grad():
+        np.testing.assert_array_equal(model(x).numpy(), expected)
+    np.testing.assert_array_equal(model(x).detach().numpy(), expected)
 
 
 def test_bridge_matches_native_trainer_with_adam_alike(rng):

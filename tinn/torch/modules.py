@@ -35,7 +35,7 @@ from .. import NetworkWithInputEncoding as _NativeNetworkWithInputEncoding
 from .. import _runtime
 from ..config import create_encoding, create_network
 from ._autograd import _ModuleFunction
-from ._store import write_params
+from ._store import publish_inference, write_params
 
 
 def supports_jit_fusion() -> bool:
@@ -74,7 +74,7 @@ class Module(torch.nn.Module):
         self.loss_scale = 1.0
         self.params = torch.nn.Parameter(torch.from_numpy(np.array(self.native_tcnn_module.params())),
                                          requires_grad=True)
-        self._synced = self._params_key()
+        self._synced = self._published = self._params_key()
 
     def _native_tcnn_module(self):
         raise NotImplementedError
@@ -92,12 +92,16 @@ class Module(torch.nn.Module):
         p = self.params
         return p._version, p.data_ptr(), p.dtype, p.device
 
-    def _sync_params(self):
-        """Copy ``params`` into the native store if torch changed them since the last copy."""
+    def _sync_params(self, inference: bool):
+        """Copy ``params`` into the native store if torch changed them since the last copy (and into its
+        inference weights too before an inference call)."""
         key = self._params_key()
         if key != self._synced:
             write_params(self.native_tcnn_module, self.params.detach().to("cpu", torch.float32).numpy())
             self._synced = key
+        if inference and key != self._published:
+            publish_inference(self.native_tcnn_module)
+            self._published = key
 
     # -- calls -----------------------------------------------------------------------------------------
     def forward(self, x, instance=None):
@@ -107,9 +111,10 @@ class Module(torch.nn.Module):
             raise TypeError(f"x must have a floating-point dtype, got {x.dtype}")
         self.native_tcnn_module._check_runtime()
         inst = self._instances(instance)
-        self._sync_params()
+        train = torch.is_grad_enabled() and (x.requires_grad or self.params.requires_grad)
+        self._sync_params(inference=not train)
         x32 = x.to("cpu", torch.float32).contiguous()
-        if torch.is_grad_enabled() and (x.requires_grad or self.params.requires_grad):
+        if train:
             y = _ModuleFunction.apply(self.native_tcnn_module, x32, self.params, inst)
         else:
             y = torch.from_numpy(self.native_tcnn_module.inference(x32.numpy(), inst))
@@ -136,7 +141,7 @@ class Module(torch.nn.Module):
     def __getstate__(self):
         state = self.__dict__.copy()
         del state["native_tcnn_module"]
-        state["_synced"] = None
+        state["_synced"] = state["_published"] = None
         return state
 
     def __setstate__(self, state):
