@@ -15,10 +15,40 @@ import os
 import numpy as np
 import taichi as ti
 from taichi.lang import impl
+from taichi.lang.exception import TaichiCompilationError
 
 
 class RuntimeResetError(RuntimeError):
     """A tinn object was used after ``ti.init`` was called again."""
+
+
+class _TracedRuntimeResetError(RuntimeResetError, TaichiCompilationError):
+    """Raised while a user's kernel is compiled: Taichi passes compilation errors on with their type."""
+
+
+def guarded(owner, func, n_args: int):
+    """``func`` (a per-sample ``ti.func`` of ``owner`` taking ``n_args`` arguments plus the instance ``k``)
+    that first checks, while the user's kernel is compiled, that ``owner``'s fields belong to the live
+    Taichi program: :class:`RuntimeResetError` instead of touching freed fields (which aborts the
+    process). The func keeps ``owner``, and so its parameter memory, alive."""
+
+    def check():
+        try:
+            owner._check_runtime()
+        except RuntimeResetError as e:
+            raise _TracedRuntimeResetError(str(e)) from None
+
+    if n_args == 1:
+        @ti.func
+        def guarded_func(x, k=0):
+            ti.static(check())
+            return func(x, k)
+    else:
+        @ti.func
+        def guarded_func(x, dy, k=0):
+            ti.static(check())
+            return func(x, dy, k)
+    return guarded_func
 
 
 def init(arch=None, *, keep_large_buffers: bool = True, **kwargs):

@@ -21,6 +21,8 @@ points should do the same (see docs/differentiable_programming.md).
 """
 import taichi as ti
 
+from ._runtime import guarded
+
 
 def jacobian_of(forward, vjp, n_in: int, n_out: int):
     """``ti.func (x, k=0) -> (y, J)``: y = forward(x, k) and row i of J = vjp(x, e_i, k), one vjp
@@ -51,18 +53,20 @@ class SampleFuncs:
         raise NotImplementedError
 
     def _cached_funcs(self, kind: str):
+        """The funcs of ``kind``, each checking first, when a user's kernel is compiled, that ``ti.init``
+        has not been called again since this object was built (``RuntimeResetError``)."""
+        self._check_runtime()
         cache = self.__dict__.setdefault("_sample_cache", {})
         store = self.store if self.n_params else None
         inference = store.inference_params if store is not None else None
         training = store.params if store is not None else None
         key = (kind, id(inference), id(training))
         if key not in cache:
-            if kind == "inference":
-                cache[key] = self._sample_funcs(inference, None)
-            elif kind == "training":
-                cache[key] = self._sample_funcs(training, None)
-            elif kind == "backward":
-                cache[key] = self._sample_funcs(training, store.grads if store is not None else None)
+            if kind in ("inference", "training", "backward"):
+                weights = inference if kind == "inference" else training
+                grads = store.grads if kind == "backward" and store is not None else None
+                forward, vjp = self._sample_funcs(weights, grads)
+                cache[key] = guarded(self, forward, 1), guarded(self, vjp, 2)
             else:
                 forward, vjp = self._cached_funcs("inference")
                 cache[key] = jacobian_of(forward, vjp, self.n_input_dims, self.n_output_dims)

@@ -9,7 +9,7 @@ import taichi as ti
 
 from .registry import create_encoding, create_network, load_config
 from .object import Context, DifferentiableObject
-from .params import allocate
+from .params import allocate, check_sizes
 from .networks.network import OUTPUT_ALIGNMENT
 
 
@@ -22,6 +22,7 @@ class NetworkWithInputEncoding(DifferentiableObject):
         if not self.encoding.padded_output_width:
             raise ValueError(f"encoding '{self.encoding.name}' of the {n_input_dims} input dims has no outputs, so "
                              "the network would have no inputs (use it inside a Composite to drop some dims)")
+        check_sizes(self.encoding)
         self.network = create_network(self.encoding.padded_output_width, n_output_dims,
                                       load_config(network_config or {}), n_instances=n_instances, seed=seed)
         self.n_input_dims, self.n_output_dims = self.encoding.n_input_dims, self.network.n_output_dims

@@ -94,6 +94,7 @@ class ParametricObject(Object, RuntimeBound):
     def reset_params(self, seed: int):
         """Initialise every instance as tcnn does: instance k draws from ``pcg32(seed, seq=k+1)``
         (all instances of a chunk at once)."""
+        self._check_runtime()
         K = self.n_instances
         values = np.empty((K, self.n_params), np.float32)
         chunk = max(1, INIT_CHUNK // max(1, self.n_params))

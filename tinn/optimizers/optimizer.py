@@ -195,6 +195,7 @@ class Optimizer(Object, RuntimeBound):
         """Allocate non-field state and prepare kernels (called once the slot and fields exist, n_params > 0)."""
 
     def _require_allocated(self):
+        self._check_runtime()
         if self._slot is None:
             raise RuntimeError(f"{self.otype} optimizer is not allocated yet: call allocate() or step() first")
 
@@ -303,6 +304,7 @@ class Optimizer(Object, RuntimeBound):
 
     def load_state_dict(self, state: dict):
         """Restore :meth:`state_dict`; checks every array before changing anything."""
+        self._check_runtime()
         check_state(self.state_dict(), state, self.otype)
         self._load_state(state)
 

@@ -1,0 +1,174 @@
+"""Parameter memory: allocation limits, ``ti.init`` called again, many models, shared kernels.
+
+Cases that could kill the process run in a subprocess, so a crash fails the test instead of pytest."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import numpy as np
+import pytest
+import taichi as ti
+
+import tinn
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NET = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1}
+GRID = {"otype": "HashGrid", "n_levels": 4, "log2_hashmap_size": 10, "base_resolution": 4}
+PRELUDE = f"""
+import gc, json, sys, warnings
+import numpy as np, taichi as ti, tinn
+warnings.simplefilter("ignore")
+ti.init(arch=ti.cpu, log_level=ti.ERROR)
+NET, GRID = {NET!r}, {GRID!r}
+x = np.random.default_rng(0).random((64, 2), dtype=np.float32)
+y = np.random.default_rng(1).random((64, 3), dtype=np.float32)
+"""
+
+
+def run(body: str, timeout: int = 600) -> dict:
+    """Run ``body`` after PRELUDE in a fresh interpreter; it prints one JSON line last."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    with tempfile.TemporaryDirectory() as tmp:
+        script = os.path.join(tmp, "case.py")            # a file: Taichi reads kernels' source back
+        with open(script, "w") as f:
+            f.write(PRELUDE + textwrap.dedent(body))
+        proc = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=timeout, env=env,
+                              cwd=ROOT)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# -- sizes that cannot be allocated ---------------------------------------------------------------
+def test_impossible_sizes_are_refused_and_the_process_stays_healthy():
+    out = run("""
+        cases = {
+            "n_neurons": {"encoding": {"otype": "Frequency"}, "network": {"otype": "FullyFusedMLP", "n_neurons": 2 ** 20}},
+            "n_bins": {"encoding": {"otype": "OneBlob", "n_bins": 2 ** 30}, "network": NET},
+            "dense_grid": {"encoding": {"otype": "DenseGrid", "n_levels": 8, "base_resolution": 64,
+                                        "per_level_scale": 2.0}, "network": NET},
+            "memory": {"encoding": {"otype": "Identity"}, "network": {"otype": "FullyFusedMLP", "n_neurons": 11000,
+                                                                     "n_hidden_layers": 2}},
+        }
+        tinn._runtime.available_memory = lambda: 2 ** 30      # the 1.4 GiB model does not fit
+        result = {}
+        for name, cfg in cases.items():
+            try:
+                tinn.create_from_config(4 if name == "dense_grid" else 2, 3, cfg)
+                result[name] = "built"
+            except Exception as e:
+                result[name] = [type(e).__name__, str(e)]
+            m = tinn.create_from_config(2, 3, {"encoding": GRID, "network": NET})   # still healthy
+            result[name + "_next"] = float(m.trainer.training_step(x, y))
+        print(json.dumps(result))
+    """)
+    expect = {"n_neurons": ("FullyFusedMLP", "'n_neurons': 1048576"), "n_bins": ("OneBlob", "n_bins"),
+              "dense_grid": ("Grid", "Dense"), "memory": ("FullyFusedMLP", "GiB")}
+    for name, words in expect.items():
+        assert isinstance(out[name], list), (name, out[name])
+        kind, message = out[name]
+        assert kind == "ValueError", (name, out[name])
+        for word in words:
+            assert word in message, (name, message)
+        assert np.isfinite(out[name + "_next"])
+
+
+def test_field_tree_size_check_leaves_no_half_built_tree():
+    from tinn._runtime import FieldTree
+
+    def place(builder):
+        builder.dense(ti.i, 16).place(ti.field(ti.f32))
+        builder.dense(ti.ij, (2 ** 20, 2 ** 12)).place(ti.field(ti.f32))
+
+    with pytest.raises(ValueError, match=r"huge thing.*2\^31 - 1"):
+        FieldTree(place, "huge thing")
+    small = ti.field(ti.f32, shape=4)                # Taichi still materialises new fields and runs kernels
+    small.fill(2.0)
+    assert small.to_numpy().sum() == 8.0
+
+
+# -- ti.init called again -----------------------------------------------------------------------
+REINIT_CASES = {
+    "model.inference": "m.network.inference(x)",
+    "model.forward": "m.network.forward(x)",
+    "model.backward": "m.network.backward(ctx, y)",
+    "model.params": "m.network.params()",
+    "model.set_params": "m.network.set_params(np.zeros(m.network.n_params, np.float32))",
+    "model.gradients": "m.network.gradients()",
+    "model.zero_grad": "m.network.zero_grad()",
+    "model.reset_params": "m.network.reset_params(3)",
+    "encoding.inference": "m.network.encoding.inference(x)",
+    "network.inference": "m.network.network.inference(np.zeros((4, 16), np.float32))",
+    "func_taken_before": "use(f_before)",
+    "backward_func_taken_before": "use_backward(b_before)",
+    "func_taken_after": "use(m.network.func)",
+    "forward_func_taken_after": "use(m.network.forward_func)",
+    "backward_func_taken_after": "use_backward(m.network.backward_func)",
+    "jacobian_func": "use_jacobian(m.network.jacobian_func)",
+    "trainer.training_step": "m.trainer.training_step(x, y)",
+    "trainer.forward": "m.trainer.forward(x, y)",
+    "trainer.optimizer_step": "m.trainer.optimizer_step()",
+    "trainer.params_inference": "m.trainer.params_inference()",
+    "trainer.save": "m.trainer.save(tmp + '/c.npz')",
+    "trainer.export_tcnn": "m.trainer.export_tcnn(tmp + '/c.json')",
+    "trainer.load": "m.trainer.load(tmp + '/before.npz')",
+    "trainer.load_tcnn": "m.trainer.load_tcnn(tmp + '/before.json')",
+    "model.backward_backward_input": "m.network.backward_backward_input(ctx, x, y)",
+    "optimizer.state_dict": "m.optimizer.state_dict()",
+    "optimizer.load_state_dict": "m.optimizer.load_state_dict(state)",
+    "optimizer.step": "m.optimizer.step(m.network)",
+    "optimizer.step_counts": "m.optimizer.step_counts()",
+    "optimizer.custom_weights": "m.optimizer.custom_weights()",
+    "loss.evaluate": "m.loss.evaluate(y, y)",
+}
+
+
+def test_every_public_method_after_reinit_raises_runtime_reset_error():
+    out = run(f"""
+        import tempfile
+        tmp = tempfile.mkdtemp()
+        cases = {REINIT_CASES!r}
+        result = {{}}
+        for name, call in cases.items():
+            ti.init(arch=ti.cpu, log_level=ti.ERROR)
+            encoding = GRID if "func" in name else {{"otype": "Frequency", "n_frequencies": 2}}
+            m = tinn.create_from_config(2, 3, {{"encoding": encoding, "network": NET, "optimizer": {{"otype": "EMA"}},
+                                               "loss": {{"otype": "L2"}}}})
+            m.trainer.training_step(x, y)
+            _, ctx = m.network.forward(x)
+            state = m.optimizer.state_dict()
+            m.trainer.save(tmp + "/before.npz")
+            m.trainer.export_tcnn(tmp + "/before.json")
+            f_before, b_before = m.network.func, m.network.backward_func
+            ti.init(arch=ti.cpu, log_level=ti.ERROR)
+
+            @ti.kernel
+            def use(f: ti.template(), out: ti.types.ndarray()):
+                out[0] = f(ti.Vector([0.5, 0.5]))[0]
+
+            @ti.kernel
+            def use_backward(f: ti.template(), out: ti.types.ndarray()):
+                out[0] = f(ti.Vector([0.5, 0.5]), ti.Vector([1.0, 0.0, 0.0]))[0]
+
+            @ti.kernel
+            def use_jacobian(f: ti.template(), out: ti.types.ndarray()):
+                out[0] = f(ti.Vector([0.5, 0.5]))[1][0, 0]
+
+            _use, _back, _jac = use, use_backward, use_jacobian
+            use = lambda f: _use(f, np.zeros(1, np.float32))
+            use_backward = lambda f: _back(f, np.zeros(1, np.float32))
+            use_jacobian = lambda f: _jac(f, np.zeros(1, np.float32))
+            try:
+                eval(call)
+                result[name] = "no error"
+            except tinn.RuntimeResetError:
+                result[name] = "ok"
+            except Exception as e:
+                result[name] = type(e).__name__ + ": " + str(e)[:200]
+        print(json.dumps(result))
+    """)
+    wrong = {name: r for name, r in out.items() if r != "ok"}
+    assert not wrong, wrong
+    assert set(out) == set(REINIT_CASES)
