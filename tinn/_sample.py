@@ -33,7 +33,8 @@ def jacobian_of(forward, vjp, n_in: int, n_out: int):
         y = forward(x, k)
         J = ti.Matrix.zero(ti.f32, n_out, n_in)
         for i in range(n_out):
-            e = ti.Vector([ti.select(j == i, 1.0, 0.0) for j in ti.static(range(n_out))], ti.f32)
+            e = ti.Vector.zero(ti.f32, n_out)
+            e[i] = 1.0
             row = vjp(x, e, k)
             for d in ti.static(range(n_in)):
                 J[i, d] = row[d]
