@@ -292,8 +292,11 @@ def coherent_prime_hash(p):
 
 
 def grid_index(p, level):
-    """§1.6.4: entry of integer position p at a level: dense Σ_d p_d·res^d (uint32) or the hash, mod entries."""
-    p = np.asarray(p, np.uint64)
+    """§1.6.4: entry of integer position p at a level: dense Σ_d p_d·res^d (uint32) or the hash, mod entries.
+
+    p may be negative (an int32 position cast to uint32 wraps: p mod 2^32); all arithmetic is mod 2^32.
+    """
+    p = (np.asarray(p, np.int64) & 0xFFFFFFFF).astype(np.uint64)
     if level.hashed:
         idx = coherent_prime_hash(p)
     else:
@@ -303,29 +306,43 @@ def grid_index(p, level):
     return (idx % np.uint64(level.entries)).astype(np.int64)
 
 
-def grid_corners(x, level, interpolation, exact=False):
-    """§1.6.5 at one level: (entry index, weight) of each interpolation corner, per sample.
+def grid_corner_terms(x, level, interpolation, exact=False):
+    """§1.6.5–1.6.6 at one level: (entry index, weight, d weight / dx) of each interpolation corner, per sample.
 
     pos = scale·x + 0.5, p = floor(pos), t = pos − p; w = t (Linear) or t²(3 − 2t) (Smoothstep);
-    a corner c weighs Π_d (c_d ? w_d : 1 − w_d). Nearest uses the lower corner with weight 1.
+    a corner c weighs Π_d (c_d ? w_d : 1 − w_d), and its derivative along d is
+    ±scale·w'_d · Π_{d'≠d}(c_d' ? w_d' : 1 − w_d') (+ for the upper corner c_d = 1), shape (B, D);
+    w' = 1 (Linear), 6t(1 − t) (Smoothstep). Nearest uses the lower corner with weight 1 and slope 0.
     ``exact=False`` forms pos in float32 as tcnn does; ``exact=True`` in float64 (for finite differences).
+    p = floor(pos) is an int32 cast to uint32 (§1.6.5), so x may lie anywhere where pos fits in int32.
     """
     if exact:
         pos = np.float64(level.scale) * x.astype(np.float64) + 0.5
     else:
         pos = level.scale * x.astype(np.float32) + np.float32(0.5)
     p = np.floor(pos)
+    assert ((p >= -2 ** 31) & (p <= 2 ** 31 - 1)).all(), "tcnn's formula is defined where floor(scale·x + 0.5) fits in int32"
     t = (pos - p).astype(np.float64)
     p = p.astype(np.int64)
-    D = x.shape[1]
+    B, D = x.shape
     if interpolation == "Nearest":
-        return [(grid_index(p, level), np.ones(x.shape[0]))]
-    w = t * t * (3 - 2 * t) if interpolation == "Smoothstep" else t
+        return [(grid_index(p, level), np.ones(B), np.zeros((B, D)))]
+    if interpolation == "Smoothstep":
+        w, dw = t * t * (3 - 2 * t), 6 * t * (1 - t)
+    else:
+        w, dw = t, np.ones_like(t)
     out = []
     for c in product((0, 1), repeat=D):
-        weight = np.prod([w[:, d] if c[d] else 1 - w[:, d] for d in range(D)], axis=0)
-        out.append((grid_index(p + np.array(c), level), weight))
+        factors = [w[:, d] if c[d] else 1 - w[:, d] for d in range(D)]
+        slope = np.stack([(1 if c[d] else -1) * np.float64(level.scale) * dw[:, d]
+                          * np.prod([factors[e] for e in range(D) if e != d], axis=0) for d in range(D)], axis=1)
+        out.append((grid_index(p + np.array(c), level), np.prod(factors, axis=0), slope))
     return out
+
+
+def grid_corners(x, level, interpolation, exact=False):
+    """§1.6.5 at one level: (entry index, weight) of each interpolation corner, per sample."""
+    return [(idx, weight) for idx, weight, _ in grid_corner_terms(x, level, interpolation, exact)]
 
 
 def grid_ref(x, params, levels, F, interpolation, exact=False):
@@ -345,6 +362,34 @@ def grid_param_grad_ref(x, dL_dy, levels, F, interpolation, n_params):
         for idx, weight in grid_corners(x, level, interpolation):
             np.add.at(g, (level.offset + idx)[:, None] * F + np.arange(F),
                       weight[:, None] * dL_dy[:, l * F:(l + 1) * F].astype(np.float64))
+    return g
+
+
+def grid_jacobian_ref(x, params, levels, F, interpolation, exact=False):
+    """§1.6.6: dy_{l,f}/dx_d = Σ_c (d weight_c / dx_d) · θ[(offset_l + index(p + c)) · F + f], shape (B, L·F, D)."""
+    theta = params.astype(np.float64)
+    J = np.zeros((x.shape[0], len(levels) * F, x.shape[1]))
+    for l, level in enumerate(levels):
+        for idx, _, slope in grid_corner_terms(x, level, interpolation, exact):
+            J[:, l * F:(l + 1) * F] += slope[:, None, :] * theta[(level.offset + idx)[:, None] * F + np.arange(F)][..., None]
+    return J
+
+
+def grid_input_grad_ref(x, params, dL_dy, levels, F, interpolation, exact=False):
+    """§1.6.6: dL/dx_d = Σ_{l,f} dL/dy_{l,f} · dy_{l,f}/dx_d."""
+    J = grid_jacobian_ref(x, params, levels, F, interpolation, exact)
+    return np.einsum("bj,bjd->bd", dL_dy[:, :J.shape[1]].astype(np.float64), J)
+
+
+def grid_second_order_param_grad_ref(x, G, dL_dy, levels, F, interpolation, n_params):
+    """§1.6.6: for L2 = Σ_b <G_b, dL/dx_b>, dL2/dθ[(offset_l + index(p + c))·F + f] += Σ_d G_d · (d weight_c / dx_d)
+    · dL/dy_{l,f} (L2 is linear in θ: the upper corner along d gets +, the lower one −)."""
+    g = np.zeros(n_params)
+    for l, level in enumerate(levels):
+        for idx, _, slope in grid_corner_terms(x, level, interpolation):
+            coeff = (slope * G.astype(np.float64)).sum(1)
+            np.add.at(g, (level.offset + idx)[:, None] * F + np.arange(F),
+                      coeff[:, None] * dL_dy[:, l * F:(l + 1) * F].astype(np.float64))
     return g
 
 

@@ -17,8 +17,12 @@ with ``w(t) = t`` (Linear) or ``t^2 (3 - 2t)`` (Smoothstep). A level is indexed 
 (``sum_d p_d res^d``) unless it is a Hash level too large for its table, which then uses
 tcnn's coherent prime hash ``XOR_d p_d * pi_d``; the index is taken modulo ``entries_l``.
 Parameters: level after level, F features per entry, uniform in [-1e-4, 1e-4].
-The backward pass scatters ``weight * dL/dy`` into per-thread private gradient tables
-on the CPU (no atomics), then reduces them; the input gradient is analytic.
+The backward pass on the CPU scatters ``weight * dL/dy`` into per-thread private gradient tables
+(no atomics) and reduces them in thread order: bit-identical results for the same data and thread
+count. Those tables take threads x instances x n_params floats, so they are used only while that
+stays within ``SCRATCH_BUDGET_BYTES``; beyond it each level's gradients are owned by one thread,
+which adds the whole batch into them in sample order (no tables, no atomics; up to L threads busy;
+bit-identical whatever the thread count). Other archs add atomically. The input gradient is analytic.
 """
 
 import dataclasses
@@ -42,6 +46,8 @@ HASHED, DENSE, MODULO = 0, 1, 2          # how a level reduces its vertex index 
 # one iteration per chunk.
 CPU_CHUNK = 512
 INTERPOLATIONS = ("Nearest", "Linear", "Smoothstep")
+SCRATCH_BUDGET_BYTES = 256 << 20        # largest size of one grid's private gradient tables (all threads)
+INT32_MIN_F32, INT32_MAX_F32 = -2.0 ** 31, 2.0 ** 31 - 128     # the float32 values at the ends of the int32 range
 
 _f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 _i32_1d = ti.types.ndarray(dtype=ti.i32, ndim=1)
@@ -158,7 +164,7 @@ class GridEncoding(Encoding):
 
     def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
         k = self._get_kernels()
-        if overwrite and not k.private:             # atomic adds need zeros underneath
+        if overwrite and not k.cpu:                 # atomic adds need zeros underneath
             self._zero_gradients()
             overwrite = False
         dL_dy = np.ascontiguousarray(dL_dy)
@@ -212,13 +218,13 @@ class _GridKernels:
         raw, width = enc.n_raw_output_dims, enc.padded_output_width
         interp = enc.interpolation
         params, grads = store.params, store.grads          # forward() takes the weights to read as an argument
-        private = is_cpu()
-        n_workers = max(1, ti.lang.impl.current_cfg().cpu_max_num_threads) if private else 1
+        cpu = is_cpu()
+        n_workers = max(1, ti.lang.impl.current_cfg().cpu_max_num_threads) if cpu else 1
+        private = cpu and n_workers * K * n * 4 <= SCRATCH_BUDGET_BYTES
 
         runs = []                                           # (index mode, first level, last level + 1)
         for l, (scale, res, entries, offset, hashed) in enumerate(enc.levels):
-            dense_fits = res ** D <= entries and 2 * res ** D < 2 ** 32
-            mode = HASHED if hashed else DENSE if dense_fits and enc.type != "Tiled" else MODULO
+            mode = HASHED if hashed else DENSE if res ** D <= entries else MODULO
             if runs and runs[-1][0] == mode:
                 runs[-1] = (mode, runs[-1][1], l + 1)
             else:
@@ -242,29 +248,33 @@ class _GridKernels:
 
         @ti.func
         def grid_index(lv, mode: ti.template(), p):
-            """tcnn's index of vertex p, reduced to the level's table without a division where possible:
+            """tcnn's index of vertex p modulo the level's table size, with a division only where needed:
             hashed  (XOR_d p_d pi_d) & (size - 1)     (hashed tables are powers of two);
             dense   p_0 + res (p_1 + res (p_2 + res p_3)), wrapping in u32 like tcnn's sum_d p_d res^d,
-                    less size if beyond it (a dense index stays below twice its table), or modulo size."""
+                    then mod size (DENSE: only when beyond the table, which inputs in [0, 1) rarely are).
+            Any u32 p gives an index inside the level's table. (No ``u32 -= ...``: SPIR-V cannot negate it.)"""
             idx = ti.u32(0)
             if ti.static(mode == HASHED):
                 for d in ti.static(range(D)):
-                    idx ^= p[d] * ti.u32(PRIMES[d])
-                idx &= lv.size - 1
+                    idx = idx ^ (p[d] * ti.u32(PRIMES[d]))
+                idx = idx & (lv.size - 1)
             else:
                 for d in ti.static(range(D - 1, -1, -1)):
                     idx = idx * lv.res + p[d]
                 if ti.static(mode == DENSE):
                     if idx >= lv.size:
-                        idx = idx - lv.size      # not -=: SPIR-V has no unsigned negation
+                        idx = idx % lv.size
                 else:
-                    idx %= lv.size
+                    idx = idx % lv.size
             return idx
 
         @ti.func
         def locate(xs, lv):
-            """Lower corner p (u32), interpolation weights w and their slopes dw of point xs."""
-            pos = xs * lv.scale + 0.5
+            """Lower corner p (u32), interpolation weights w and their slopes dw of point xs (any finite xs)."""
+            # tcnn casts floor(pos) to int, then to uint32; clamping pos to the int32 range first keeps that
+            # cast defined and t finite for any input (x * scale may overflow to inf), without changing a
+            # position that fits
+            pos = ti.min(ti.max(xs * lv.scale + 0.5, INT32_MIN_F32), INT32_MAX_F32)
             pf = ti.floor(pos)
             t = pos - pf
             w, dw = t, ti.Vector.one(ti.f32, D)
@@ -341,14 +351,14 @@ class _GridKernels:
         @ti.func
         def n_iterations(B):
             """The parallel range of a batch kernel: one chunk per worker on the CPU, else one sample each."""
-            return n_workers * CPU_CHUNK if ti.static(private) else B
+            return n_workers * CPU_CHUNK if ti.static(cpu) else B
 
         @ti.func
         def samples(i, B):
             """Samples [start, end) of parallel iteration i: on the CPU, worker i // CPU_CHUNK's contiguous
             share of the batch for the first iteration of its chunk and none for the others; else sample i."""
             start, end = i, i + 1
-            if ti.static(private):
+            if ti.static(cpu):
                 w_id = i // CPU_CHUNK
                 start, end = w_id * B // n_workers, (w_id + 1) * B // n_workers
                 if i % CPU_CHUNK != 0:
@@ -402,6 +412,30 @@ class _GridKernels:
                     scratch[w_id, k, i] = 0.0
                 grads[k, base + i] = acc
 
+        @ti.func
+        def add_owned(slot, k, i, v):            # the level's owner is the only thread writing there
+            grads[k, base + i] = grads[k, base + i] + v
+
+        @ti.kernel
+        def scatter_levels(x: _f32_2d, inst: _i32_1d, dy: _f32_2d, routed: ti.template(), overwrite: ti.template()):
+            """One parallel chunk per level (chunks go to whichever thread is free): its thread owns the
+            level's gradients and adds the whole batch into them, sample after sample."""
+            B = x.shape[0]
+            for i in range(L * CPU_CHUNK):
+                if i % CPU_CHUNK == 0:
+                    l = i // CPU_CHUNK
+                    lv = geometry[l]
+                    if ti.static(overwrite):
+                        start = base + ti.cast(lv.offset, ti.i32) * F
+                        for k in range(K):
+                            for j in range(start, start + ti.cast(lv.size, ti.i32) * F):
+                                grads[k, j] = 0.0
+                    for mode, first, stop in ti.static(runs):
+                        if first <= l < stop:
+                            for b in range(B):
+                                k = inst[b] if ti.static(routed) else 0
+                                level_scatter(add_owned, 0, k, row(x, b, D, 0), lv, mode, row(dy, b, F, l * F))
+
         @ti.kernel
         def backward_input(x: _f32_2d, inst: _i32_1d, dy: _f32_2d, dx: _f32_2d, routed: ti.template()):
             B = x.shape[0]
@@ -423,6 +457,8 @@ class _GridKernels:
             if private:
                 scatter(add_private, x, inst, dy, routed)
                 reduce_private(overwrite)
+            elif cpu:
+                scatter_levels(x, inst, dy, routed, overwrite)
             else:
                 scatter(add_atomic, x, inst, dy, routed)
 
@@ -458,6 +494,6 @@ class _GridKernels:
 
             return forward, vjp
 
-        self.private = private
+        self.private, self.cpu = private, cpu
         self.forward, self.backward_params, self.backward_input = forward, backward_params, backward_input
         self.sample_funcs = sample_funcs
