@@ -175,7 +175,7 @@ def run_funcs(enc, x, dy):
                 dx[b, i] = g[i]
 
     y, dx = np.zeros((len(x), W), np.float32), np.zeros_like(x)
-    enc.store.zero_grad()
+    enc.zero_grad()
     user_kernel(x, dy, y, dx)
     return y, dx, enc.gradients()
 
