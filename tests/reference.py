@@ -62,6 +62,22 @@ def fd_input_gradient(f, x, dL_dy, h):
     return g
 
 
+def second_order_fd(input_grad, x, dL_dy, v, h):
+    """tcnn's second order from a first-order backward, in float64: for L2 = <v, dL/dx> with
+    ``dL/dx = input_grad(x, dL_dy)`` (one row per sample), returns ``(dL2/d(dL_dy), dL2/dx)``.
+
+    L2 is linear in dL_dy, so its gradient there is exact: column j is <v, input_grad(x, e_j)>. The
+    gradient in x is by central differences (samples are independent: one dimension for the whole batch).
+    """
+    x, v = x.astype(np.float64), v.astype(np.float64)
+    d_dy = np.zeros(dL_dy.shape)
+    for j in range(dL_dy.shape[1]):
+        e = np.zeros(dL_dy.shape)
+        e[:, j] = 1.0
+        d_dy[:, j] = (v * input_grad(x, e)).sum(1)
+    return d_dy, fd_input_gradient(lambda z: input_grad(z, dL_dy), x, v, h)
+
+
 def assert_within(actual, expected, tol):
     """|actual − expected| ≤ tol elementwise (tol may be an array), with a readable failure message."""
     err = np.abs(np.asarray(actual, np.float64) - np.asarray(expected, np.float64))
@@ -681,6 +697,29 @@ def act_grad_ref(name, z):
         return sigmoid(K_ACT * z)                              # e^(10z) / (e^(10z) + 1)
     if name == "Tanh":
         return 1 - np.tanh(z) ** 2
+    raise ValueError(f"no reference for activation {name!r}")
+
+
+def act_second_ref(name, z):
+    """The second derivative act''(z), differentiated by hand from §2.3's act'(z) column."""
+    s = sigmoid(z)
+    if name in ("None", "ReLU", "LeakyReLU"):
+        return np.zeros_like(z)
+    if name == "SiLU":                                         # (s + z s (1 − s))' = 2 s' + z s''
+        return 2 * s * (1 - s) + z * s * (1 - s) * (1 - 2 * s)
+    if name == "Exponential":
+        return np.exp(z)
+    if name == "Sine":
+        return -np.sin(z)
+    if name == "Sigmoid":
+        return s * (1 - s) * (1 - 2 * s)
+    if name == "Squareplus":                                   # (½ (1 + X / √(X² + 4)))', X = 10 z
+        X = K_ACT * z
+        return 0.5 * K_ACT * 4.0 / (X * X + 4.0) ** 1.5
+    if name == "Softplus":
+        return K_ACT * sigmoid(K_ACT * z) * (1 - sigmoid(K_ACT * z))
+    if name == "Tanh":
+        return -2 * np.tanh(z) * (1 - np.tanh(z) ** 2)
     raise ValueError(f"no reference for activation {name!r}")
 
 

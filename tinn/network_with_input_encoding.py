@@ -74,3 +74,18 @@ class NetworkWithInputEncoding(DifferentiableObject):
         if not needs_encoding:
             return None
         return self.encoding._backward(ctx.enc_ctx, dL_dencoded, input_gradient, overwrite)
+
+    def _backward_backward_input(self, ctx, dL_ddLdx, dL_dy, overwrite):
+        """With e = encoding(x): ``L2 = <v, J_e^T ebar> = <J_e v, ebar>``, ``ebar = J_net^T dL_dy``. So the network's
+        first-order input gradient ``ebar`` comes first (no parameter gradients), the encoding's second order
+        with ``(v, ebar)`` gives ``J_e v``, the network's second order with ``(J_e v, dL_dy)`` gives dL2/d(dL_dy)
+        and dL2/de, and dL2/de goes back through the encoding's first-order backward (adding to its
+        parameter gradients)."""
+        net = self.network
+        ebar, state = net._second_order_begin(ctx.net_ctx, dL_dy, input_gradient=True)
+        e_dot, dx = self.encoding._backward_backward_input(ctx.enc_ctx, dL_ddLdx, ebar, overwrite)
+        d_dy, d_e = net._second_order_end(ctx.net_ctx, state, e_dot, overwrite)
+        if d_e is not None:
+            through = self.encoding._backward(ctx.enc_ctx, d_e, True, overwrite=False)
+            dx = through if dx is None else dx + through
+        return d_dy, dx

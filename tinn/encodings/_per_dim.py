@@ -2,8 +2,10 @@
 
 Identity, Frequency (and any encoding of the same shape) produce ``width``
 outputs per input dim, ``y[d * width + j] = value(x_d, j)``, so their backward
-is ``dL/dx_d = sum_j dL/dy[d * width + j] * slope(x_d, j)``. A component only
-supplies the two ``ti.func``s; the batch kernels are built here once per
+is ``dL/dx_d = sum_j dL/dy[d * width + j] * slope(x_d, j)`` and their second order (for
+``L2 = <v, dL/dx>``) ``dL2/d(dL/dy[d * width + j]) = slope(x_d, j) v_d``,
+``dL2/dx_d = v_d sum_j dL/dy[d * width + j] * curvature(x_d, j)``. A component only
+supplies the three ``ti.func``s; the batch kernels are built here once per
 (component, config) and shared by every object with that config. A component may
 replace the batch forward where its formula allows a faster one (Frequency on the CPU).
 """
@@ -13,7 +15,7 @@ import functools
 import taichi as ti
 
 from .._runtime import current_program
-from .encoding import KernelEncoding
+from .encoding import KernelEncoding, Kernels
 
 _f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 
@@ -26,7 +28,7 @@ def exp2i(e):
 
 @functools.lru_cache(maxsize=None)
 def _kernels(program, cls, constants: tuple, n_dims: int, width: int, n_padding: int, fill: float):
-    value, slope = cls.funcs(*constants)
+    value, slope, curvature = cls.funcs(*constants)
     raw = n_dims * width
 
     @ti.kernel
@@ -63,11 +65,23 @@ def _kernels(program, cls, constants: tuple, n_dims: int, width: int, n_padding:
                 dx[d] += dy[d * width + j] * slope(x[d], j)
         return dx
 
-    return forward, backward, func, backward_func
+    @ti.kernel
+    def backward_backward(x: _f32_2d, v: _f32_2d, dy: _f32_2d, d_dy: _f32_2d, dx: _f32_2d):
+        for b, d in ti.ndrange(x.shape[0], n_dims):
+            acc = 0.0
+            for j in range(width):
+                d_dy[b, d * width + j] = slope(x[b, d], j) * v[b, d]
+                acc += dy[b, d * width + j] * curvature(x[b, d], j)
+            dx[b, d] = acc * v[b, d]
+        for b, j in ti.ndrange(x.shape[0], n_padding):
+            d_dy[b, raw + j] = 0.0
+
+    return Kernels(forward, backward, func, backward_func, backward_backward)
 
 
 class PerDimEncoding(KernelEncoding):
-    """An encoding given by ``value(x, j)`` and its derivative ``slope(x, j)`` per input dim."""
+    """An encoding given by ``value(x, j)``, its derivative ``slope(x, j)`` and second derivative
+    ``curvature(x, j)`` per input dim."""
 
     width_per_dim: int
 
@@ -80,7 +94,8 @@ class PerDimEncoding(KernelEncoding):
 
     @staticmethod
     def funcs(*constants):
-        """``(value, slope)`` ``ti.func``s of ``(x: f32, j: i32) -> f32``."""
+        """``(value, slope, curvature)`` ``ti.func``s of ``(x: f32, j: i32) -> f32``: the output and its first and
+        second derivative in x."""
         raise NotImplementedError
 
     def _kernels(self):

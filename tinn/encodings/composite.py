@@ -251,8 +251,9 @@ class CompositeEncoding(Encoding):
             return dx
         return func, backward_func
 
-    def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
-        dx = np.zeros_like(ctx.x) if input_gradient else None
+    def _nested_gradients(self, ctx, dL_dy):
+        """Per nested encoding ``(k, encoding, input begin, dims, its output gradient)``: a slice of ``dL_dy``
+        (Concatenation), ``dL_dy`` itself (Sum) or ``dL_dy`` times the other factors (Product)."""
         column = 0
         for k, (e, (begin, n)) in enumerate(zip(self.nested, self.slices)):
             width = e.padded_output_width
@@ -262,16 +263,51 @@ class CompositeEncoding(Encoding):
             elif self.reduction == "Sum":
                 g = dL_dy
             else:
-                g = dL_dy.astype(np.float32, copy=True)
-                for j, other in enumerate(ctx.outs):
-                    if j != k:
-                        g *= other
+                g = dL_dy * _product(ctx.outs, k)
+            yield k, e, begin, n, np.ascontiguousarray(g)
+
+    def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
+        dx = np.zeros_like(ctx.x) if input_gradient else None
+        for k, e, begin, n, g in self._nested_gradients(ctx, dL_dy):
             if not (input_gradient or e.n_params):
                 continue
-            dxi = e._backward(ctx.nested[k], np.ascontiguousarray(g), input_gradient, overwrite)
+            dxi = e._backward(ctx.nested[k], g, input_gradient, overwrite)
             if input_gradient:
                 dx[:, begin:begin + n] += dxi
         return dx
+
+    def _backward_backward_input(self, ctx, dL_ddLdx, dL_dy, overwrite):
+        """``dL/dx`` sums the nested encodings' input gradients, so each one's second order takes its input slice
+        of ``dL_ddLdx`` and its output gradient ``g_k``, and gives ``t_k = dL2/dg_k``. Concatenation and Sum:
+        dL2/d(dL_dy) concatenates or sums the ``t_k``. Product: ``g_k = dL_dy prod_(j != k) y_j``, so
+        dL2/d(dL_dy) = ``sum_k t_k prod_(j != k) y_j``, and factor j also gets the first-order backward of
+        ``dL_dy sum_(k != j) t_k prod_(i != j, k) y_i`` (its parameters' and inputs' share through the others)."""
+        dx, ts = np.zeros_like(ctx.x), []
+        for k, e, begin, n, g in self._nested_gradients(ctx, dL_dy):
+            t, dxi = e._backward_backward_input(ctx.nested[k], np.ascontiguousarray(dL_ddLdx[:, begin:begin + n]), g,
+                                                overwrite)
+            ts.append(t)
+            if dxi is not None:
+                dx[:, begin:begin + n] += dxi
+        if self.reduction == "Concatenation":
+            return np.concatenate(ts, axis=1), dx
+        if self.reduction == "Sum":
+            return np.sum(ts, axis=0, dtype=np.float32), dx
+        outs = ctx.outs
+        d_dy = np.sum([t * _product(outs, k) for k, t in enumerate(ts)], axis=0, dtype=np.float32)
+        for j, (e, (begin, n)) in enumerate(zip(self.nested, self.slices)):
+            through = np.sum([t * _product(outs, j, k) for k, t in enumerate(ts) if k != j], axis=0, dtype=np.float32)
+            dx[:, begin:begin + n] += e._backward(ctx.nested[j], np.ascontiguousarray(dL_dy * through), True, False)
+        return d_dy, dx
+
+
+def _product(factors: list, *skip: int) -> np.ndarray:
+    """The element-wise product of ``factors`` but those at the indices ``skip`` (1 if none is left)."""
+    out = np.float32(1.0)
+    for i, f in enumerate(factors):
+        if i not in skip:
+            out = out * f
+    return out
 
 
 @encodings.register("NRC", "OneBlobFrequency")

@@ -1,7 +1,8 @@
 """Empty encoding (tcnn ``encodings/empty.h``, spec §1.7): swallows its inputs.
 
 No keys. Raw output width 0, so the output is only padding, filled with 1 (tcnn's
-normal path; its JIT path fills 0, spec §8 A6). Backward: ``dL/dx = 0``.
+normal path; its JIT path fills 0, spec §8 A6). Backward: ``dL/dx = 0``; so is everything of
+the second order.
 Typical use is inside a ``Composite``, to drop input dims.
 """
 import numpy as np
@@ -37,3 +38,6 @@ class EmptyEncoding(Encoding):
 
     def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
         return np.zeros_like(ctx.x) if input_gradient else None
+
+    def _backward_backward_input(self, ctx, dL_ddLdx, dL_dy, overwrite):
+        return np.zeros((ctx.x.shape[0], self.padded_output_width), np.float32), None

@@ -8,6 +8,7 @@ that follows an implicit bias input, and 0 for grids (spec §1.0).
 from __future__ import annotations
 
 from math import lcm
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -61,24 +62,42 @@ class Encoding(DifferentiableObject):
                 next_multiple(self.padded_output_width, lcm(alignment, self.required_output_alignment)))
 
 
-class KernelEncoding(Encoding):
-    """A parameter-free encoding run by four kernels from ``_kernels()``: batch forward
-    ``(x, y)``, batch backward ``(x, dL_dy, dL_dx)``, and the in-kernel ``func`` / ``backward_func``."""
+class Kernels(NamedTuple):
+    """The kernels of a parameter-free encoding: batch ``forward(x, y)``, ``backward(x, dL_dy, dL_dx)``,
+    ``backward_backward(x, dL_ddLdx, dL_dy, dL_ddLdy, dL_dx)`` (second order) and the in-kernel
+    ``func`` / ``backward_func``."""
 
-    def _kernels(self) -> tuple:
+    forward: Any
+    backward: Any
+    func: Any
+    backward_func: Any
+    backward_backward: Any
+
+
+class KernelEncoding(Encoding):
+    """A parameter-free encoding run by the :class:`Kernels` from ``_kernels()``."""
+
+    def _kernels(self) -> Kernels:
         raise NotImplementedError
 
     def _sample_funcs(self, weights, grads):
-        return self._kernels()[2:4]                 # no parameters: the weights do not matter
+        kernels = self._kernels()                   # no parameters: the weights do not matter
+        return kernels.func, kernels.backward_func
 
     def _forward(self, x, routing):
         y = np.empty((x.shape[0], self.padded_output_width), np.float32)
-        self._kernels()[0](x, y)
+        self._kernels().forward(x, y)
         return y, Context(self, x, routing)
 
     def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
         if not input_gradient:
             return None
         dx = np.empty_like(ctx.x)
-        self._kernels()[1](ctx.x, np.ascontiguousarray(dL_dy), dx)
+        self._kernels().backward(ctx.x, np.ascontiguousarray(dL_dy), dx)
         return dx
+
+    def _backward_backward_input(self, ctx, dL_ddLdx, dL_dy, overwrite):
+        dy = np.empty((ctx.x.shape[0], self.padded_output_width), np.float32)
+        dx = np.empty_like(ctx.x)
+        self._kernels().backward_backward(ctx.x, np.ascontiguousarray(dL_ddLdx), np.ascontiguousarray(dL_dy), dy, dx)
+        return dy, dx

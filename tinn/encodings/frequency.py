@@ -2,7 +2,8 @@
 
 Key: ``n_frequencies`` F (12). For input dim d and frequency f < F the outputs
 ``d*2F + 2f + s`` are ``sin(2^f * pi * x_d + s * pi/2)``, s in {0, 1}
-(sin, then cos). Backward: ``dy/dx_d = 2^f * pi * cos(2^f * pi * x_d + s * pi/2)``.
+(sin, then cos). Backward: ``dy/dx_d = 2^f * pi * cos(2^f * pi * x_d + s * pi/2)``; second
+derivative ``-(2^f * pi)^2 * sin(2^f * pi * x_d + s * pi/2)``.
 
 The batch forward on the CPU takes sin and cos of the phase every ``RESTART`` octaves from
 numpy (whose float32 ``sin``/``cos`` are SIMD, several times faster than the scalar calls of
@@ -80,7 +81,12 @@ class FrequencyEncoding(PerDimEncoding):
         def slope(x, j):
             return octave(j) * math.pi * ti.cos(phase(x, j))
 
-        return value, slope
+        @ti.func
+        def curvature(x, j):
+            w = octave(j) * math.pi
+            return -w * w * ti.sin(phase(x, j))
+
+        return value, slope, curvature
 
     def _forward(self, x, routing):
         if not is_cpu():

@@ -1,6 +1,6 @@
 """Identity encoding (tcnn ``encodings/identity.h``): ``y_j = scale * x_j + offset``.
 
-Keys: ``IdentityEncoding.KEYS``. Backward: ``dL/dx_j = scale * dL/dy_j``.
+Keys: ``IdentityEncoding.KEYS``. Backward: ``dL/dx_j = scale * dL/dy_j``; linear, so its second derivative is 0.
 """
 import taichi as ti
 
@@ -31,4 +31,8 @@ class IdentityEncoding(PerDimEncoding):
         def slope(x, j):
             return scale
 
-        return value, slope
+        @ti.func
+        def curvature(x, j):
+            return 0.0
+
+        return value, slope, curvature

@@ -6,6 +6,7 @@ periodic sum ``C(t) = Q(t) + Q(t - 1) + Q(t + 1)`` (the blob wraps around [0, 1]
 
     y[d, k] = C((k + 1) / K - x_d) - C(k / K - x_d)
     dy/dx_d = C'(k / K - x_d) - C'((k + 1) / K - x_d),   Q'(t) = K * 15/16 * max(1 - u^2, 0)^2
+    d2y/dx_d2 = C''((k + 1) / K - x_d) - C''(k / K - x_d),  Q''(t) = -K^2 * 15/4 * u * max(1 - u^2, 0)
 
 The K outputs of one dim sum to 1. Any K works, including K > 32 (spec §8 A2).
 """
@@ -51,4 +52,13 @@ class OneBlobEncoding(PerDimEncoding):
         def slope(x, k):
             return periodic(pdf, ti.cast(k, ti.f32) / K - x) - periodic(pdf, (k + 1.0) / K - x)
 
-        return value, slope
+        @ti.func
+        def pdf_slope(t):
+            u = K * t
+            return -K * K * 15.0 / 4.0 * u * ti.max(1.0 - u * u, 0.0)
+
+        @ti.func
+        def curvature(x, k):
+            return periodic(pdf_slope, (k + 1.0) / K - x) - periodic(pdf_slope, ti.cast(k, ti.f32) / K - x)
+
+        return value, slope, curvature

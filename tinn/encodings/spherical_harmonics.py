@@ -15,7 +15,9 @@ of bands ``l < degree``, output ``i = l^2 + l + m`` for ``m = -l .. l``::
 which are tcnn's hard-coded polynomials (e.g. ``Y_6 = 0.31539156525252 (3 z^2 - 1)``).
 Backward: ``dL/dinput = 2 * sum_i dL/dY_i * grad_(x,y,z) Y_i`` (the factor 2 is the
 ``[0, 1] -> [-1, 1]`` map), using ``dC_m/dx = m C_(m-1)``, ``dC_m/dy = -m S_(m-1)``,
-``dS_m/dx = m S_(m-1)``, ``dS_m/dy = m C_(m-1)`` and the z-derivative of the recurrence.
+``dS_m/dx = m S_(m-1)``, ``dS_m/dy = m C_(m-1)`` and the z-derivative of the recurrence. The
+second order (``L2 = <v, dL/dinput>``) applies them twice: ``dL2/dY_i = 2 grad Y_i . v``,
+``dL2/dinput = 4 sum_i dL/dY_i * (Hessian of Y_i) v``.
 
 The kernels evaluate this recurrence (about ``degree^2`` multiply-adds, unrolled at
 compile time) rather than 64 expanded polynomials. Padding (fill 1) is placed *after*
@@ -30,7 +32,7 @@ import taichi as ti
 from .._runtime import current_program
 from ..registry import encodings
 from ..keys import Key, between
-from .encoding import KernelEncoding
+from .encoding import KernelEncoding, Kernels
 
 _f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 
@@ -76,7 +78,7 @@ def _kernels(program, degree: int, n_padding: int, fill: float):
 
     @ti.func
     def basis(v):
-        """C_m, S_m (m < degree) and P, dP/dz at the direction v = 2 * input - 1."""
+        """C_m, S_m (m < degree) and P, dP/dz, d2P/dz2 at the direction v = 2 * input - 1."""
         C = ti.Vector.zero(ti.f32, degree)
         S = ti.Vector.zero(ti.f32, degree)
         C[0] = 1.0
@@ -85,6 +87,7 @@ def _kernels(program, degree: int, n_padding: int, fill: float):
             S[m] = v[0] * S[m - 1] + v[1] * C[m - 1]
         P = ti.Vector.zero(ti.f32, n_p)
         dP = ti.Vector.zero(ti.f32, n_p)
+        ddP = ti.Vector.zero(ti.f32, n_p)
         for chunk in ti.static(steps):
             for i, const, a, j, c, k in ti.static(chunk):
                 if ti.static(j < 0):
@@ -92,15 +95,36 @@ def _kernels(program, degree: int, n_padding: int, fill: float):
                 elif ti.static(k < 0):
                     P[i] = a * v[2] * P[j]
                     dP[i] = a * (P[j] + v[2] * dP[j])
+                    ddP[i] = a * (2.0 * dP[j] + v[2] * ddP[j])
                 else:
                     P[i] = a * v[2] * P[j] - c * P[k]
                     dP[i] = a * (P[j] + v[2] * dP[j]) - c * dP[k]
-        return C, S, P, dP
+                    ddP[i] = a * (2.0 * dP[j] + v[2] * ddP[j]) - c * ddP[k]
+        return C, S, P, dP, ddP
+
+    @ti.func
+    def harmonic(C, S, m: ti.template(), sine: ti.template()):
+        """``(A, A_x, A_y, A_xx, A_xy, A_yy)`` of A = S_m (``sine``) or C_m: ``dC_m/dx = m C_(m-1)``,
+        ``dC_m/dy = -m S_(m-1)``, ``dS_m/dx = m S_(m-1)``, ``dS_m/dy = m C_(m-1)``, applied twice."""
+        a = ti.Vector.zero(ti.f32, 6)
+        if ti.static(m == 0):
+            a[0] = 1.0
+        elif ti.static(sine):
+            a[0], a[1], a[2] = S[m], m * S[m - 1], m * C[m - 1]
+        else:
+            a[0], a[1], a[2] = C[m], m * C[m - 1], -m * S[m - 1]
+        if ti.static(m >= 2):
+            mm = ti.static(m * (m - 1))
+            if ti.static(sine):
+                a[3], a[4], a[5] = mm * S[m - 2], mm * C[m - 2], -mm * S[m - 2]
+            else:
+                a[3], a[4], a[5] = mm * C[m - 2], -mm * S[m - 2], -mm * C[m - 2]
+        return a
 
     @ti.func
     def func(x, k=0):
         """The padded output for one input ``x`` (a 3-vector in [0, 1])."""
-        C, S, P, _ = basis(2.0 * x - 1.0)
+        C, S, P, _, _ = basis(2.0 * x - 1.0)
         y = ti.Vector.zero(ti.f32, width)
         for chunk in ti.static(outputs):
             for i, coefficient, m, sine, p in ti.static(chunk):
@@ -117,7 +141,7 @@ def _kernels(program, degree: int, n_padding: int, fill: float):
     @ti.func
     def backward_func(x, dy, k=0):
         """dL/dinput = 2 * sum_i dy_i * grad Y_i for one input ``x`` and output gradient ``dy`` (padded width)."""
-        C, S, P, dP = basis(2.0 * x - 1.0)
+        C, S, P, dP, _ = basis(2.0 * x - 1.0)
         g = ti.Vector.zero(ti.f32, 3)
         for chunk in ti.static(outputs):
             for i, coefficient, m, sine, p in ti.static(chunk):
@@ -129,6 +153,24 @@ def _kernels(program, degree: int, n_padding: int, fill: float):
                 else:
                     g += w * ti.Vector([m * C[m - 1] * P[p], -m * S[m - 1] * P[p], C[m] * dP[p]])
         return 2.0 * g
+
+    @ti.func
+    def backward_backward_func(x, v, dy):
+        """Second order for ``L2 = <v, dL/dinput>``: ``(dL2/dy_i = 2 grad Y_i . v, dL2/dinput = 4 sum_i dy_i H_i v)``
+        with H_i the Hessian of Y_i (the factors 2 are the ``[0, 1] -> [-1, 1]`` map)."""
+        C, S, P, dP, ddP = basis(2.0 * x - 1.0)
+        w = 2.0 * v
+        t = ti.Vector.zero(ti.f32, width)
+        h = ti.Vector.zero(ti.f32, 3)
+        for chunk in ti.static(outputs):
+            for i, coefficient, m, sine, p in ti.static(chunk):
+                a = harmonic(C, S, m, sine)
+                t[i] = coefficient * (a[1] * P[p] * w[0] + a[2] * P[p] * w[1] + a[0] * dP[p] * w[2])
+                h += dy[i] * coefficient * ti.Vector([
+                    (a[3] * w[0] + a[4] * w[1]) * P[p] + a[1] * dP[p] * w[2],
+                    (a[4] * w[0] + a[5] * w[1]) * P[p] + a[2] * dP[p] * w[2],
+                    (a[1] * w[0] + a[2] * w[1]) * dP[p] + a[0] * ddP[p] * w[2]])
+        return t, 2.0 * h
 
     @ti.kernel
     def forward(x: _f32_2d, y: _f32_2d):
@@ -150,7 +192,23 @@ def _kernels(program, degree: int, n_padding: int, fill: float):
             for i in ti.static(range(3)):
                 dx[b, i] = d[i]
 
-    return forward, backward, func, backward_func
+    @ti.kernel
+    def backward_backward(x: _f32_2d, v: _f32_2d, dy: _f32_2d, d_dy: _f32_2d, dx: _f32_2d):
+        for b in range(x.shape[0]):
+            g = ti.Vector.zero(ti.f32, width)
+            for chunk in ti.static(columns):
+                for j in ti.static(chunk):
+                    if ti.static(j < raw):
+                        g[j] = dy[b, j]
+            t, h = backward_backward_func(ti.Vector([x[b, 0], x[b, 1], x[b, 2]]),
+                                          ti.Vector([v[b, 0], v[b, 1], v[b, 2]]), g)
+            for chunk in ti.static(columns):
+                for j in ti.static(chunk):
+                    d_dy[b, j] = t[j]
+            for i in ti.static(range(3)):
+                dx[b, i] = h[i]
+
+    return Kernels(forward, backward, func, backward_func, backward_backward)
 
 
 @encodings.register("SphericalHarmonics")

@@ -4,6 +4,8 @@ Key: ``n_frequencies`` F (12). Output ``d * F + k``, k < F::
 
     v = x_d * 2^(k - 1) + 0.25 k,   y = 4 |v - floor(v) - 0.5| - 1
     dy/dx_d = 2^(k + 1) * s,  s = -1 if floor(2 v) is even else +1   (C's % on negatives: -1 % 2 is odd)
+
+Piecewise linear: its second derivative is 0 (the kinks are not differentiated, as tcnn's slope).
 """
 import taichi as ti
 
@@ -36,4 +38,8 @@ class TriangleWaveEncoding(PerDimEncoding):
             even = ti.cast(ti.floor(2.0 * phase(x, k)), ti.i32) % 2 == 0
             return exp2i(k + 1) * ti.select(even, -1.0, 1.0)
 
-        return value, slope
+        @ti.func
+        def curvature(x, k):                        # piecewise linear (the kinks are ignored, as the slope's jumps)
+            return 0.0
+
+        return value, slope, curvature

@@ -209,3 +209,69 @@ class HostMLP:
         blocks.run(block)
         self._commit_gradients(ctx, flat, target, overwrite)
         return groups.scatter(dx) if input_gradient else None
+
+    # -- second order ---------------------------------------------------------------------
+    def output_adjoints(self, ctx, dL_dy: np.ndarray, input_gradient: bool):
+        """The first half of the second order: the first-order backward pass without parameter gradients,
+        keeping each layer's output adjoint ``ybar_i = dL/dy_i`` (``(R, S, n)``); returns ``(dL/dx or None,
+        ybars)``."""
+        groups, blocks, layers = ctx.groups, ctx.blocks, ctx.layers
+        ybars = [np.empty_like(layer.y) for layer in layers[:-1]]
+        ybars.append(groups.gather(np.ascontiguousarray(dL_dy[:, : layers[-1].w.shape[1]])))
+        dx = np.empty_like(layers[0].x) if input_gradient else None
+
+        def block(partial, index):
+            sel = blocks.row_blocks(index)
+            for i in reversed(range(1 if dx is None else 0, len(layers))):
+                g = ybars[i][index].copy()
+                activations.host_times_derivative(layers[i].act, layers[i].slope_source()[index], g)
+                np.matmul(g, layers[i].w[sel], out=ybars[i - 1][index] if i > 0 else dx[index])
+
+        blocks.run(block)
+        return (groups.scatter(dx) if input_gradient else None), ybars
+
+    def second_order(self, ctx, ybars: list, dL_ddLdx: np.ndarray, overwrite: bool):
+        """The second half: for ``L2 = <v, dL/dx>`` with ``v = dL_ddLdx``, a tangent pass
+        ``xdot_0 = v, zdot_i = xdot_i W_i^T, xdot_(i+1) = act_i'(z_i) zdot_i`` and its reverse with two adjoints,
+        of the tangents (the first-order ``delta_i = act_i' ybar_i``) and of the values
+        (``zbar_i = act_i'' zdot_i ybar_i + act_i' xbar_(i+1)``, ``xbar_i = zbar_i W_i``, ``xbar_n = 0``)::
+
+            dL2/dW_i = delta_i^T xdot_i + zbar_i^T x_i,   dL2/d(dL_dy) = xdot_n,   dL2/dx = xbar_0
+
+        ``zbar`` is 0 until a layer with a curved activation (act'' != 0): with only ReLU, LeakyReLU and None
+        it is never computed and dL2/dx is ``None`` (0). Returns ``(dL2/d(dL_dy), dL2/dx or None)``."""
+        groups, blocks, layers = ctx.groups, ctx.blocks, ctx.layers
+        v_all = groups.gather(np.ascontiguousarray(dL_ddLdx))
+        tangent_out = np.empty_like(ybars[-1])
+        curved = [layer.act.host_second is not None for layer in layers]
+        dx = np.zeros_like(layers[0].x) if any(curved) else None
+        flat, dWs, target = self._gradient_buffer(ctx, overwrite)
+
+        def block(partial, index):
+            sel = blocks.row_blocks(index)
+            slopes, tangents, xdot = [], [], v_all[index]
+            for layer in layers:
+                slope = activations.host_derivative(layer.act, layer.slope_source()[index])
+                zdot = np.matmul(xdot, layer.w[sel].transpose(0, 2, 1))
+                slopes.append(slope)
+                tangents.append((xdot, zdot))
+                xdot = zdot if slope is None else zdot * slope
+            tangent_out[index] = xdot
+            xbar = None                                     # adjoint of the values, None while it is 0
+            for i in reversed(range(len(layers))):
+                layer, slope, (xdot, zdot), ybar = layers[i], slopes[i], tangents[i], ybars[i][index]
+                delta = ybar if slope is None else ybar * slope
+                zbar = activations.host_second(layer.act, layer.z[index]) * zdot * ybar if curved[i] else None
+                if xbar is not None:
+                    xbar = xbar if slope is None else xbar * slope
+                    zbar = xbar if zbar is None else zbar + xbar
+                dW = dWs[i][partial][sel][:, : delta.shape[2]]
+                self._add_weight_gradient(dW, delta, xdot, blocks.split_samples)
+                xbar = None
+                if zbar is not None:
+                    self._add_weight_gradient(dW, zbar, layer.x[index], True)
+                    xbar = np.matmul(zbar, layer.w[sel], out=dx[index] if i == 0 else None)
+
+        blocks.run(block)
+        self._commit_gradients(ctx, flat, target, overwrite)
+        return groups.scatter(tangent_out), (None if dx is None else groups.scatter(dx))

@@ -320,10 +320,13 @@ def host_times_derivative(act: Activation, a: np.ndarray, g: np.ndarray):
             g *= act.host_derivative(a)
 
 
-def host_derivative(act: Activation, a: np.ndarray) -> np.ndarray:
-    """act' as an array (from the output or the pre-activation ``a``, as ``host_times_derivative``)."""
+def host_derivative(act: Activation, a: np.ndarray) -> np.ndarray | None:
+    """act' as an array (from the output or the pre-activation ``a``, as ``host_times_derivative``);
+    ``None`` for the identity."""
+    if act.name == "None":
+        return None
     with np.errstate(over="ignore", invalid="ignore"):
-        return np.broadcast_to(np.asarray(act.host_derivative(a), np.float32), a.shape)
+        return act.host_derivative(a)
 
 
 def host_second(act: Activation, z: np.ndarray) -> np.ndarray:

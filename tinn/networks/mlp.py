@@ -107,3 +107,16 @@ class MLP(Network):
 
     def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
         return self._batch_path().backward(ctx, dL_dy, input_gradient, overwrite)
+
+    # -- second order: two halves, so that NetworkWithInputEncoding can run its encoding's between them --
+    def _second_order_begin(self, ctx, dL_dy, input_gradient: bool):
+        """``(dL/dx or None, state)``: the first-order input gradient (no parameter gradients) and what
+        :meth:`_second_order_end` needs."""
+        return self._batch_path().output_adjoints(ctx, dL_dy, input_gradient)
+
+    def _second_order_end(self, ctx, state, dL_ddLdx, overwrite: bool):
+        return self._batch_path().second_order(ctx, state, dL_ddLdx, overwrite)
+
+    def _backward_backward_input(self, ctx, dL_ddLdx, dL_dy, overwrite):
+        _, state = self._second_order_begin(ctx, dL_dy, input_gradient=False)
+        return self._second_order_end(ctx, state, dL_ddLdx, overwrite)
