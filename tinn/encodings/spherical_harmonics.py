@@ -172,10 +172,19 @@ def _kernels(program, degree: int, n_padding: int, fill: float):
                     (a[1] * w[0] + a[2] * w[1]) * dP[p] + a[0] * ddP[p] * w[2]])
         return t, 2.0 * h
 
+    @ti.func
+    def row(a: ti.template(), b, n: ti.template(), used: ti.template()):
+        """Row b of a batch array as an n-vector of its first ``used`` columns (0 after them)."""
+        g = ti.Vector.zero(ti.f32, n)
+        for chunk in ti.static(_chunks(list(range(used)))):
+            for j in ti.static(chunk):
+                g[j] = a[b, j]
+        return g
+
     @ti.kernel
     def forward(x: _f32_2d, y: _f32_2d):
         for b in range(x.shape[0]):
-            out = func(ti.Vector([x[b, 0], x[b, 1], x[b, 2]]))
+            out = func(row(x, b, 3, 3))
             for chunk in ti.static(columns):
                 for j in ti.static(chunk):
                     y[b, j] = out[j]
@@ -183,25 +192,14 @@ def _kernels(program, degree: int, n_padding: int, fill: float):
     @ti.kernel
     def backward(x: _f32_2d, dy: _f32_2d, dx: _f32_2d):
         for b in range(x.shape[0]):
-            g = ti.Vector.zero(ti.f32, width)
-            for chunk in ti.static(columns):
-                for j in ti.static(chunk):
-                    if ti.static(j < raw):
-                        g[j] = dy[b, j]
-            d = backward_func(ti.Vector([x[b, 0], x[b, 1], x[b, 2]]), g)
+            d = backward_func(row(x, b, 3, 3), row(dy, b, width, raw))
             for i in ti.static(range(3)):
                 dx[b, i] = d[i]
 
     @ti.kernel
     def backward_backward(x: _f32_2d, v: _f32_2d, dy: _f32_2d, d_dy: _f32_2d, dx: _f32_2d):
         for b in range(x.shape[0]):
-            g = ti.Vector.zero(ti.f32, width)
-            for chunk in ti.static(columns):
-                for j in ti.static(chunk):
-                    if ti.static(j < raw):
-                        g[j] = dy[b, j]
-            t, h = backward_backward_func(ti.Vector([x[b, 0], x[b, 1], x[b, 2]]),
-                                          ti.Vector([v[b, 0], v[b, 1], v[b, 2]]), g)
+            t, h = backward_backward_func(row(x, b, 3, 3), row(v, b, 3, 3), row(dy, b, width, raw))
             for chunk in ti.static(columns):
                 for j in ti.static(chunk):
                     d_dy[b, j] = t[j]
