@@ -54,6 +54,14 @@ def test_import_tinn_does_not_import_torch():
     assert out.stdout.strip().splitlines()[-1] == "False"
 
 
+def test_without_torch_the_import_error_says_what_to_install():
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "try:\n    import tinn.torch\nexcept ImportError as e:\n    print(e)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         env=dict(os.environ, PYTHONPATH=ROOT), timeout=300)
+    assert "tinn.torch needs PyTorch" in out.stdout, out.stdout + out.stderr
+
+
 def test_initial_params_equal_the_native_objects():
     model = tt.NetworkWithInputEncoding(3, 2, HASH, NET, seed=7)
     native = tinn.NetworkWithInputEncoding(3, 2, HASH, NET, seed=7)
