@@ -282,3 +282,41 @@ def test_network_with_input_encoding(name):
         assert_close(d_dy[rows], r_dy, rtol=RTOL, atol_rel=ATOL_REL, atol=1e-5)
         assert_close(d_x[rows], r_x, rtol=RTOL, atol_rel=ATOL_REL, atol=1e-5)
         assert_close(grads[k], r_params, rtol=RTOL, atol_rel=ATOL_REL, atol=1e-5)
+
+
+def test_dense_array_batch_equals_the_routed_one():
+    """A dense (K, B, n) batch gives (K, B, ...) results equal to the same samples routed by instance ids."""
+    rng = np.random.default_rng(12)
+    net = tinn.create_network(4, 2, {"n_neurons": 8, "n_hidden_layers": 1, "activation": "SiLU"}, n_instances=2)
+    x = rng.uniform(-1, 1, (2, 5, 4)).astype(np.float32)
+    v = rng.normal(size=(2, 5, 4)).astype(np.float32)
+    g = rng.normal(size=(2, 5, 2)).astype(np.float32)
+    _, ctx = net.forward(x)
+    d_dy, d_x = net.backward_backward_input(ctx, v, g)
+    dense_grads = net.gradients()
+    assert d_dy.shape == (2, 5, 2) and d_x.shape == (2, 5, 4)
+    ids = np.repeat(np.arange(2, dtype=np.int32), 5)
+    _, ctx = net.forward(x.reshape(10, 4), ids)
+    r_dy, r_x = net.backward_backward_input(ctx, v.reshape(10, 4), g.reshape(10, 2))
+    np.testing.assert_allclose(d_dy.reshape(10, 2), r_dy, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(d_x.reshape(10, 4), r_x, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(dense_grads, net.gradients(), rtol=1e-6, atol=1e-7)
+
+
+def test_networks_a_batch_does_not_reach_get_zero_gradients():
+    """overwrite: the networks of an array that no sample reached end with zero gradients; accumulate keeps them."""
+    rng = np.random.default_rng(13)
+    net = tinn.create_network(4, 2, {"n_neurons": 8, "n_hidden_layers": 1, "activation": "Tanh"}, n_instances=3)
+    x = rng.uniform(-1, 1, (12, 4)).astype(np.float32)
+    v, g = rng.normal(size=(12, 4)).astype(np.float32), rng.normal(size=(12, 2)).astype(np.float32)
+    _, ctx = net.forward(x, (np.arange(12) % 3).astype(np.int32))
+    net.backward_backward_input(ctx, v, g)
+    everywhere = net.gradients()
+    assert np.all(np.abs(everywhere).max(axis=1) > 0)
+    ids = np.where(np.arange(12) % 2 == 0, 0, 2).astype(np.int32)
+    _, ctx = net.forward(x, ids)
+    net.backward_backward_input(ctx, v, g, mode="accumulate")
+    np.testing.assert_array_equal(net.gradients()[1], everywhere[1])
+    net.backward_backward_input(ctx, v, g)
+    np.testing.assert_array_equal(net.gradients()[1], 0.0)
+    assert np.abs(net.gradients()[[0, 2]]).max() > 0
