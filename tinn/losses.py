@@ -134,14 +134,16 @@ class Loss(Object, RuntimeBound):
         With a routed batch, each network's samples are normalised by that network's own
         ``N_k = B_k * D``, so a network in an array gets exactly the gradient it would get
         trained alone; the loss is then the mean of the per-network losses. A dense batch
-        (network k owns the k-th of K equal runs of samples) needs no per-sample bookkeeping.
+        (network k owns the k-th of K equal runs of samples) needs no per-sample bookkeeping. A chunk
+        of a larger batch (``routing.whole``) is normalised by the whole batch's counts, so the
+        chunks' losses and gradients add up to the whole batch's.
         """
         B, D = t.shape
-        K, dense = routing.n_instances, routing.dense is not None
+        K, dense, whole = routing.n_instances, routing.dense is not None, routing.whole
         if not routing.routed or dense:
-            inv_n = np.full(B, 1.0 / (B // K * D), np.float32)
+            inv_n = np.full(B, 1.0 / (whole.batch // K * D), np.float32)
         else:
-            inv_n = (1.0 / (routing.counts[routing.instance] * D)).astype(np.float32)
+            inv_n = (1.0 / (whole.counts[routing.instance] * D)).astype(np.float32)
         grad = np.empty_like(p)
         rows = np.empty(B, np.float32)
         weighted = q is not None
@@ -153,7 +155,7 @@ class Loss(Object, RuntimeBound):
             per_network = rows.reshape(K, -1).sum(axis=1, dtype=np.float64)
             return float(per_network.mean()), grad, per_network
         per_network = np.bincount(routing.instance, weights=rows, minlength=K)
-        return float(per_network.sum() / np.count_nonzero(routing.counts)), grad, per_network
+        return float(per_network.sum() / np.count_nonzero(whole.counts)), grad, per_network
 
 
 def _loss(name: str, doc: str, **attrs):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._runtime import RuntimeBound, as_batch, as_instances
+from ._runtime import RuntimeBound, as_batch
 from ._rng import Pcg32
 from ._sample import SampleFuncs
 from .keys import check_int, check_seed
@@ -25,6 +25,10 @@ from .params import ParamStore, allocate
 from .routing import Routing
 
 GRADIENT_MODES = ("overwrite", "accumulate")
+
+INFERENCE_CHUNK = 1 << 19
+"""Samples per pass of ``inference``: a larger batch is cut into chunks of this size, so that the
+intermediate arrays stay bounded (about 250 bytes a sample for ``config_hash``) however large the batch."""
 
 INIT_CHUNK = 1 << 22
 """Parameters drawn per batch of instances at initialisation (bounds the generator's temporaries)."""
@@ -147,14 +151,7 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         """Validate a batch and describe its routing once; a dense ``(K, B_k, n)`` batch is flattened."""
         self._check_runtime()
         arr = as_batch(x, self.n_input_dims, allow_dense=self.n_instances > 1 and instance is None, finite=True)
-        if arr.ndim == 3:
-            if arr.shape[0] != self.n_instances:
-                raise ValueError(f"a dense batch needs shape ({self.n_instances}, batch, {self.n_input_dims}), "
-                                 f"got {arr.shape}")
-            k, b = arr.shape[:2]
-            return arr.reshape(k * b, -1), Routing.of_dense(k, b)
-        ids = as_instances(instance, arr.shape[0], self.n_instances)
-        return arr, Routing(arr.shape[0], self.n_instances, ids)
+        return Routing.of(arr, instance, self.n_instances)
 
     def _finish(self, y: np.ndarray, routing: Routing):
         y = np.ascontiguousarray(y[:, : self.n_output_dims])
@@ -162,9 +159,16 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
 
     def inference(self, x, instance=None) -> np.ndarray:
         """Outputs ``(batch, n_output_dims)`` for inputs ``(batch, n_input_dims)``; with a network array,
-        ``instance`` ``(batch,)`` int32 routes each sample, or ``x`` is a dense ``(K, B_k, n_input_dims)``."""
+        ``instance`` ``(batch,)`` int32 routes each sample, or ``x`` is a dense ``(K, B_k, n_input_dims)``.
+        A batch larger than ``INFERENCE_CHUNK`` runs in chunks of that size (bounded memory)."""
         x, routing = self._prepare(x, instance)
-        return self._finish(self._inference(x, routing), routing)
+        if routing.batch <= INFERENCE_CHUNK:
+            return self._finish(self._inference(x, routing), routing)
+        y = np.empty((routing.batch, self.n_output_dims), np.float32)
+        for lo in range(0, routing.batch, INFERENCE_CHUNK):
+            hi = min(lo + INFERENCE_CHUNK, routing.batch)
+            y[lo:hi] = self._inference(x[lo:hi], routing.chunk(lo, hi))[:, : self.n_output_dims]
+        return y.reshape(routing.dense + (-1,)) if routing.dense else y
 
     def forward(self, x, instance=None):
         """``(output, ctx)``: the output as :meth:`inference` gives it, at the training weights; keep

@@ -26,6 +26,8 @@ import functools
 import numpy as np
 import taichi as ti
 
+from ._runtime import as_instances
+
 _f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 _i64_1d = ti.types.ndarray(dtype=ti.i64, ndim=1)
 
@@ -80,16 +82,32 @@ class Routing:
     (then ``instance`` is ``k`` repeated ``B_k`` times). The derived facts are computed on
     first use and kept: ``counts`` (samples per network), ``active`` (the networks that got
     samples, ``None`` for all of them) and ``groups`` (the batch sorted by network).
+
+    ``whole`` is the batch this one is a chunk of (itself if none): a large batch is processed
+    in chunks, and the loss normalises every chunk's samples by the whole batch's counts.
     """
 
-    def __init__(self, batch: int, n_instances: int = 1, instance: np.ndarray | None = None, dense=None):
+    def __init__(self, batch: int, n_instances: int = 1, instance: np.ndarray | None = None, dense=None,
+                 whole: "Routing | None" = None):
         self.batch, self.n_instances, self.instance, self.dense = batch, n_instances, instance, dense
+        self.whole = self if whole is None else whole
 
     @classmethod
-    def of_dense(cls, n_instances: int, per_network: int) -> "Routing":
-        """A dense ``(n_instances, per_network, dims)`` batch, flattened network by network."""
-        ids = np.repeat(np.arange(n_instances, dtype=np.int32), per_network)
-        return cls(n_instances * per_network, n_instances, ids, (n_instances, per_network))
+    def of(cls, x: np.ndarray, instance, n_instances: int) -> tuple[np.ndarray, "Routing"]:
+        """A checked batch ``x`` as ``(batch, dims)`` and its routing: ``instance`` ids (checked here), or
+        none for a dense ``(n_instances, B_k, dims)`` batch, which is flattened network by network."""
+        if x.ndim == 2:
+            return x, cls(x.shape[0], n_instances, as_instances(instance, x.shape[0], n_instances))
+        if x.shape[0] != n_instances:
+            raise ValueError(f"a dense batch needs shape ({n_instances}, batch, {x.shape[-1]}), got {x.shape}")
+        k, b = x.shape[:2]
+        ids = np.repeat(np.arange(k, dtype=np.int32), b)
+        return x.reshape(k * b, -1), cls(k * b, k, ids, (k, b))
+
+    def chunk(self, lo: int, hi: int) -> "Routing":
+        """Samples ``lo:hi`` of this batch, as a routed batch of their own that is part of this one."""
+        return Routing(hi - lo, self.n_instances, None if self.instance is None else self.instance[lo:hi],
+                       whole=self)
 
     @property
     def routed(self) -> bool:

@@ -33,6 +33,11 @@ import numpy as np
 from . import serialization
 from ._runtime import RuntimeBound, as_batch
 from .object import Context, DifferentiableObject
+from .routing import Routing
+
+TRAINING_CHUNK = 1 << 18
+"""Samples per pass of a training step: a larger batch is processed in chunks of this size (about
+1 KB a sample of intermediate arrays for ``config_hash``), its gradients accumulated over them."""
 
 
 class Trainer(RuntimeBound):
@@ -116,6 +121,10 @@ class Trainer(RuntimeBound):
     def forward(self, x, target, instance=None, pdf=None) -> Context:
         """Model forward and loss: the model's context, with ``loss``, ``dL_doutput`` and
         ``instance_losses`` (per network, ``(n_instances,)``) added."""
+        return self._forward(*self._checked(x, target, instance, pdf))
+
+    def _checked(self, x, target, instance, pdf) -> tuple:
+        """The arguments of a step, checked (shapes, dtypes, finite values) before anything runs."""
         self._check_runtime()
         model = self.model
         dense = model.n_instances > 1 and instance is None      # a (K, B_k, dims) batch
@@ -125,9 +134,13 @@ class Trainer(RuntimeBound):
             raise ValueError(f"target has {_samples(target)} samples, x has {_samples(x)}")
         if pdf is not None:
             pdf = as_batch(pdf, model.n_output_dims, "pdf", allow_dense=dense, positive=True)
-        y, ctx = model.forward(x, instance)
+        return x, target, instance, pdf
+
+    def _forward(self, x, target, instance, pdf, routing=None) -> Context:
+        """Forward and loss of a checked batch; ``routing``: the chunk of a larger batch it is."""
+        y, ctx = self.model.forward(x, instance)
         ctx.loss, ctx.dL_doutput, ctx.instance_losses = self.loss.evaluate(
-            y, target, pdf, routing=ctx.routing, per_instance=True, loss_scale=self.loss_scale)
+            y, target, pdf, routing=routing or ctx.routing, per_instance=True, loss_scale=self.loss_scale)
         return ctx
 
     def backward(self, ctx: Context):
@@ -148,13 +161,37 @@ class Trainer(RuntimeBound):
         self.optimizer.step(self.model, loss_scale=self.loss_scale, active=active)
 
     def training_step(self, x, target, instance=None, pdf=None, *, per_instance: bool = False):
-        """One step; returns the loss, or ``(loss, per-network losses)`` with ``per_instance=True``."""
-        ctx = self.forward(x, target, instance, pdf)
-        self.backward(ctx)
-        self.optimizer_step(ctx.routing.active)
-        if per_instance:
-            return ctx.loss, ctx.instance_losses
-        return ctx.loss
+        """One step; returns the loss, or ``(loss, per-network losses)`` with ``per_instance=True``.
+
+        A batch larger than ``TRAINING_CHUNK`` is processed in chunks of that size (gradients
+        accumulated over the chunks, each sample normalised by the whole batch, then one
+        optimizer step), so the step's memory stays bounded whatever the batch size.
+        """
+        x, target, instance, pdf = self._checked(x, target, instance, pdf)
+        if int(np.prod(x.shape[:-1])) <= TRAINING_CHUNK:
+            ctx = self._forward(x, target, instance, pdf)
+            self.backward(ctx)
+            loss, losses, active = ctx.loss, ctx.instance_losses, ctx.routing.active
+        else:
+            loss, losses, active = self._chunked_gradients(x, target, instance, pdf)
+        self.optimizer_step(active)
+        return (loss, losses) if per_instance else loss
+
+    def _chunked_gradients(self, x, target, instance, pdf):
+        """``(loss, per-network losses, active networks)`` of a large batch, its gradients accumulated
+        chunk by chunk into the model's (the first chunk overwrites them)."""
+        x, whole = Routing.of(x, instance, self.model.n_instances)
+        target = target.reshape(whole.batch, -1)
+        pdf = None if pdf is None else pdf.reshape(whole.batch, -1)
+        loss, losses = 0.0, 0.0
+        for lo in range(0, whole.batch, TRAINING_CHUNK):
+            hi = min(lo + TRAINING_CHUNK, whole.batch)
+            part = whole.chunk(lo, hi)
+            ctx = self._forward(x[lo:hi], target[lo:hi], part.instance, None if pdf is None else pdf[lo:hi], part)
+            self.model.backward(ctx, ctx.dL_doutput, input_gradient=False,
+                                mode="overwrite" if lo == 0 else "accumulate")
+            loss, losses = loss + ctx.loss, losses + ctx.instance_losses
+        return loss, losses, whole.active
 
 
 def _samples(batch: np.ndarray) -> str:
