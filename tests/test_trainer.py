@@ -1,4 +1,5 @@
 """create_from_config and the Trainer, end to end."""
+import gc
 import math
 import os
 
@@ -129,3 +130,15 @@ def test_torch_tensors_are_accepted(rng):
     np.testing.assert_array_equal(model.network.inference(torch.from_numpy(x)), model.network.inference(x))
     loss = model.trainer.training_step(torch.from_numpy(x), torch.zeros(10, 3))
     assert isinstance(loss, float)
+
+
+def test_a_new_model_starts_with_zero_gradients(rng):
+    """Stores share field memory: a model built where a dropped one trained reads zero gradients."""
+    x, y = rng.random((64, 2), dtype=np.float32), rng.random((64, 3), dtype=np.float32)
+    for _ in range(3):
+        model = tinn.create_from_config(2, 3, SMALL)
+        np.testing.assert_array_equal(model.network.gradients(), 0)
+        model.trainer.training_step(x, y)
+        assert np.any(model.network.gradients() != 0)
+        del model
+        gc.collect()                                      # free its store's columns now

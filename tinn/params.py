@@ -144,6 +144,7 @@ class ParamStore(RuntimeBound):
         self._arena = _arena(n_instances)
         self._chunk, self.offset = self._arena.take(n_params, what)
         self.params, self.inference_params, self.grads = self._chunk.params, self._chunk.inference, self._chunk.grads
+        self.zero_grad()                          # the columns may have held a dropped store's gradients
 
     def __del__(self):
         try:
