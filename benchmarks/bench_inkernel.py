@@ -69,7 +69,7 @@ class BatchPath:
         dL_dpixel = 2 * (pixel - target) / len(o)
         g = (dL_dpixel * self.gain * (1 - opacity))[ray] / (1 + np.exp(-raw)) * dt
         self.net.backward(ctx, g.astype(np.float32)[:, None], input_gradient=False)
-        self.trainer.optimizer_step()
+        self.trainer.optimizer_step(active=None if inst is None else np.unique(inst))
         return float(np.mean((pixel - target) ** 2)), float(np.sum(dL_dpixel * opacity))
 
 
@@ -83,7 +83,7 @@ class StagePath:
         m.set_rays(o, d, jitter)
         m.target.from_numpy(target)
         loss = m.loss_and_gradients()
-        self.trainer.optimizer_step()
+        self.trainer.optimizer_step(active=m.density.active)
         return loss, float(m.gain.grad[None])
 
 

@@ -221,7 +221,7 @@ def main():
         marcher.set_rays(o_train[idx], d_train[idx], rng.random((args.rays, args.samples), dtype=np.float32))
         marcher.target.from_numpy(target_train[idx])
         loss = marcher.loss_and_gradients()
-        trainer.optimizer_step()
+        trainer.optimizer_step(active=marcher.density.active)         # the networks this batch reached
         g = float(marcher.gain.grad[None])
         m, v = 0.9 * m + 0.1 * g, 0.99 * v + 0.01 * g * g
         marcher.gain[None] -= 1e-2 * (m / (1 - 0.9 ** step)) / (np.sqrt(v / (1 - 0.99 ** step)) + 1e-8)

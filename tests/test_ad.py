@@ -180,3 +180,125 @@ def test_stage_checks_its_fields(rng):
         tinn.ad.stage(object(), x, y)
     with pytest.raises(ValueError, match="instance"):
         tinn.ad.stage(model(rng, n_instances=2), x, y)
+
+
+# ---- gradient_stage: an Eikonal loss mean_i (|∇ₓ f(x_i)| − 1)² through backward_backward_input ----
+EIK_NET = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 2, "activation": "Softplus",
+           "output_activation": "None"}
+EIK_F = 2
+
+
+def eikonal_reference(net, x, p):
+    """float64 Eikonal loss of the model with parameters ``p`` at points ``x`` (tests/reference.py's MLP and
+    Frequency formulas; ∇ₓ f by their first-order backward)."""
+    from reference import frequency_grad_ref, frequency_ref, mlp_backward_ref, mlp_forward_ref, mlp_shapes, \
+        mlp_unflatten, padded
+    width = net.encoding.padded_output_width
+    shapes = mlp_shapes(width, EIK_NET["n_neurons"], EIK_NET["n_hidden_layers"], 1)
+    Ws = mlp_unflatten(p[:net.network.n_params], shapes)
+    y, zs, hs = mlp_forward_ref(padded(frequency_ref(x, EIK_F), width, 1.0), Ws, "Softplus", "None")
+    dy = np.zeros_like(y)
+    dy[:, 0] = 1.0
+    _, d_enc = mlp_backward_ref(Ws, zs, hs, dy, "Softplus", "None")
+    g = frequency_grad_ref(x, d_enc[:, :2 * EIK_F * x.shape[1]], EIK_F)
+    return np.mean((np.linalg.norm(g, axis=1) - 1) ** 2), g
+
+
+class EikonalProgram:
+    """x_i = base_i + shift (a user parameter); g = gradient_stage(x); loss = mean over the mask of (|g| − 1)²."""
+
+    def __init__(self, net, base, instance=None, mask=None):
+        n = len(base)
+        self.base = ti.Vector.field(3, ti.f32, n)
+        self.base.from_numpy(base)
+        self.shift = ti.Vector.field(3, ti.f32, (), needs_grad=True)
+        self.x = ti.Vector.field(3, ti.f32, n, needs_grad=True)
+        self.g = ti.Vector.field(3, ti.f32, n, needs_grad=True)
+        self.loss = ti.field(ti.f32, (), needs_grad=True)
+        self.net, self.stage = net, tinn.ad.gradient_stage(net, self.x, self.g, instance=instance, mask=mask)
+        weight = np.ones(n, np.float32) if mask is None else mask.to_numpy().astype(np.float32)
+        self.weight = ti.field(ti.f32, n)
+        self.weight.from_numpy(weight / weight.sum())
+        b, s, x, g, w, loss = self.base, self.shift, self.x, self.g, self.weight, self.loss
+
+        @ti.kernel
+        def place():
+            for i in x:
+                x[i] = b[i] + s[None]
+
+        @ti.kernel
+        def eikonal():
+            for i in g:
+                loss[None] += w[i] * (g[i].norm() - 1.0) ** 2
+
+        self.place, self.eikonal = place, eikonal
+
+    def gradients(self):
+        self.net.zero_grad()
+        with ti.ad.Tape(loss=self.loss):
+            self.place()
+            self.stage()
+            self.eikonal()
+        return float(self.loss[None]), self.shift.grad[None].to_numpy(), self.net.gradients()
+
+
+def eikonal_model(rng, n_instances=1):
+    net = tinn.NetworkWithInputEncoding(3, 1, {"otype": "Frequency", "n_frequencies": EIK_F}, EIK_NET,
+                                        n_instances=n_instances)
+    net.set_params(net.params() * 2)
+    return net
+
+
+def test_gradient_stage_eikonal_gradients_against_finite_differences(rng):
+    from reference import fd_gradient
+    net = eikonal_model(rng)
+    base = rng.uniform(0.1, 0.9, (32, 3)).astype(np.float32)
+    prog = EikonalProgram(net, base)
+    prog.shift[None] = [0.02, -0.01, 0.03]
+    loss, d_shift, grads = prog.gradients()
+    p = net.params().astype(np.float64)
+    shift = prog.shift[None].to_numpy().astype(np.float64)
+    ref_loss, ref_g = eikonal_reference(net, base + shift, p)
+    np.testing.assert_allclose(prog.g.to_numpy(), ref_g, rtol=1e-4, atol=1e-4 * np.abs(ref_g).max())
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-4)
+    fd_shift = fd_gradient(lambda s: eikonal_reference(net, base + s, p)[0], shift, 1e-6)
+    np.testing.assert_allclose(d_shift, fd_shift, rtol=1e-3, atol=1e-3 * np.abs(fd_shift).max())
+    picks = np.argsort(-np.abs(grads))[:6].tolist() + [0, net.network.n_params - 1]
+    for i in picks:
+        def at(v):
+            q = p.copy()
+            q[i] = v[0]
+            return eikonal_reference(net, base + shift, q)[0]
+        fd = fd_gradient(at, p[i:i + 1], 1e-6)[0]
+        np.testing.assert_allclose(grads[i], fd, rtol=2e-3, atol=1e-3 * np.abs(grads).max(), err_msg=f"param {i}")
+
+
+def test_gradient_stage_with_routing_and_a_mask_and_one_adam_step(rng):
+    """Two networks, points routed alternately, a third of them masked: gradients equal the batch API's
+    backward_backward_input on the kept points, and one Adam step lowers the Eikonal loss."""
+    net = eikonal_model(rng, n_instances=2)
+    trainer = tinn.Trainer(net, tinn.create_optimizer({"otype": "Adam", "learning_rate": 1e-3}),
+                           tinn.create_loss({"otype": "L2"}))
+    n = 30
+    base = rng.uniform(0.1, 0.9, (n, 3)).astype(np.float32)
+    instance, mask = ti.field(ti.i32, n), ti.field(ti.i32, n)
+    inst_np, mask_np = (np.arange(n) % 2).astype(np.int32), (np.arange(n) % 3 != 0).astype(np.int32)
+    instance.from_numpy(inst_np)
+    mask.from_numpy(mask_np)
+    prog = EikonalProgram(net, base, instance, mask)
+    loss, _, grads = prog.gradients()
+    g = prog.g.to_numpy()
+    assert np.all(g[mask_np == 0] == 0)
+    keep = mask_np != 0
+    _, ctx = net.forward(base[keep], inst_np[keep])
+    ones = np.ones((keep.sum(), 1), np.float32)
+    dx = net.backward(ctx, ones)
+    np.testing.assert_allclose(g[keep], dx, rtol=1e-4, atol=1e-5)
+    norm = np.linalg.norm(dx, axis=1, keepdims=True)
+    dL_dg = (2 * (norm - 1) / norm * dx / keep.sum()).astype(np.float32)
+    net.backward_backward_input(ctx, dL_dg, ones)
+    np.testing.assert_allclose(grads, net.gradients(), rtol=1e-4, atol=1e-5 * np.abs(grads).max())
+    np.testing.assert_array_equal(prog.stage.active, [0, 1])
+    prog.gradients()
+    trainer.optimizer_step()
+    assert prog.gradients()[0] < loss

@@ -30,3 +30,14 @@ def test_raymarch_density_with_routed_micro_networks(tmp_path):
                       "--views", "12", "--size", "16", "--instances", "8")
     psnr = [float(v) for v in re.findall(r"held-out PSNR\s+([\d.]+) dB", out)]
     assert len(psnr) >= 2 and psnr[-1] > psnr[0] + 3, out
+
+
+def test_sdf_eikonal_fits_and_the_eikonal_term_helps(tmp_path):
+    out = run_example(tmp_path, "sdf_eikonal.py", "--steps", "60", "--surface", "512", "--eikonal", "512")
+    errors = {name: [float(v) for v in re.findall(rf"\[{re.escape(name)}\] step .*?SDF error\| ([\d.]+)", out)]
+              for name in ("data only", "data + Eikonal")}
+    for name, err in errors.items():
+        assert len(err) >= 2 and err[-1] < 0.5 * err[0], (name, out)
+    final = dict(re.findall(r"^(data[^:]*?)\s*: mean \|SDF error\| [\d.]+, mean \|\|grad f\| - 1\| ([\d.]+)", out, re.M))
+    assert float(final["data + Eikonal"]) < float(final["data only"]), out
+    assert (tmp_path / "sdf_slices.png").exists()

@@ -16,6 +16,11 @@ by Taichi and the parameter gradients go through the batch path (no per-sample w
 ``stage(network, x, y)``: forward ``y[I] = network(x[I])``; reverse ``x.grad[I] += J(x[I])^T y.grad[I]``
 and ``dθ += Σ_I (∂y[I]/∂θ)^T y.grad[I]`` (``network.backward(..., mode="accumulate")``).
 
+``gradient_stage(network, x, g)`` for a network with one output f: forward ``g[I] = ∇ₓ f(x[I])`` (the
+per-sample vjp of ``backward_func`` at the training weights, touching no gradients); reverse
+``x.grad[I] += H(x[I]) g.grad[I]`` and ``dθ += Σ_I ∂⟨g.grad[I], ∇ₓf(x[I])⟩/∂θ`` through the batch
+``backward_backward_input(ctx, g.grad, 1, mode="accumulate")``: an Eikonal loss on ``g`` trains f.
+
 Stages take Taichi Vector fields of one shape (any number of axes, float32) and optional int32 fields
 of that shape: ``instance`` routes each element to its network of an array, ``mask`` leaves the
 elements where it is 0 out (their outputs are 0 and they get no gradient). Elements are independent;
@@ -52,8 +57,7 @@ def _has_grad(f):
 
 class _Call:
     """What one forward call keeps for its reverse pass."""
-    ctx = None
-    rows = None
+    ctx = rows = x = inst = None
 
 
 class _Stage:
@@ -121,7 +125,8 @@ class _Stage:
         field.from_numpy(np.ascontiguousarray(full, dtype=np.float32).reshape(tuple(self.x.shape) + (width,)))
 
     def _note_active(self, inst):
-        self._active = None if inst is None else np.unique(inst).astype(np.int32)
+        self._active = None if inst is None else np.flatnonzero(
+            np.bincount(inst, minlength=self.network.n_instances)).astype(np.int32)
 
 
 class Stage(_Stage):
@@ -149,6 +154,71 @@ class Stage(_Stage):
         self._add_input_gradient(call.rows, dx)
 
 
+class GradientStage(_Stage):
+    """``g[I] = ∇ₓ f(x[I])`` of a one-output network; reverse through ``backward_backward_input``."""
+
+    out_name = "g"
+
+    def __init__(self, network, x, g, instance=None, mask=None):
+        super().__init__(network, x, g, instance, mask)
+        self._kernel = None
+
+    @staticmethod
+    def _out_dims(network):
+        if network.n_output_dims != 1:
+            raise ValueError(f"gradient_stage needs a network with one output, got {network.n_output_dims}")
+        return network.n_input_dims
+
+    def _gradient_kernel(self):
+        """The kernel ``g[I] = J(x[I])^T 1`` over the fields (per sample, training weights, no gradients)."""
+        if self._kernel is None:
+            vjp = self.network._cached_funcs("training")[1]
+            x, g, instance, mask = self.x, self.out, self.instance, self.mask
+            routed, masked = instance is not None, mask is not None
+
+            @ti.kernel
+            def gradient():
+                for I in ti.grouped(x):
+                    take, k = 1, 0
+                    if ti.static(masked):
+                        take = mask[I]
+                    if ti.static(routed):
+                        k = instance[I]
+                    v = ti.Vector.zero(ti.f32, x.n)
+                    if take != 0:
+                        v = vjp(x[I], ti.Vector([1.0]), k)
+                    g[I] = v
+            self._kernel = gradient
+        return self._kernel
+
+    def _forward(self, call):
+        call.rows, call.x, call.inst = self._rows()
+        if call.inst is not None and len(call.inst):
+            lo, hi = int(call.inst.min()), int(call.inst.max())
+            if lo < 0 or hi >= self.network.n_instances:
+                raise ValueError(f"instance ids must lie in [0, {self.network.n_instances}), got values in [{lo}, {hi}]")
+        if not np.isfinite(call.x).all():
+            raise ValueError("x must be finite")
+        self.network._check_runtime()
+        self._gradient_kernel()()
+        self._note_active(call.inst)
+
+    def _backward(self, call):
+        if not len(call.x):
+            return
+        _, ctx = self.network.forward(call.x, call.inst)
+        n_in = self.network.n_input_dims
+        dg = self.out.grad.to_numpy().reshape(-1, n_in)
+        dg = np.ascontiguousarray(dg if call.rows is None else dg[call.rows])
+        _, dx = self.network.backward_backward_input(ctx, dg, np.ones((len(dg), 1), np.float32), mode="accumulate")
+        self._add_input_gradient(call.rows, dx)
+
+
 def stage(network, x, y, instance=None, mask=None) -> Stage:
     """A ``ti.ad.Tape`` stage ``y[I] = network(x[I])`` (see the module doc)."""
     return Stage(network, x, y, instance, mask)
+
+
+def gradient_stage(network, x, g, instance=None, mask=None) -> GradientStage:
+    """A ``ti.ad.Tape`` stage ``g[I] = ∇ₓ network(x[I])`` of a one-output network (see the module doc)."""
+    return GradientStage(network, x, g, instance, mask)
