@@ -164,6 +164,49 @@ def test_stage_with_routing_and_a_mask(rng):
     np.testing.assert_allclose(d_offset, dx_sum, rtol=1e-4, atol=1e-6)
 
 
+def test_stage_called_twice_on_the_same_fields(rng):
+    """Two passes through the same fields in one Tape: each pass gets its own gradients (the stage consumes
+    y.grad as Taichi's reverse of a store does)."""
+    net = model(rng)
+    n = 40
+    base = ti.Vector.field(2, ti.f32, n)
+    shift = ti.Vector.field(2, ti.f32, (), needs_grad=True)
+    x = ti.Vector.field(2, ti.f32, n, needs_grad=True)
+    y = ti.Vector.field(1, ti.f32, n, needs_grad=True)
+    loss = ti.field(ti.f32, (), needs_grad=True)
+    b = rng.uniform(0.2, 0.8, (n, 2)).astype(np.float32)
+    base.from_numpy(b)
+    shift[None] = [0.05, -0.03]
+    stage = tinn.ad.stage(net, x, y)
+
+    @ti.kernel
+    def place(c: ti.f32):
+        for i in x:
+            x[i] = base[i] + c * shift[None]
+
+    @ti.kernel
+    def square(w: ti.f32):                  # linear in y: its reverse does not read y, which pass 2 overwrites
+        for i in y:
+            loss[None] += w * base[i][0] * y[i][0]
+
+    net.zero_grad()
+    with ti.ad.Tape(loss=loss):
+        place(1.0)
+        stage()
+        square(1.0)
+        place(-2.0)
+        stage()
+        square(0.5)
+    grads, d_shift = net.gradients(), shift.grad[None].to_numpy()
+    s = shift[None].to_numpy().astype(np.float32)
+    _, ctx1 = net.forward((b + s).astype(np.float32))
+    dx1 = net.backward(ctx1, b[:, :1].copy())
+    _, ctx2 = net.forward((b - 2 * s).astype(np.float32))
+    dx2 = net.backward(ctx2, 0.5 * b[:, :1], mode="accumulate")
+    np.testing.assert_allclose(grads, net.gradients(), rtol=1e-4, atol=1e-5 * np.abs(grads).max())
+    np.testing.assert_allclose(d_shift, dx1.sum(0) - 2 * dx2.sum(0), rtol=1e-4, atol=1e-5)
+
+
 def test_stage_checks_its_fields(rng):
     net = model(rng)
     x = ti.Vector.field(2, ti.f32, (4,), needs_grad=True)

@@ -25,7 +25,9 @@ Stages take Taichi Vector fields of one shape (any number of axes, float32) and 
 of that shape: ``instance`` routes each element to its network of an array, ``mask`` leaves the
 elements where it is 0 out (their outputs are 0 and they get no gradient). Elements are independent;
 the reverse pass reads the inputs the forward pass saw. Calling a stage outside a Tape only runs the
-forward. Each call inside a Tape has its own reverse pass (a stage may run several times per Tape).
+forward. Each call inside a Tape has its own reverse pass (a stage may run several times per Tape,
+on the same fields): like Taichi's reverse of a kernel that stores a field, it consumes the output's
+``.grad`` and sets it to 0, and adds to ``x.grad``.
 """
 from __future__ import annotations
 
@@ -107,6 +109,13 @@ class _Stage:
             inst = np.ascontiguousarray(inst if rows is None else inst[rows], dtype=np.int32)
         return rows, np.ascontiguousarray(x, dtype=np.float32), inst
 
+    def _take_output_gradient(self):
+        """The output's ``.grad``, then set to 0, as Taichi's reverse of a kernel that stores a field does: a
+        program that writes the field again earlier in the same Tape gets only its own gradient."""
+        g = self.out.grad.to_numpy()
+        self.out.grad.fill(0)
+        return g
+
     def _add_input_gradient(self, rows, dx):
         if dx is None or not self._x_grad:
             return
@@ -146,9 +155,9 @@ class Stage(_Stage):
         self._scatter(self.out, call.rows, y, n_out)
 
     def _backward(self, call):
+        dy = self._take_output_gradient().reshape(-1, self.network.n_output_dims)
         if call.ctx is None:
             return
-        dy = self.out.grad.to_numpy().reshape(-1, self.network.n_output_dims)
         dy = np.ascontiguousarray(dy if call.rows is None else dy[call.rows])
         dx = self.network.backward(call.ctx, dy, input_gradient=self._x_grad, mode="accumulate")
         self._add_input_gradient(call.rows, dx)
@@ -204,11 +213,10 @@ class GradientStage(_Stage):
         self._note_active(call.inst)
 
     def _backward(self, call):
+        dg = self._take_output_gradient().reshape(-1, self.network.n_input_dims)
         if not len(call.x):
             return
         _, ctx = self.network.forward(call.x, call.inst)
-        n_in = self.network.n_input_dims
-        dg = self.out.grad.to_numpy().reshape(-1, n_in)
         dg = np.ascontiguousarray(dg if call.rows is None else dg[call.rows])
         _, dx = self.network.backward_backward_input(ctx, dg, np.ones((len(dg), 1), np.float32), mode="accumulate")
         self._add_input_gradient(call.rows, dx)
