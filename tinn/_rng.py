@@ -1,6 +1,6 @@
 """tcnn's pcg32 generator (PCG-XSH-RR 64/32), vectorised with numpy.
 
-Parameter initialisation draws from it exactly as tcnn does (spec §5.4), so a
+Parameter initialisation draws from it exactly as tcnn does, so a
 seed gives the same initial parameters on every machine. One ``Pcg32`` may stand
 for many generators that differ only in their sequence (a network array draws
 instance k from ``pcg32(seed, seq=k + 1)``): its draws then have a leading axis.

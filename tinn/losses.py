@@ -1,4 +1,4 @@
-"""Losses (tcnn ``losses/*.h``, spec §3).
+"""Losses (tcnn ``losses/*.h``).
 
 ``Loss.evaluate(prediction, target, pdf=None)`` returns ``(loss, dL_dprediction)``.
 ``prediction`` is ``(B, P)`` with ``P >= D`` (padded network outputs are allowed),

@@ -14,6 +14,16 @@ from .networks.network import OUTPUT_ALIGNMENT
 
 
 class NetworkWithInputEncoding(DifferentiableObject):
+    """``y = network(encoding(x))``: an encoding of ``n_input_dims`` inputs, padded to a multiple of 16,
+    feeding a network with ``n_output_dims`` outputs (tcnn's ``NetworkWithInputEncoding``).
+
+    ``encoding_config`` and ``network_config`` are tcnn config sections (dicts, or paths to JSON
+    files); ``n_instances=K`` makes a network array (every batch then takes ``instance`` ids or a
+    dense ``(K, B_k, n_input_dims)`` layout); ``seed`` draws the initial parameters. The whole
+    model's parameters are one store, allocated here: ``params()`` is ``(n_params,)``, network
+    matrices first, then the encoding's, as in tcnn.
+    """
+
     def __init__(self, n_input_dims: int, n_output_dims: int, encoding_config=None, network_config=None, *,
                  n_instances: int = 1, seed: int = 1337):
         super().__init__(n_instances, seed)
@@ -31,18 +41,22 @@ class NetworkWithInputEncoding(DifferentiableObject):
         allocate(self)
 
     def hyperparams(self):
+        """``{"otype": "NetworkWithInputEncoding", "encoding": {...}, "network": {...}}``: rebuilds the model."""
         return {"otype": "NetworkWithInputEncoding", "encoding": self.encoding.hyperparams(),
                 "network": self.network.hyperparams()}
 
     def layer_sizes(self):
+        """The network's matrices (the optimizers' "matrix parameters"); the encoding's are not matrices."""
         return self.network.layer_sizes()
 
     def bind(self, store, offset):
+        """The network's parameters at ``offset``, the encoding's right after them."""
         super().bind(store, offset)
         self.network.bind(store, offset)
         self.encoding.bind(store, offset + self.network.n_params)
 
     def initial_params(self, rng):
+        """The network's draws, then the encoding's, from one generator (tcnn's order)."""
         return np.concatenate([self.network.initial_params(rng), self.encoding.initial_params(rng)], axis=-1)
 
     def _sample_funcs(self, weights, grads):

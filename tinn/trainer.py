@@ -65,6 +65,7 @@ class Trainer(RuntimeBound):
                 f"loss={self.loss.hyperparams()})")
 
     def hyperparams(self) -> dict:
+        """``{"otype": "Trainer", "optimizer": {...}, "loss": {...}}`` (the model has its own)."""
         return {"otype": "Trainer", "optimizer": self.optimizer.hyperparams(), "loss": self.loss.hyperparams()}
 
     def update_hyperparams(self, config: dict):

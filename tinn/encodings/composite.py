@@ -1,4 +1,4 @@
-"""Composite encoding and the NRC preset (tcnn ``encodings/composite.h``, spec §1.7).
+"""Composite encoding and the NRC preset (tcnn ``encodings/composite.h``).
 
 Keys: ``nested`` (required list of encoding configs), ``reduction`` ("Concatenation";
 also "Sum", "Product"). In each nested config, ``n_dims_to_encode`` gives the input dims

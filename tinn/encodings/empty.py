@@ -1,7 +1,7 @@
-"""Empty encoding (tcnn ``encodings/empty.h``, spec §1.7): swallows its inputs.
+"""Empty encoding (tcnn ``encodings/empty.h``): swallows its inputs.
 
 No keys. Raw output width 0, so the output is only padding, filled with 1 (tcnn's
-normal path; its JIT path fills 0, spec §8 A6). Backward: ``dL/dx = 0``; so is everything of
+normal path; its JIT path fills 0). Backward: ``dL/dx = 0``; so is everything of
 the second order.
 Typical use is inside a ``Composite``, to drop input dims.
 """
@@ -15,6 +15,8 @@ from .encoding import Encoding
 
 @encodings.register("Empty")
 class EmptyEncoding(Encoding):
+    """No outputs (tcnn's ``Empty``): drops its inputs, e.g. as one part of a Composite encoding."""
+
     def __init__(self, n_input_dims: int, **kwargs):
         super().__init__(n_input_dims, 0, **kwargs)
 

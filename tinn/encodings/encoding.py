@@ -3,7 +3,7 @@
 An encoding maps ``n_input_dims`` inputs in [0, 1] to ``n_output_dims`` features.
 Its raw width can be padded (``set_alignment``, ``set_padded_output_width``);
 padded columns hold ``fill_value`` — 1 for most encodings, which gives the MLP
-that follows an implicit bias input, and 0 for grids (spec §1.0).
+that follows an implicit bias input, and 0 for grids.
 """
 from __future__ import annotations
 

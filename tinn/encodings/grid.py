@@ -6,7 +6,7 @@ Keys (defaults): ``type`` ("Hash"; "Dense" for DenseGrid, "Tiled" for TiledGrid)
 Dense: (256 / N_min)^(1 / (L - 1))), ``interpolation`` ("Linear", "Nearest", "Smoothstep"),
 ``hash`` ("CoherentPrime").
 
-Level l, computed in float32 as tcnn does (spec §1.6.2)::
+Level l, computed in float32 as tcnn does::
 
     scale_l = exp2(l * log2(b)) * N_min - 1,   res_l = ceil(scale_l) + 1
     entries_l = min(next_multiple(res_l^D, 8), 2^log2_hashmap_size)      (Hash)

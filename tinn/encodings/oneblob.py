@@ -1,4 +1,4 @@
-"""One-blob encoding (tcnn ``encodings/oneblob.h``, spec §1.4): a quartic kernel integrated over K bins.
+"""One-blob encoding (tcnn ``encodings/oneblob.h``): a quartic kernel integrated over K bins.
 
 Key: ``n_bins`` K (16, a power of two). With the kernel CDF
 ``Q(t) = clamp(15/16 u (1 - 2/3 u^2 + 1/5 u^4) + 1/2, 0, 1)``, ``u = K t``, and its
@@ -8,7 +8,7 @@ periodic sum ``C(t) = Q(t) + Q(t - 1) + Q(t + 1)`` (the blob wraps around [0, 1]
     dy/dx_d = C'(k / K - x_d) - C'((k + 1) / K - x_d),   Q'(t) = K * 15/16 * max(1 - u^2, 0)^2
     d2y/dx_d2 = C''((k + 1) / K - x_d) - C''(k / K - x_d),  Q''(t) = -K^2 * 15/4 * u * max(1 - u^2, 0)
 
-The K outputs of one dim sum to 1. Any K works, including K > 32 (spec §8 A2).
+The K outputs of one dim sum to 1. Any K works, including K > 32.
 """
 import taichi as ti
 

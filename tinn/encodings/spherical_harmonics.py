@@ -1,4 +1,4 @@
-"""Spherical-harmonics encoding (tcnn ``encodings/spherical_harmonics.h``, spec §1.5).
+"""Spherical-harmonics encoding (tcnn ``encodings/spherical_harmonics.h``).
 
 Key: ``degree`` (4), the number of bands, 1 to 8; the input must have exactly 3 dims,
 a direction ``v`` given as ``(v + 1) / 2`` (not renormalised). With
@@ -21,7 +21,7 @@ second order (``L2 = <v, dL/dinput>``) applies them twice: ``dL2/dY_i = 2 grad Y
 
 The kernels evaluate this recurrence (about ``degree^2`` multiply-adds, unrolled at
 compile time) rather than 64 expanded polynomials. Padding (fill 1) is placed *after*
-the values, as for every other encoding (tcnn's non-JIT path puts it before: spec §8 A1).
+the values, as for every other encoding (tcnn's non-JIT path puts it before).
 """
 import functools
 import math

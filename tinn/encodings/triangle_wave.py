@@ -1,4 +1,4 @@
-"""Triangle-wave encoding (tcnn ``encodings/triangle_wave.h``, spec §1.3).
+"""Triangle-wave encoding (tcnn ``encodings/triangle_wave.h``).
 
 Key: ``n_frequencies`` F (12). Output ``d * F + k``, k < F::
 

@@ -1,9 +1,9 @@
-"""tcnn's activations (spec §2.3), each written once: its value, first and second derivative as
+"""tcnn's activations, each written once: its value, first and second derivative as
 ``ti.func``s for kernels and as numpy functions for the host batch path, in one record per name.
 
 tinn differentiates every activation from its pre-activation ``z``, which gives the true
 derivative everywhere, including ``Sine`` and ``SiLU`` as output activations (tcnn passes their
-gradient through unchanged there: spec §8 A7). The piecewise-linear ones (``None``, ``ReLU``,
+gradient through unchanged there). The piecewise-linear ones (``None``, ``ReLU``,
 ``LeakyReLU``) are differentiated from their output on the host (no pre-activation is kept);
 their second derivative is 0. Softplus and Squareplus are rescaled by ``K_ACT = 10`` as in tcnn.
 With ``s = sigmoid``, ``X = 10 z``, ``r = sqrt(X^2 + 4)``:

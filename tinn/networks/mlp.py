@@ -1,4 +1,4 @@
-"""The multilayer perceptron behind tcnn's ``FullyFusedMLP`` and ``CutlassMLP`` (spec §2).
+"""The multilayer perceptron behind tcnn's ``FullyFusedMLP`` and ``CutlassMLP``.
 
 Keys: ``MLP.KEYS`` (``n_neurons`` H, ``n_hidden_layers`` NL, ``activation``, ``output_activation``).
 No biases::

@@ -1,4 +1,4 @@
-"""Adam, generalised to AdaBound (tcnn ``optimizers/adam.h``, spec §4.2).
+"""Adam, generalised to AdaBound (tcnn ``optimizers/adam.h``).
 
 Keys: see ``Adam.KEYS`` (listed in the class docstring). Per parameter, with its own step count ``t``::
 

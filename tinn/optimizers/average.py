@@ -1,4 +1,4 @@
-"""Average (tcnn ``optimizers/average.h``, spec §4.5): the mean of the last ``n_samples`` weights for inference.
+"""Average (tcnn ``optimizers/average.h``): the mean of the last ``n_samples`` weights for inference.
 
 Keys: ``nested`` ({} -> Adam) and ``Average.KEYS``.
 

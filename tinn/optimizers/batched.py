@@ -1,4 +1,4 @@
-"""Batched (tcnn ``optimizers/batched.h``, spec §4.5): average gradients over several calls, then step.
+"""Batched (tcnn ``optimizers/batched.h``): average gradients over several calls, then step.
 
 Keys: ``nested`` ({} -> Adam) and ``Batched.KEYS`` (``batch_size_multiplier`` N).
 

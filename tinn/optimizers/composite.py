@@ -1,4 +1,4 @@
-"""Composite (tcnn ``optimizers/composite.h``, spec §4.5): different optimizers for consecutive parameter slices.
+"""Composite (tcnn ``optimizers/composite.h``): different optimizers for consecutive parameter slices.
 
 Keys: ``nested`` — a non-empty list of optimizer configs, each with
 ``n_params_to_optimize`` (default 0). Slice ``i`` is
@@ -69,6 +69,9 @@ N_PARAMS_TO_OPTIMIZE = Key(0, NON_NEGATIVE, "size of this nested optimizer's sli
 
 @optimizers.register("Composite")
 class Composite(Wrapper):
+    """Several optimizers, each stepping its own consecutive slice of the parameters (tcnn's
+    ``Composite``; see the module docstring for the keys)."""
+
     otype = "Composite"
 
     def __init__(self, nested, sizes):

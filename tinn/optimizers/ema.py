@@ -1,4 +1,4 @@
-"""EMA (tcnn ``optimizers/ema.h``, spec §4.5): a bias-corrected moving average of the weights for inference.
+"""EMA (tcnn ``optimizers/ema.h``): a bias-corrected moving average of the weights for inference.
 
 Keys: ``nested`` ({} -> Adam) and ``EMA.KEYS``. Registered as ``Ema`` (and ``EMA``);
 ``hyperparams()`` reports ``"EMA"``.

@@ -1,4 +1,4 @@
-"""ExponentialDecay (tcnn ``optimizers/exponential_decay.h``, spec §4.5): piecewise-constant learning-rate decay.
+"""ExponentialDecay (tcnn ``optimizers/exponential_decay.h``): piecewise-constant learning-rate decay.
 
 Keys: ``nested`` ({} -> Adam) and ``ExponentialDecay.KEYS``.
 

@@ -1,4 +1,4 @@
-"""Lookahead (tcnn ``optimizers/lookahead.h``, spec §4.5; Zhang et al. 2019).
+"""Lookahead (tcnn ``optimizers/lookahead.h``; Zhang et al. 2019).
 
 Keys: ``nested`` ({} -> Adam) and ``Lookahead.KEYS``.
 

@@ -1,4 +1,4 @@
-"""Novograd (tcnn ``optimizers/novograd.h``, spec §4.3; Ginsburg et al. 2019).
+"""Novograd (tcnn ``optimizers/novograd.h``; Ginsburg et al. 2019).
 
 Per matrix layer l (``layer_sizes``), with this step's gradient ``g = grad / loss_scale``::
 
@@ -8,7 +8,7 @@ Per matrix layer l (``layer_sizes``), with this step's gradient ``g = grad / los
     w_i = (1 - r lr) w_i - copysign(a lr, w_i) - lr m_i
 
 No bias correction, no L2. Non-matrix parameters are not updated at all (as in tcnn).
-tcnn never clears the buffer that accumulates ``n_l`` (spec A9), so its norm grows
+tcnn never clears the buffer that accumulates ``n_l``, so its norm grows
 over layers and steps; tinn uses the intended per-layer norm of the current gradient.
 State: ``current_step``, ``first_moments``, ``per_layer_second_moments`` ``(K, n_layers)``.
 """

@@ -1,4 +1,4 @@
-"""SGD (tcnn ``optimizers/sgd.h``, spec §4.1): ``w <- w - lr * (g + l2_reg * w)`` for every parameter.
+"""SGD (tcnn ``optimizers/sgd.h``): ``w <- w - lr * (g + l2_reg * w)`` for every parameter.
 
 No matrix/non-matrix distinction.
 State: ``current_step``.

@@ -1,4 +1,4 @@
-"""Shampoo (tcnn ``optimizers/shampoo.h``, spec §4.4; Gupta et al. 2018), on the host with numpy.
+"""Shampoo (tcnn ``optimizers/shampoo.h``; Gupta et al. 2018), on the host with numpy.
 
 Every average is bias-corrected: with ``t`` the instance's completed steps before this
 one, ``avg <- beta_d avg + alpha_d x`` where ``alpha_d = (1 - d) / (1 - d^(t+1))`` and

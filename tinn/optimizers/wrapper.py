@@ -1,4 +1,4 @@
-"""Common base of tcnn's wrapper optimizers (spec §4.5): one ``nested`` optimizer plus some state.
+"""Common base of tcnn's wrapper optimizers: one ``nested`` optimizer plus some state.
 
 ``nested`` is a full optimizer config (default ``{}`` -> Adam with its defaults).
 A wrapper forwards ``learning_rate`` (get and set), ``step_counts()`` and the
