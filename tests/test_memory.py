@@ -172,3 +172,96 @@ def test_every_public_method_after_reinit_raises_runtime_reset_error():
     wrong = {name: r for name, r in out.items() if r != "ok"}
     assert not wrong, wrong
     assert set(out) == set(REINIT_CASES)
+
+
+# -- many models --------------------------------------------------------------------------------
+def test_ten_thousand_models_alive_in_a_few_field_trees():
+    out = run("""
+        import time
+        small = {"encoding": {"otype": "Identity"}, "network": NET}
+        models = [tinn.create_from_config(2, 3, {**small, "optimizer": {"otype": "EMA" if i % 2 else "Adam"}})
+                  for i in range(10_000)]
+        same = all(np.array_equal(models[0].network.params(), m.network.params()) for m in models[::997])
+        losses = [float(models[i].trainer.training_step(x, y)) for i in (0, 1, 5_000, 9_999)]
+        trees = ti.lang.impl.get_runtime().prog.get_snode_tree_size()
+        print(json.dumps({"losses": losses, "trees": trees, "same_init": same}))
+    """)
+    assert np.all(np.isfinite(out["losses"]))
+    assert out["losses"][0] == out["losses"][2]              # same seed, same data: the same first step
+    assert out["same_init"]
+    assert out["trees"] < 32, out["trees"]                  # Taichi's CPU backend allows 512
+
+
+def test_a_second_model_of_one_config_compiles_no_kernel():
+    out = run("""
+        from taichi.lang import impl
+        cfg = {"encoding": {"otype": "Frequency", "n_frequencies": 4}, "network": NET,
+               "optimizer": {"otype": "EMA", "nested": {"otype": "Adam"}}, "loss": {"otype": "RelativeL2"}}
+        def build_and_step():
+            m = tinn.create_from_config(2, 3, cfg)
+            m.trainer.training_step(x, y)
+            m.network.inference(x)
+            return m
+        first = build_and_step()
+        before = impl.get_runtime().get_num_compiled_functions()
+        second = build_and_step()
+        print(json.dumps({"before": before, "after": impl.get_runtime().get_num_compiled_functions(),
+                          "same": bool(np.array_equal(first.network.params(), second.network.params()))}))
+    """)
+    assert out["before"] > 0
+    assert out["after"] == out["before"]
+    assert out["same"]
+
+
+def test_creating_and_dropping_models_keeps_memory_flat():
+    out = run("""
+        def rss():
+            with open("/proc/self/status") as f:
+                return next(int(l.split()[1]) for l in f if l.startswith("VmRSS")) / 1024
+        cfg = {"encoding": {"otype": "Frequency", "n_frequencies": 4}, "network": NET, "optimizer": {"otype": "EMA"}}
+        marks = {}
+        for i in range(1_000):
+            m = tinn.create_from_config(2, 3, cfg)
+            m.trainer.training_step(x, y)
+            del m
+            if i in (99, 999):
+                gc.collect()
+                marks[i] = rss()
+        print(json.dumps({"trees": ti.lang.impl.get_runtime().prog.get_snode_tree_size(), **marks}))
+    """)
+    assert out["999"] - out["99"] < 20, out                  # MB; a leak of 1 MB per model would show 900
+    assert out["trees"] < 8
+
+
+def test_inference_weights_are_one_buffer_for_every_component(rng):
+    """After an early inference() and EMA training, the grid's and the MLP's funcs both read the EMA
+    weights: func equals inference(), and both differ from the training weights' forward()."""
+    model = tinn.NetworkWithInputEncoding(2, 3, GRID, NET)
+    x = rng.random((256, 2), dtype=np.float32)
+    model.inference(x)                                       # builds the grid's kernels before the optimizer
+    trainer = tinn.Trainer(model, tinn.create_optimizer({"otype": "EMA", "decay": 0.9,
+                                                         "nested": {"otype": "Adam", "learning_rate": 1e-2}}),
+                           tinn.create_loss({"otype": "L2"}))
+    for _ in range(5):
+        trainer.training_step(x, rng.random((256, 3), dtype=np.float32))
+    f, ff = model.func, model.forward_func
+    ef = model.encoding.func
+
+    @ti.kernel
+    def run_funcs(xs: ti.types.ndarray(dtype=ti.f32, ndim=2), out: ti.types.ndarray(dtype=ti.f32, ndim=2),
+                  out_train: ti.types.ndarray(dtype=ti.f32, ndim=2), enc: ti.types.ndarray(dtype=ti.f32, ndim=2)):
+        for b in range(xs.shape[0]):
+            p = ti.Vector([xs[b, 0], xs[b, 1]])
+            y, yt, e = f(p), ff(p), ef(p)
+            for j in ti.static(range(3)):
+                out[b, j], out_train[b, j] = y[j], yt[j]
+            for j in ti.static(range(8)):
+                enc[b, j] = e[j]
+
+    out, out_train, enc = (np.zeros((256, w), np.float32) for w in (3, 3, 8))
+    run_funcs(x, out, out_train, enc)
+    np.testing.assert_allclose(out, model.inference(x), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out_train, model.forward(x)[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(enc, model.encoding.inference(x)[:, :8], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(trainer.params_inference(), trainer.optimizer.custom_weights(), rtol=0, atol=0)
+    assert np.abs(out - out_train).max() > 1e-4              # EMA weights are not the training weights

@@ -39,12 +39,13 @@ a store larger than that gets a chunk of its own size."""
 
 
 class _Chunk:
-    """One field tree: ``params``, ``inference`` and ``grads``, each ``(n_instances, width)``, and
-    the free column ranges between the stores placed in it."""
+    """One field tree of ``n_fields`` arrays, each ``(n_instances, width)`` (a store's ``params``,
+    ``inference`` and ``grads``, or a buffer's one array), and the free column ranges between the
+    slices placed in it."""
 
-    def __init__(self, n_instances: int, width: int, what: str):
+    def __init__(self, n_instances: int, width: int, n_fields: int, what: str):
         self.n_instances, self.width = n_instances, width
-        fields = [ti.field(ti.f32) for _ in range(3)]
+        self.fields = fields = [ti.field(ti.f32) for _ in range(n_fields)]
 
         def place(builder):
             for i, f in enumerate(fields):
@@ -53,7 +54,6 @@ class _Chunk:
                 builder.dense(ti.ij, (n_instances, width)).place(f)
 
         self._tree = FieldTree(place, what)
-        self.params, self.inference, self.grads = fields
         self.free = [(0, width)]                   # sorted, disjoint [start, end) ranges
         self.n_stores = 0
         self._views = {}
@@ -89,10 +89,10 @@ class _Chunk:
 
 
 class _Arena:
-    """The chunks holding every store of ``n_instances`` networks in one Taichi program."""
+    """The chunks holding every slice of ``n_instances`` rows and ``n_fields`` arrays in one Taichi program."""
 
-    def __init__(self, n_instances: int):
-        self.n_instances, self.chunks, self.next_floats = n_instances, [], CHUNK_MIN
+    def __init__(self, n_instances: int, n_fields: int):
+        self.n_instances, self.n_fields, self.chunks, self.next_floats = n_instances, n_fields, [], CHUNK_MIN
 
     def take(self, n: int, what: str):
         for chunk in self.chunks:
@@ -102,8 +102,8 @@ class _Arena:
         K = self.n_instances
         width = max(-(-n // ALIGN) * ALIGN, self.next_floats // K)
         width = min(width, max(MAX_ELEMENTS // K, n))            # an oversized store fails its size check
-        check_allocation(what, [(K, width)] * 3)
-        chunk = _Chunk(K, width, what)
+        check_allocation(what, [(K, width)] * self.n_fields)
+        chunk = _Chunk(K, width, self.n_fields, what)
         if width * K <= CHUNK_MAX:
             self.next_floats = min(2 * self.next_floats, CHUNK_MAX)
         self.chunks.append(chunk)
@@ -118,17 +118,65 @@ class _Arena:
 _ARENAS: dict = {}
 
 
-def _arena(n_instances: int) -> _Arena:
-    """The arena of the live Taichi program for stores of ``n_instances`` (arenas of older programs
-    are dropped: ``ti.init`` freed their fields)."""
+def _arena(n_instances: int, n_fields: int) -> _Arena:
+    """The arena of the live Taichi program for slices of ``n_instances`` rows and ``n_fields`` arrays
+    (arenas of older programs are dropped: ``ti.init`` freed their fields)."""
     program = current_program()
     if _ARENAS.get("program") is not program:
         _ARENAS.clear()
         _ARENAS["program"] = program
-    return _ARENAS.setdefault(n_instances, _Arena(n_instances))
+    key = (n_instances, n_fields)
+    if key not in _ARENAS:
+        _ARENAS[key] = _Arena(n_instances, n_fields)
+    return _ARENAS[key]
 
 
-class ParamStore(RuntimeBound):
+class _Slice(RuntimeBound):
+    """Columns ``[offset, offset + n)`` of every array of an arena chunk, given back when dropped."""
+
+    N_FIELDS = 1
+
+    def __init__(self, n_instances: int, n: int, what: str):
+        self._bind_runtime()
+        check_allocation(what, [(n_instances, n)] * self.N_FIELDS)
+        self.n_instances = n_instances
+        self._n = n
+        self._arena = _arena(n_instances, self.N_FIELDS)
+        self._chunk, self.offset = self._arena.take(n, what)
+
+    def __del__(self):
+        try:
+            if self._program is ti.lang.impl.get_runtime().prog:
+                self._arena.give(self._chunk, self.offset, self._n)
+        except Exception:  # interpreter shutdown, or a slice whose construction failed
+            pass
+
+
+class Buffer(_Slice):
+    """A ``(n_instances, n)`` float32 array that kernels read as ``field[k, offset + i]`` (an optimizer's
+    averaged weights or gradient pool), placed in a shared arena like the parameter stores."""
+
+    def __init__(self, n_instances: int, n: int, what: str = "buffer"):
+        super().__init__(n_instances, n, what)
+        self.n, self.field = n, self._chunk.fields[0]
+        self.fill(0.0)
+
+    def fill(self, value: float):
+        fill_columns(self.field, self.offset, self.n, self.n_instances, value)
+
+    def to_numpy(self) -> np.ndarray:
+        out = np.empty((self.n_instances, self.n), np.float32)
+        if self.n:
+            rows_copy(self.field, self.offset, np.arange(self.n_instances, dtype=np.int32), out, 0)
+        return out
+
+    def from_numpy(self, values: np.ndarray):
+        values = np.ascontiguousarray(values, dtype=np.float32).reshape(self.n_instances, self.n)
+        if self.n:
+            rows_copy(self.field, self.offset, np.arange(self.n_instances, dtype=np.int32), values, 1)
+
+
+class ParamStore(_Slice):
     """Parameters, inference weights and gradients of ``n_instances`` networks with ``n_params`` each:
     ``params[k, offset + i]``, ``inference_params[k, offset + i]``, ``grads[k, offset + i]``.
 
@@ -137,21 +185,13 @@ class ParamStore(RuntimeBound):
     fills it after each step (a copy of the trained weights, or its averaged weights).
     """
 
-    def __init__(self, n_instances: int, n_params: int, what: str = "parameter store"):
-        self._bind_runtime()
-        check_allocation(what, [(n_instances, n_params)] * 3)
-        self.n_instances, self.n_params = n_instances, n_params
-        self._arena = _arena(n_instances)
-        self._chunk, self.offset = self._arena.take(n_params, what)
-        self.params, self.inference_params, self.grads = self._chunk.params, self._chunk.inference, self._chunk.grads
-        self.zero_grad()                          # the columns may have held a dropped store's gradients
+    N_FIELDS = 3
 
-    def __del__(self):
-        try:
-            if self._program is ti.lang.impl.get_runtime().prog:
-                self._arena.give(self._chunk, self.offset, self.n_params)
-        except Exception:  # interpreter shutdown, or a store whose construction failed
-            pass
+    def __init__(self, n_instances: int, n_params: int, what: str = "parameter store"):
+        super().__init__(n_instances, n_params, what)
+        self.n_params = n_params
+        self.params, self.inference_params, self.grads = self._chunk.fields
+        self.zero_grad()                          # the columns may have held a dropped store's gradients
 
     @property
     def end(self) -> int:

@@ -18,18 +18,19 @@ import taichi as ti
 
 from ..registry import optimizers
 from ..keys import INT32_MAX, POSITIVE_INT, Key
+from ..params import Buffer
 from .optimizer import F32_3D, I32_1D, zeros
 from .wrapper import Wrapper
 
 
 @ti.kernel
-def _average_step(avg: ti.template(), W: ti.template(), wo: ti.i32, n: ti.i32, snap: F32_3D, active: I32_1D,
-                  sample: I32_1D, n_samples: ti.i32):
+def _average_step(avg: ti.template(), ao: ti.i32, W: ti.template(), wo: ti.i32, n: ti.i32, snap: F32_3D,
+                  active: I32_1D, sample: I32_1D, n_samples: ti.i32):
     for k, i in ti.ndrange(active.shape[0], n):
         if active[k]:
             j = sample[k]
             w = W[k, wo + i]
-            avg[k, i] = avg[k, i] + (w - snap[j, k, i]) / ti.cast(n_samples, ti.f32)
+            avg[k, ao + i] = avg[k, ao + i] + (w - snap[j, k, i]) / ti.cast(n_samples, ti.f32)
             snap[j, k, i] = w
 
 
@@ -39,13 +40,9 @@ class Average(Wrapper):
     KEYS = {"n_samples": Key(128, POSITIVE_INT, "number of weight snapshots averaged")}
     STATE = ("weights_samples", "weights_average")
 
-    def _allocate_state(self, builder):
-        self.weights_average = ti.field(ti.f32)
-        builder.dense(ti.ij, (self.n_instances, self.n_params)).place(self.weights_average)
-
     def _setup(self):
         self.weights_samples = zeros(self._ring_shape(self.hparams["n_samples"]), ti.f32)
-        self.weights_average.fill(0)
+        self.weights_average = Buffer(self.n_instances, self.n_params, "Average weights")
 
     def _ring_shape(self, n_samples: int) -> tuple:
         """``(n_samples, K, n)``; refused before allocating when it exceeds what one array can address."""
@@ -68,7 +65,8 @@ class Average(Wrapper):
         if self.n_params:
             N, s = self.hparams["n_samples"], self._slot
             sample = (self.nested.step_counts() % N).astype(np.int32)
-            _average_step(self.weights_average, s.params, s.p_off, s.n, self.weights_samples, active, sample, N)
+            avg = self.weights_average
+            _average_step(avg.field, avg.offset, s.params, s.p_off, s.n, self.weights_samples, active, sample, N)
 
     def _custom(self):
-        return (self.weights_average, 0) if self.n_params else None
+        return (self.weights_average.field, self.weights_average.offset) if self.n_params else None

@@ -14,8 +14,19 @@ import taichi as ti
 
 from ..registry import optimizers
 from ..keys import POSITIVE_INT, Key
+from ..params import Buffer
 from .optimizer import I32_1D, Slot
 from .wrapper import Wrapper
+
+
+@ti.kernel
+def _accumulate(pool: ti.template(), po: ti.i32, G: ti.template(), go: ti.i32, n: ti.i32, active: I32_1D,
+                first: I32_1D, multiplier: ti.i32):
+    for k, i in ti.ndrange(active.shape[0], n):
+        if active[k]:
+            if first[k]:
+                pool[k, po + i] = 0.0
+            pool[k, po + i] += G[k, go + i] / ti.cast(multiplier, ti.f32)
 
 
 @optimizers.register("Batched")
@@ -25,33 +36,18 @@ class Batched(Wrapper):
     STATE = ("averaged_gradients",)
     COUNTS_STEPS = True
 
-    def _allocate_state(self, builder):
-        self.averaged_gradients = ti.field(ti.f32)
-        builder.dense(ti.ij, (self.n_instances, self.n_params)).place(self.averaged_gradients)
-
     def _nested_slot(self, slot):
+        """The nested optimizer steps on the pool: a buffer made here, before the nested allocation."""
         if not self.n_params:
             return slot
-        return Slot(slot.store, slot.params, slot.p_off, self.averaged_gradients, 0, slot.n)
-
-    def _setup(self):
-        pool, K, n = self.averaged_gradients, self.n_instances, self.n_params
-        G, go = self._slot.grads, self._slot.g_off
-
-        @ti.kernel
-        def accumulate(active: I32_1D, first: I32_1D, multiplier: ti.i32):
-            for k, i in ti.ndrange(K, n):
-                if active[k]:
-                    if first[k]:
-                        pool[k, i] = 0.0
-                    pool[k, i] += G[k, go + i] / ti.cast(multiplier, ti.f32)
-
-        self._accumulate = accumulate
+        self.averaged_gradients = pool = Buffer(self.n_instances, self.n_params, "Batched gradient pool")
+        return Slot(slot.store, slot.params, slot.p_off, pool.field, pool.offset, slot.n)
 
     def _update(self, active, loss_scale, lr_scale):
         N = self.hparams["batch_size_multiplier"]
         if self.n_params:
-            self._accumulate(active, (self._steps % N == 0).astype(np.int32), N)
+            pool, s = self.averaged_gradients, self._slot
+            _accumulate(pool.field, pool.offset, s.grads, s.g_off, s.n, active, (self._steps % N == 0).astype(np.int32), N)
         self._steps += active
         fire = (active != 0) & (self._steps % N == 0)
         if fire.any():

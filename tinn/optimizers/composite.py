@@ -25,13 +25,13 @@ inference weights) plus ``nested.<i>.*``.
 import warnings
 
 import numpy as np
-import taichi as ti
 
-from .._runtime import FieldTree
+from .._kernels import copy_columns
 from ..registry import create_optimizer, optimizers
 from ..keys import NON_NEGATIVE, Key, Options
+from ..params import Buffer
 from .optimizer import Optimizer, Slot, prefixed, unprefixed
-from .wrapper import Wrapper, check_learning_rate, copy_kernel
+from .wrapper import Wrapper, check_learning_rate
 
 
 def _merged(config: dict, changes: dict) -> dict:
@@ -143,35 +143,31 @@ class Composite(Wrapper):
             opt._allocate(Slot(slot.store, slot.params, slot.p_off + off, slot.grads, slot.g_off + off, n),
                           slice_layers(self.layer_sizes, off, n))
         self._has_custom = any(o._custom() is not None for o in self.nested_list)
-        self._tree = None
         if self._has_custom:
-            self.custom_weights_field = ti.field(ti.f32)
-            self._tree = FieldTree(lambda b: b.dense(ti.ij, (self.n_instances, self.n_params))
-                                   .place(self.custom_weights_field))
-            K, C = self.n_instances, self.custom_weights_field
-            copy_kernel(C, 0, slot.params, slot.p_off, K, self.n_params)(np.ones(K, np.int32))
-            self._copies = [copy_kernel(C, off, *(o._custom() or (slot.params, slot.p_off + off)), K, n)
-                            if n else None for o, off, n in zip(self.nested_list, self.offsets, self.sizes)]
-            tail = self.n_params - total
-            self._copies.append(copy_kernel(C, total, slot.params, slot.p_off + total, K, tail) if tail else None)
+            self.custom_weights_buffer = C = Buffer(self.n_instances, self.n_params, "Composite inference weights")
+            copy_columns(C.field, C.offset, slot.params, slot.p_off, self.n_params, np.ones(self.n_instances, np.int32))
 
     def _update(self, active, loss_scale, lr_scale):
-        for opt, copy in zip(self.nested_list, self._copies if self._has_custom else [None] * len(self.nested_list)):
+        s, C = self._slot, getattr(self, "custom_weights_buffer", None)
+        for opt, off, n in zip(self.nested_list, self.offsets, self.sizes):
             opt._update(active, loss_scale, lr_scale)
-            if copy is not None:
-                copy(active)
-        if self._has_custom and self._copies[-1] is not None:
-            self._copies[-1](active)                       # the unoptimized tail mirrors the parameters
+            if self._has_custom:
+                copy_columns(C.field, C.offset + off, *(opt._custom() or (s.params, s.p_off + off)), n, active)
+        if self._has_custom:                               # the unoptimized tail mirrors the parameters
+            total = sum(self.sizes)
+            copy_columns(C.field, C.offset + total, s.params, s.p_off + total, self.n_params - total, active)
 
     def _custom(self):
-        return (self.custom_weights_field, 0) if self._slot is not None and self._has_custom else None
+        if self._slot is None or not self._has_custom:
+            return None
+        return self.custom_weights_buffer.field, self.custom_weights_buffer.offset
 
     # -- state ------------------------------------------------------------------------
     def _own_state(self):
         state = {"base_learning_rates": self.base_learning_rates.copy(),
                  "learning_rate_factor": self.learning_rate_factor.copy()}
         if self._has_custom:
-            state["custom_weights"] = self.custom_weights_field.to_numpy()
+            state["custom_weights"] = self.custom_weights_buffer.to_numpy()
         return state
 
     def state_dict(self):
@@ -185,6 +181,6 @@ class Composite(Wrapper):
         self.base_learning_rates[...] = state["base_learning_rates"]
         self.learning_rate_factor = state["learning_rate_factor"].copy()
         if self._has_custom:
-            self.custom_weights_field.from_numpy(np.ascontiguousarray(state["custom_weights"]))
+            self.custom_weights_buffer.from_numpy(state["custom_weights"])
         for i, opt in enumerate(self.nested_list):
             opt._load_state(unprefixed(f"nested.{i}", state))

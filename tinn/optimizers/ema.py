@@ -20,8 +20,18 @@ import taichi as ti
 
 from ..registry import optimizers
 from ..keys import Key
+from .._kernels import copy_columns
+from ..params import Buffer
 from .optimizer import F32_1D, I32_1D, beta
-from .wrapper import Wrapper, copy_kernel
+from .wrapper import Wrapper
+
+
+@ti.kernel
+def _ema_step(E: ti.template(), eo: ti.i32, W: ti.template(), wo: ti.i32, n: ti.i32, active: I32_1D, decay: ti.f32,
+              debias_old: F32_1D, debias_new: F32_1D):
+    for k, i in ti.ndrange(active.shape[0], n):
+        if active[k]:
+            E[k, eo + i] = (E[k, eo + i] * decay * debias_old[k] + W[k, wo + i] * (1.0 - decay)) * debias_new[k]
 
 
 @optimizers.register("Ema")
@@ -31,22 +41,9 @@ class EMA(Wrapper):
             "full_precision": Key(False, doc="accepted and reported; tinn's average is float32 always")}
     STATE = ("weights_ema",)
 
-    def _allocate_state(self, builder):
-        self.weights_ema = ti.field(ti.f32)
-        builder.dense(ti.ij, (self.n_instances, self.n_params)).place(self.weights_ema)
-
     def _setup(self):
-        E, K, n = self.weights_ema, self.n_instances, self.n_params
-        W, wo = self._nested_weights()
-
-        @ti.kernel
-        def ema(active: I32_1D, decay: ti.f32, debias_old: F32_1D, debias_new: F32_1D):
-            for k, i in ti.ndrange(K, n):
-                if active[k]:
-                    E[k, i] = (E[k, i] * decay * debias_old[k] + W[k, wo + i] * (1.0 - decay)) * debias_new[k]
-
-        self._ema = ema
-        copy_kernel(E, 0, W, wo, K, n)(np.ones(K, np.int32))
+        self.weights_ema = E = Buffer(self.n_instances, self.n_params, "EMA weights")
+        copy_columns(E.field, E.offset, *self._nested_weights(), self.n_params, np.ones(self.n_instances, np.int32))
 
     def _after(self, active):
         if not self.n_params:
@@ -58,7 +55,9 @@ class EMA(Wrapper):
         with np.errstate(divide="ignore"):
             debias_new = one / (one - np.power(np.float64(d), t).astype(np.float32))
         mask = (active != 0) & (t > 0)
-        self._ema(mask.astype(np.int32), d, debias_old, debias_new.astype(np.float32))
+        E = self.weights_ema
+        _ema_step(E.field, E.offset, *self._nested_weights(), self.n_params, mask.astype(np.int32), d, debias_old,
+                  debias_new.astype(np.float32))
 
     def _custom(self):
-        return (self.weights_ema, 0) if self.n_params else None
+        return (self.weights_ema.field, self.weights_ema.offset) if self.n_params else None

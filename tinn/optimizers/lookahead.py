@@ -16,8 +16,22 @@ import taichi as ti
 
 from ..registry import optimizers
 from ..keys import CLOSED_UNIT, POSITIVE_INT, Key
+from .._kernels import copy_columns
+from ..params import Buffer
 from .optimizer import I32_1D
-from .wrapper import Wrapper, copy_kernel
+from .wrapper import Wrapper
+
+
+@ti.kernel
+def _lookahead_step(slow: ti.template(), so: ti.i32, W: ti.template(), wo: ti.i32, n: ti.i32, copy: I32_1D,
+                    blend: I32_1D, alpha: ti.f32):
+    for k, i in ti.ndrange(copy.shape[0], n):
+        if copy[k]:
+            slow[k, so + i] = W[k, wo + i]
+        if blend[k]:
+            w = slow[k, so + i] * (1.0 - alpha) + W[k, wo + i] * alpha
+            W[k, wo + i] = w
+            slow[k, so + i] = w
 
 
 @optimizers.register("Lookahead")
@@ -27,33 +41,19 @@ class Lookahead(Wrapper):
             "n_steps": Key(16, POSITIVE_INT, "fast steps between synchronisations")}
     STATE = ("weights_lookahead",)
 
-    def _allocate_state(self, builder):
-        self.weights_lookahead = ti.field(ti.f32)
-        builder.dense(ti.ij, (self.n_instances, self.n_params)).place(self.weights_lookahead)
-
     def _setup(self):
-        slow, K, n = self.weights_lookahead, self.n_instances, self.n_params
-        W, wo = self._slot.params, self._slot.p_off
-
-        @ti.kernel
-        def lookahead(copy: I32_1D, blend: I32_1D, alpha: ti.f32):
-            for k, i in ti.ndrange(K, n):
-                if copy[k]:
-                    slow[k, i] = W[k, wo + i]
-                if blend[k]:
-                    w = slow[k, i] * (1.0 - alpha) + W[k, wo + i] * alpha
-                    W[k, wo + i] = w
-                    slow[k, i] = w
-
-        self._lookahead = lookahead
-        copy_kernel(slow, 0, W, wo, K, n)(np.ones(K, np.int32))
+        self.weights_lookahead = slow = Buffer(self.n_instances, self.n_params, "Lookahead weights")
+        copy_columns(slow.field, slow.offset, self._slot.params, self._slot.p_off, self.n_params,
+                     np.ones(self.n_instances, np.int32))
 
     def _before(self, active):
         if self.n_params:
             s = self.nested.step_counts()
             on = active != 0
             copy, blend = on & (s == 0), on & (s % self.hparams["n_steps"] == 0)
-            self._lookahead(copy.astype(np.int32), blend.astype(np.int32), self.hparams["alpha"])
+            slow, s = self.weights_lookahead, self._slot
+            _lookahead_step(slow.field, slow.offset, s.params, s.p_off, s.n, copy.astype(np.int32),
+                            blend.astype(np.int32), self.hparams["alpha"])
 
     def _custom(self):
-        return (self.weights_lookahead, 0) if self.n_params else None
+        return (self.weights_lookahead.field, self.weights_lookahead.offset) if self.n_params else None

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 import taichi as ti
 
-from .._runtime import FieldTree, RuntimeBound, current_program
+from .._runtime import RuntimeBound, current_program
 from ..keys import NON_NEGATIVE, UNIT_INTERVAL, Key, Options
 from ..object import Object, ParametricObject
 from ..params import ParamStore
@@ -97,10 +97,9 @@ class Optimizer(Object, RuntimeBound):
     """Base of every optimizer: hyperparameters, allocation, stepping, state.
 
     Subclasses declare ``KEYS`` (key -> :class:`~tinn.keys.Key`: default, rule, doc), and implement
-    ``_allocate_state(builder)`` (Taichi fields, only for arrays that model kernels
-    read, e.g. inference weights), ``_setup()`` (other state, as ``ti.ndarray``s or numpy
-    arrays, and kernels) and ``_kernel_step(active, loss_scale, lr)``. ``STATE`` names
-    the attributes (fields, ndarrays or numpy arrays) that ``state_dict()`` saves
+    ``_setup()`` (state: ``ti.ndarray``s, numpy arrays, or a :class:`~tinn.params.Buffer` for arrays
+    that kernels read as fields, such as averaged weights) and ``_kernel_step(active, loss_scale, lr)``.
+    ``STATE`` names the attributes (buffers, ndarrays or numpy arrays) that ``state_dict()`` saves
     besides the step counter.
     """
 
@@ -114,7 +113,6 @@ class Optimizer(Object, RuntimeBound):
             raise TypeError(f"{self.otype} got unknown hyperparameters {sorted(unknown)}")
         self.hparams = Options("optimizer", self.otype, hparams).read(self.KEYS)
         self._slot: Slot | None = None
-        self._tree = None
         self.n_params, self.n_instances, self.n_matrix, self.layer_sizes = 0, 1, 0, []
 
     # -- configuration -------------------------------------------------------------
@@ -175,7 +173,7 @@ class Optimizer(Object, RuntimeBound):
             self._setup()
 
     def _bind_slot(self, slot: Slot, layer_sizes):
-        """Record where the weights live and allocate this optimizer's own state fields."""
+        """Record where the weights live."""
         self._slot = slot
         self.n_instances, self.n_params = slot.store.n_instances, slot.n
         self.layer_sizes = [(int(r), int(c)) for r, c in layer_sizes]
@@ -183,16 +181,9 @@ class Optimizer(Object, RuntimeBound):
         if self.n_matrix > self.n_params:
             raise ValueError(f"layer_sizes cover {self.n_matrix} params, more than the {self.n_params} to optimize")
         self._steps = np.zeros(self.n_instances, np.int64)
-        self._tree = FieldTree(self._allocate_state) if self._has_fields() else None
-
-    def _has_fields(self) -> bool:
-        return self.n_params > 0 and type(self)._allocate_state is not Optimizer._allocate_state
-
-    def _allocate_state(self, builder):
-        """Place the optimizer's state fields into ``builder``."""
 
     def _setup(self):
-        """Allocate non-field state and prepare kernels (called once the slot and fields exist, n_params > 0)."""
+        """Allocate state (called once the slot exists, n_params > 0)."""
 
     def _require_allocated(self):
         self._check_runtime()

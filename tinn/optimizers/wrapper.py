@@ -10,23 +10,10 @@ the wrapper's own arrays plus the nested state under ``nested.``.
 """
 
 import numpy as np
-import taichi as ti
 
 from ..registry import create_optimizer
 from ..keys import Options
-from .optimizer import I32_1D, LEARNING_RATE, Optimizer, Slot, prefixed, unprefixed
-
-
-def copy_kernel(dst, dst_off: int, src, src_off: int, n_instances: int, n: int):
-    """A kernel ``copy(active)``: ``dst[k, dst_off + i] = src[k, src_off + i]`` for active ``k``."""
-
-    @ti.kernel
-    def copy(active: I32_1D):
-        for k, i in ti.ndrange(n_instances, n):
-            if active[k]:
-                dst[k, dst_off + i] = src[k, src_off + i]
-
-    return copy
+from .optimizer import LEARNING_RATE, Optimizer, Slot, prefixed, unprefixed
 
 
 def check_learning_rate(optimizer, value) -> float:
