@@ -147,7 +147,7 @@ def test_composite_with_hash_grid_in_network_with_input_encoding(nwie):
     shapes = mlp_shapes(16, 16, 1, 2)
     n_net = sum(r * c for r, c in shapes)
     assert nwie.n_params == n_net + ref.n_params and nwie.encoding.n_params == ref.n_params
-    assert nwie.encoding.nested[0]._offset == n_net                          # bound into the model's store
+    assert nwie.encoding.nested[0]._offset == nwie.store.offset + n_net      # bound into the model's store
 
     rng = np.random.default_rng(2)
     params = np.concatenate([random_weights(shapes, rng), rng.uniform(-1, 1, ref.n_params).astype(np.float32)])
