@@ -228,13 +228,31 @@ def _discard(builder, runtime):
 
 
 def to_numpy(a, name):
+    """A batch as a numpy array: numpy as is, a ``ti.ndarray`` in place on the x64 backend (a copy
+    elsewhere), a torch tensor through ``.numpy()`` (in place for CPU tensors)."""
     if isinstance(a, np.ndarray):
         return a
     if isinstance(a, ti.Ndarray):
-        return a.to_numpy()
+        view = ndarray_view(a)
+        return a.to_numpy() if view is None else view
     if type(a).__module__.startswith("torch"):
         return a.detach().cpu().numpy()
     raise TypeError(f"{name} must be a numpy array, a ti.ndarray or a torch tensor, not {type(a).__name__}")
+
+
+_HOST_TYPES = {"f32": (ctypes.c_float, np.float32), "i32": (ctypes.c_int32, np.int32)}
+
+
+def ndarray_view(a) -> np.ndarray | None:
+    """A scalar f32 or i32 ``ti.ndarray``'s own memory as a numpy array (no copy) on the x64 backend,
+    where its data lives in host memory; ``None`` elsewhere. The view keeps the ndarray alive."""
+    types = _HOST_TYPES.get(str(a.dtype))
+    if impl.current_cfg().arch != ti.x64 or types is None or tuple(getattr(a, "element_shape", ()) or ()):
+        return None
+    n = int(np.prod(a.shape))
+    buffer = (types[0] * n).from_address(current_program().get_ndarray_data_ptr_as_int(a.arr))
+    buffer.owner = a                              # the numpy view -> the buffer -> the ndarray
+    return np.frombuffer(buffer, types[1]).reshape(a.shape)
 
 
 def as_batch(a, n_dims, name: str = "x", *, dtype=np.float32, allow_dense: bool = False, finite: bool = False,
