@@ -259,9 +259,6 @@ GRID_CASES = {
 SMOOTH_CASES = [k for k, c in GRID_CASES.items() if c.interpolation != "Nearest"]
 NEAREST_CASES = [k for k, c in GRID_CASES.items() if c.interpolation == "Nearest"]
 
-_grids = {}
-
-
 def grid_config(case):
     cfg = {"otype": case.otype, "n_levels": case.n_levels, "n_features_per_level": case.F,
            "base_resolution": case.base, "per_level_scale": case.b, "interpolation": case.interpolation}
@@ -270,13 +267,20 @@ def grid_config(case):
     return cfg
 
 
-def grid(name):
-    """(encoding, reference levels, case); one tinn object per case (kernels compile per object)."""
-    if name not in _grids:
-        case = GRID_CASES[name]
-        enc = tinn.create_encoding(case.D, grid_config(case), alignment=case.alignment)
-        _grids[name] = (enc, grid_geometry(case.D, case.type, case.n_levels, case.log2_T, case.base, case.b), case)
-    return _grids[name]
+@pytest.fixture(scope="module")
+def grid():
+    """``grid(name)`` -> (encoding, reference levels, case): one tinn object per case, built once for this
+    module's tests (kernels compile per object)."""
+    built = {}
+
+    def get(name):
+        if name not in built:
+            case = GRID_CASES[name]
+            enc = tinn.create_encoding(case.D, grid_config(case), alignment=case.alignment)
+            built[name] = (enc, grid_geometry(case.D, case.type, case.n_levels, case.log2_T, case.base, case.b), case)
+        return built[name]
+
+    return get
 
 
 def random_params(enc, seed):
@@ -287,7 +291,7 @@ def random_params(enc, seed):
 
 
 @pytest.mark.parametrize("name", list(GRID_CASES))
-def test_grid_sizes(name):
+def test_grid_sizes(grid, name):
     """n_params = F · Σ entries_l (§1.6.3); width L·F padded to lcm(alignment, F) with zeros (§1.0)."""
     enc, levels, case = grid(name)
     assert enc.n_params == case.F * sum(level.entries for level in levels)
@@ -296,7 +300,7 @@ def test_grid_sizes(name):
     assert enc.n_output_dims == enc.padded_output_width == width
 
 
-def test_grid_cases_cover_dense_and_hashed_levels():
+def test_grid_cases_cover_dense_and_hashed_levels(grid):
     """Sanity of the test matrix: the Hash cases mix dense-indexed and hashed levels (§1.6.4)."""
     for name in ("hash-2d-linear", "hash-3d-linear-pad16", "hash-2d-smoothstep-align6", "hash-2d-nearest",
                  "hash-1d-linear", "hash-4d-linear"):
@@ -311,7 +315,7 @@ def test_grid_cases_cover_dense_and_hashed_levels():
 
 @pytest.mark.parametrize("name", list(GRID_CASES))
 @pytest.mark.parametrize("batch", [1, 3, 257])
-def test_grid_forward(name, batch):
+def test_grid_forward(grid, name, batch):
     """Forward vs §1.6.5; padded columns are 0; inference equals forward."""
     enc, levels, case = grid(name)
     rng = np.random.default_rng(batch)
@@ -327,7 +331,7 @@ def test_grid_forward(name, batch):
     assert_close(enc.inference(x), y, rtol=0, atol=0)
 
 
-def test_grid_4d_x_at_the_upper_edge():
+def test_grid_4d_x_at_the_upper_edge(grid):
     """Inputs at the edge of [0, 1]: corners reach res_l and the dense index wraps by mod (§1.6.4)."""
     enc, levels, case = grid("hash-4d-linear")
     p = random_params(enc, 2)
@@ -336,7 +340,7 @@ def test_grid_4d_x_at_the_upper_edge():
 
 
 @pytest.mark.parametrize("name", ["dense-2d-linear-pad16", "dense-3d-smoothstep"])
-def test_dense_grid_corner_reaching_resolution_wraps(name):
+def test_dense_grid_corner_reaching_resolution_wraps(grid, name):
     """§1.6.4: at x near 1 a corner coordinate equals res_l; its dense index runs into the next row, mod entries."""
     enc, levels, case = grid(name)
     p = random_params(enc, 3)
@@ -352,7 +356,7 @@ def test_dense_grid_corner_reaching_resolution_wraps(name):
 
 
 @pytest.mark.parametrize("name", list(GRID_CASES))
-def test_grid_param_gradient(name):
+def test_grid_param_gradient(grid, name):
     """§1.6.6: parameter gradient = scatter of weight·dL/dy (np.add.at); padded dL/dy is ignored."""
     enc, levels, case = grid(name)
     rng = np.random.default_rng(5)
@@ -367,7 +371,7 @@ def test_grid_param_gradient(name):
     assert_close(g, expected, rtol=1e-4, atol_rel=1e-5)
 
 
-def test_grid_reference_gradient_is_the_derivative_of_the_reference():
+def test_grid_reference_gradient_is_the_derivative_of_the_reference(grid):
     """The forward is linear in θ, so the scatter of weights equals finite differences in θ (float64)."""
     enc, levels, case = grid("hash-2d-smoothstep-align6")
     rng = np.random.default_rng(6)
@@ -384,7 +388,7 @@ def test_grid_reference_gradient_is_the_derivative_of_the_reference():
 
 
 @pytest.mark.parametrize("name", SMOOTH_CASES)
-def test_grid_input_gradient(name):
+def test_grid_input_gradient(grid, name):
     """§1.6.6: analytic dL/dx vs central differences (h = 1e−4, float64) of the reference, off cell boundaries."""
     enc, levels, case = grid(name)
     rng = np.random.default_rng(7)
@@ -401,7 +405,7 @@ def test_grid_input_gradient(name):
 
 
 @pytest.mark.parametrize("name", NEAREST_CASES)
-def test_grid_nearest_input_gradient_is_zero(name):
+def test_grid_nearest_input_gradient_is_zero(grid, name):
     """§1.6.5: Nearest has zero input gradient."""
     enc, levels, case = grid(name)
     rng = np.random.default_rng(9)
@@ -413,7 +417,7 @@ def test_grid_nearest_input_gradient_is_zero(name):
 
 
 @pytest.mark.parametrize("name", ["hash-2d-linear", "dense-3d-smoothstep", "hash-3d-nearest"])
-def test_grid_gradient_modes(name):
+def test_grid_gradient_modes(grid, name):
     """§5.3: mode='accumulate' adds to the parameter gradients; the default 'overwrite' replaces them."""
     enc, levels, case = grid(name)
     rng = np.random.default_rng(11)
@@ -447,7 +451,7 @@ def layout_probe(enc, levels, case, level, p):
     return x, enc.inference(x)[0]
 
 
-def test_grid_layout_2d_hash_example():
+def test_grid_layout_2d_hash_example(grid):
     """The hashed level of a 2-D grid reads entry hash(5,7) mod T = 1401181138 mod 256 at p = (5, 7)."""
     enc, levels, case = grid("hash-2d-nearest")
     L, F = case.n_levels, case.F
@@ -461,7 +465,7 @@ def test_grid_layout_2d_hash_example():
         np.testing.assert_array_equal(y[l * F:(l + 1) * F], (level.offset + idx) * F + np.arange(F))
 
 
-def test_grid_layout_3d_hash_example():
+def test_grid_layout_3d_hash_example(grid):
     """At p = (100, 200, 300) the finest 3-D level reads entry 3655970992 mod 256."""
     enc, levels, case = grid("hash-3d-nearest")
     F = case.F
@@ -473,7 +477,7 @@ def test_grid_layout_3d_hash_example():
         np.testing.assert_array_equal(y[l * F:(l + 1) * F], (level.offset + idx) * F + np.arange(F))
 
 
-def test_grid_layout_dense_and_tiled():
+def test_grid_layout_dense_and_tiled(grid):
     """Dense index Σ_d p_d·res^d, and Tiled's periodic index mod N_min^D, at a known vertex."""
     enc, levels, case = grid("tiled-3d-nearest")
     x, y = layout_probe(enc, levels, case, 2, [5, 1, 3])

@@ -71,24 +71,29 @@ def test_mlp_reference_backward_matches_finite_differences(act, n_hidden_layers)
 
 MlpCase = namedtuple("MlpCase", "n_in n_out n_neurons n_hidden_layers act out_act")
 
-_nets = {}
+
+@pytest.fixture(scope="module")
+def mlp():
+    """``mlp(case)``: one tinn network per configuration, built once for this module's tests (kernels compile
+    once)."""
+    built = {}
+
+    def get(case):
+        if case not in built:
+            # §2.1: FullyFusedMLP only takes widths 16–128 (powers of 2), NL ≥ 1 and no SiLU/Sine hidden layers;
+            # CutlassMLP takes everything. Use FullyFusedMLP wherever tcnn allows it.
+            fused = (case.n_neurons in (16, 32, 64, 128) and case.n_hidden_layers >= 1
+                     and case.act not in ("SiLU", "Sine"))
+            cfg = {"otype": "FullyFusedMLP" if fused else "CutlassMLP", "n_neurons": case.n_neurons,
+                   "n_hidden_layers": case.n_hidden_layers,
+                   "activation": case.act, "output_activation": case.out_act}
+            built[case] = tinn.create_network(case.n_in, case.n_out, cfg)
+        return built[case]
+
+    return get
 
 
-def mlp(case):
-    """One tinn network per configuration, shared by the tests (kernels compile once)."""
-    if case not in _nets:
-        # §2.1: FullyFusedMLP only takes widths 16–128 (powers of 2), NL ≥ 1 and no SiLU/Sine hidden layers;
-        # CutlassMLP takes everything. Use FullyFusedMLP wherever tcnn allows it.
-        fused = (case.n_neurons in (16, 32, 64, 128) and case.n_hidden_layers >= 1
-                 and case.act not in ("SiLU", "Sine"))
-        cfg = {"otype": "FullyFusedMLP" if fused else "CutlassMLP", "n_neurons": case.n_neurons,
-               "n_hidden_layers": case.n_hidden_layers,
-               "activation": case.act, "output_activation": case.out_act}
-        _nets[case] = tinn.create_network(case.n_in, case.n_out, cfg)
-    return _nets[case]
-
-
-def check_mlp(case, batch, seed=0, gain=1.0):
+def check_mlp(mlp, case, batch, seed=0, gain=1.0):
     """Forward, inference, backward (dW and dx) of one configuration vs the float64 reference."""
     net = mlp(case)
     rng = np.random.default_rng(seed)
@@ -121,27 +126,27 @@ def check_mlp(case, batch, seed=0, gain=1.0):
 
 
 @pytest.mark.parametrize("act", ACTIVATION_NAMES)
-def test_mlp_hidden_activation(act):
-    check_mlp(MlpCase(16, 5, 16, 2, act, "None"), batch=257)
+def test_mlp_hidden_activation(mlp, act):
+    check_mlp(mlp, MlpCase(16, 5, 16, 2, act, "None"), batch=257)
 
 
 @pytest.mark.parametrize("act", ACTIVATION_NAMES)
-def test_mlp_output_activation(act):
+def test_mlp_output_activation(mlp, act):
     """Output activation applied to the padded output and differentiated truly (Sine/SiLU too, spec §8 A7)."""
-    check_mlp(MlpCase(16, 5, 16, 1, "ReLU", act), batch=257)
+    check_mlp(mlp, MlpCase(16, 5, 16, 1, "ReLU", act), batch=257)
 
 
 @pytest.mark.parametrize("n_hidden_layers", [0, 1, 3])
 @pytest.mark.parametrize("batch", [1, 3, 257])
-def test_mlp_depths_odd_widths_and_batches(n_hidden_layers, batch):
+def test_mlp_depths_odd_widths_and_batches(mlp, n_hidden_layers, batch):
     """NL = 0, 1, 3 with 7 neurons and 5 outputs (padded to 16), any batch size ≥ 1."""
-    check_mlp(MlpCase(32, 5, 7, n_hidden_layers, "Tanh", "Sigmoid"), batch=batch, seed=batch)
+    check_mlp(mlp, MlpCase(32, 5, 7, n_hidden_layers, "Tanh", "Sigmoid"), batch=batch, seed=batch)
 
 
-def test_mlp_batches_cut_into_blocks():
+def test_mlp_batches_cut_into_blocks(mlp):
     """A batch spread over several host blocks and threads (partial last block, per-thread gradient sums)."""
     from tinn.networks._mlp_host import SAMPLES_PER_BLOCK as ROWS_PER_BLOCK
-    check_mlp(MlpCase(8, 3, 16, 2, "ReLU", "None"), batch=2 * ROWS_PER_BLOCK + 5, seed=1)
+    check_mlp(mlp, MlpCase(8, 3, 16, 2, "ReLU", "None"), batch=2 * ROWS_PER_BLOCK + 5, seed=1)
 
 
 @pytest.mark.parametrize("n_in, n_out, n_neurons, n_hidden_layers",
@@ -199,7 +204,7 @@ def test_mlp_sine_init():
         assert abs(W.std() - s / np.sqrt(3)) < 0.1 * s, k
 
 
-def test_mlp_gradient_modes_and_no_input_gradient():
+def test_mlp_gradient_modes_and_no_input_gradient(mlp):
     """mode='accumulate' adds dW, the default overwrites; input_gradient=False returns None but still sets dW."""
     case = MlpCase(16, 5, 7, 1, "Tanh", "Sigmoid")
     net = mlp(case)
@@ -244,14 +249,19 @@ NWIE_CASES = {
                   "output_activation": "None"}),
 }
 
-_models = {}
 
+@pytest.fixture(scope="module")
+def nwie():
+    """``nwie(name)``: one NetworkWithInputEncoding per case, built once for this module's tests."""
+    built = {}
 
-def nwie(name):
-    if name not in _models:
-        n_in, n_out, enc, net = NWIE_CASES[name]
-        _models[name] = tinn.NetworkWithInputEncoding(n_in, n_out, enc, net)
-    return _models[name]
+    def get(name):
+        if name not in built:
+            n_in, n_out, enc, net = NWIE_CASES[name]
+            built[name] = tinn.NetworkWithInputEncoding(n_in, n_out, enc, net)
+        return built[name]
+
+    return get
 
 
 class Composition:
@@ -310,7 +320,7 @@ def model_inputs(comp, rng, batch):
 
 
 @pytest.mark.parametrize("name", list(NWIE_CASES))
-def test_nwie_sizes_and_padding(name):
+def test_nwie_sizes_and_padding(nwie, name):
     """§2.5: the encoding is padded to 16 and the network takes that width; n_params = network + encoding."""
     model = nwie(name)
     comp = Composition(name, np.random.default_rng(0))
@@ -325,7 +335,7 @@ def test_nwie_sizes_and_padding(name):
 
 @pytest.mark.parametrize("name", list(NWIE_CASES))
 @pytest.mark.parametrize("batch", [1, 3, 257])
-def test_nwie_forward(name, batch):
+def test_nwie_forward(nwie, name, batch):
     """y = network(pad(encoding(x))) with params() = [network | encoding]; inference equals forward."""
     model = nwie(name)
     rng = np.random.default_rng(batch)
@@ -341,7 +351,7 @@ def test_nwie_forward(name, batch):
 
 @pytest.mark.parametrize("name", list(NWIE_CASES))
 @pytest.mark.parametrize("batch", [1, 257])
-def test_nwie_backward(name, batch):
+def test_nwie_backward(nwie, name, batch):
     """Parameter gradients [network | encoding] and dL/dx vs the composed reference and finite differences."""
     model = nwie(name)
     rng = np.random.default_rng(100 + batch)
@@ -366,7 +376,7 @@ def test_nwie_backward(name, batch):
     assert_close(dx, fd, rtol=1e-3, atol_rel=1e-4)
 
 
-def test_nwie_gradient_modes_and_no_input_gradient():
+def test_nwie_gradient_modes_and_no_input_gradient(nwie):
     """accumulate adds (network and encoding parts), the default overwrites; input_gradient=False → None."""
     model = nwie("hashgrid")
     rng = np.random.default_rng(7)
@@ -385,7 +395,7 @@ def test_nwie_gradient_modes_and_no_input_gradient():
     assert_close(model.gradients(), r2, rtol=1e-4, atol_rel=1e-5)
 
 
-def test_nwie_identity_no_input_gradient():
+def test_nwie_identity_no_input_gradient(nwie):
     """Without parameters in the encoding and input_gradient=False, network gradients are still produced."""
     model = nwie("identity")
     rng = np.random.default_rng(8)

@@ -79,19 +79,24 @@ ENCODING_NAMES = tinn.config.encodings.names()
 ENCODING_PARAMS = [pytest.param(name, i, id=f"{name}-{i}")
                    for name in ENCODING_NAMES for i in range(len(ENCODING_CASES.get(name, [None])))]
 
-_encodings = {}
 
+@pytest.fixture(scope="module")
+def encoding_case():
+    """``encoding_case(name, i)`` -> (case, tinn encoding, reference): one tinn object per case, built once
+    for this module's tests (kernels compile once)."""
+    built = {}
 
-def encoding_case(name, i):
-    """(case, tinn encoding, reference); one tinn object per case, shared by the tests (kernels compile once)."""
-    if name not in ENCODING_CASES:
-        pytest.fail(f"encoding otype {name!r} is registered but has no case in ENCODING_CASES "
-                    "(tests/test_registry_sweep.py): add a representative config and a reference")
-    if (name, i) not in _encodings:
-        case = ENCODING_CASES[name][i]
-        enc = tinn.create_encoding(case.n_in, case.config, alignment=case.alignment)
-        _encodings[name, i] = (case, enc, EncodingRef(case.n_in, case.config))
-    return _encodings[name, i]
+    def get(name, i):
+        if name not in ENCODING_CASES:
+            pytest.fail(f"encoding otype {name!r} is registered but has no case in ENCODING_CASES "
+                        "(tests/test_registry_sweep.py): add a representative config and a reference")
+        if (name, i) not in built:
+            case = ENCODING_CASES[name][i]
+            enc = tinn.create_encoding(case.n_in, case.config, alignment=case.alignment)
+            built[name, i] = (case, enc, EncodingRef(case.n_in, case.config))
+        return built[name, i]
+
+    return get
 
 
 def set_random_params(enc, ref, rng):
@@ -107,7 +112,7 @@ def test_every_encoding_case_is_registered():
 
 
 @pytest.mark.parametrize("name, i", ENCODING_PARAMS)
-def test_encoding_sizes(name, i):
+def test_encoding_sizes(encoding_case, name, i):
     """Padded output width (§1.0 set_alignment, §1.7 for composites) and parameter count."""
     case, enc, ref = encoding_case(name, i)
     assert enc.n_input_dims == case.n_in
@@ -118,7 +123,7 @@ def test_encoding_sizes(name, i):
 
 @pytest.mark.parametrize("name, i", ENCODING_PARAMS)
 @pytest.mark.parametrize("batch", [1, 37])
-def test_encoding_forward(name, i, batch):
+def test_encoding_forward(encoding_case, name, i, batch):
     """Forward (with padding) vs the float64 reference; inference equals forward."""
     case, enc, ref = encoding_case(name, i)
     rng = np.random.default_rng(batch)
@@ -134,7 +139,7 @@ def test_encoding_forward(name, i, batch):
 
 
 @pytest.mark.parametrize("name, i", ENCODING_PARAMS)
-def test_encoding_input_gradient(name, i):
+def test_encoding_input_gradient(encoding_case, name, i):
     """dL/dx vs central differences (float64) of the reference; dL/dy on padded columns is ignored."""
     case, enc, ref = encoding_case(name, i)
     rng = np.random.default_rng(3)
@@ -150,7 +155,7 @@ def test_encoding_input_gradient(name, i):
 
 
 @pytest.mark.parametrize("name, i", ENCODING_PARAMS)
-def test_encoding_param_gradient(name, i):
+def test_encoding_param_gradient(encoding_case, name, i):
     """Parameter gradients vs the reference's (grids: scatter of interpolation weights, §1.6.6; composites:
     the nested gradients in order, §1.7); 'accumulate' adds, 'overwrite' replaces."""
     case, enc, ref = encoding_case(name, i)
@@ -169,7 +174,7 @@ def test_encoding_param_gradient(name, i):
 
 
 @pytest.mark.parametrize("name, i", ENCODING_PARAMS)
-def test_encoding_hyperparams_round_trip(name, i):
+def test_encoding_hyperparams_round_trip(encoding_case, name, i):
     """create_encoding(hyperparams()) rebuilds the same encoding: same hyperparams, params (same seed), outputs."""
     case, enc, ref = encoding_case(name, i)
     hp = enc.hyperparams()
@@ -348,9 +353,6 @@ def test_relative_l2_luminance_needs_three_dims():
 # Activations
 # ---------------------------------------------------------------------------------------------
 
-_activation_nets = {}
-
-
 @pytest.mark.parametrize("name", ACTIVATION_NAMES)
 def test_activation(name):
     """§2.3 through an MLP with identity weights: y = act(act(x)) (hidden, then output activation);
@@ -426,7 +428,7 @@ FUNC_PARAMS = [pytest.param(name, i, id=f"{name}-{i}") for name in _one_name_per
 
 
 @pytest.mark.parametrize("name, i", FUNC_PARAMS)
-def test_encoding_funcs_equal_the_batch_api(name, i):
+def test_encoding_funcs_equal_the_batch_api(encoding_case, name, i):
     """Per-sample func / backward_func (parameter gradients included) equal inference / backward."""
     case, enc, ref = encoding_case(name, i)
     if enc.n_output_dims == 0:
