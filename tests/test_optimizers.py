@@ -139,3 +139,11 @@ def test_adam_bias_correction_past_the_table(monkeypatch):
         opt.step(params, grads)
         np.testing.assert_allclose(before - params, 0.125, rtol=1e-3, err_msg=f"step {step}")
     assert len(opt._bias_correction()) == 8
+
+
+def test_shampoo_roots_of_non_finite_statistics_are_nan_not_an_error():
+    from tinn.optimizers.shampoo import inverse_fourth_root
+    a = np.stack([np.eye(3, dtype=np.float32) * 16, np.full((3, 3), np.nan, np.float32)])
+    roots = inverse_fourth_root(a, 0.0)
+    np.testing.assert_allclose(roots[0], np.eye(3) * 0.5, rtol=1e-6)
+    assert np.isnan(roots[1]).all()

@@ -33,12 +33,20 @@ from .optimizer import ABSOLUTE_DECAY, EPSILON, LEARNING_RATE, RELATIVE_DECAY, O
 
 
 def inverse_fourth_root(a: np.ndarray, identity: float) -> np.ndarray:
-    """``(sym(a) (1 - identity) + identity I)^(-1/4)`` for a stack of square matrices."""
+    """``(sym(a) (1 - identity) + identity I)^(-1/4)`` for a stack of square matrices.
+
+    A matrix with non-finite entries (from non-finite gradients) gives a NaN root, so the NaN
+    reaches the weights as with every other optimizer instead of stopping the step halfway.
+    """
     a = a.astype(np.float64)
     a = 0.5 * (a + np.swapaxes(a, -1, -2)) * (1.0 - identity) + identity * np.eye(a.shape[-1])
-    w, v = np.linalg.eigh(a)
-    w = np.maximum(w, np.finfo(np.float64).tiny) ** -0.25
-    return ((v * w[..., None, :]) @ np.swapaxes(v, -1, -2)).astype(np.float32)
+    out = np.full(a.shape, np.nan, np.float32)
+    finite = np.isfinite(a).all(axis=(-2, -1))
+    if finite.any():
+        w, v = np.linalg.eigh(a[finite])
+        w = np.maximum(w, np.finfo(np.float64).tiny) ** -0.25
+        out[finite] = (v * w[..., None, :]) @ np.swapaxes(v, -1, -2)
+    return out
 
 
 def _decay(w, r, a):
