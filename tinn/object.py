@@ -210,7 +210,9 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         if g.shape[0] != routing.batch:
             raise ValueError(f"dL_doutput has {g.shape[0]} samples, the forward pass had {routing.batch}")
         if self.padded_output_width != self.n_output_dims:
-            g = np.pad(g, ((0, 0), (0, self.padded_output_width - self.n_output_dims)))
+            padded = np.zeros((g.shape[0], self.padded_output_width), np.float32)     # faster than np.pad
+            padded[:, : self.n_output_dims] = g
+            g = padded
         return g
 
     def _gradient_mode(self, ctx: Context, mode: str) -> bool:
