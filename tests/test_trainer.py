@@ -142,3 +142,10 @@ def test_a_new_model_starts_with_zero_gradients(rng):
         assert np.any(model.network.gradients() != 0)
         del model
         gc.collect()                                      # free its store's columns now
+
+
+def test_trainer_repr_names_model_optimizer_and_loss():
+    """n_params: W_0 16 x 16 (8 frequency features padded to 16) and W_1 16 x 16 (3 outputs padded to 16)."""
+    text = repr(tinn.create_from_config(2, 3, SMALL, n_instances=2).trainer)
+    assert text == ("Trainer(model=NetworkWithInputEncoding(Frequency + FullyFusedMLP, 2 -> 3, n_params=512, "
+                    "n_instances=2), optimizer=Adam(learning_rate=0.01), loss=L2)")

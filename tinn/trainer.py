@@ -58,11 +58,16 @@ class Trainer(RuntimeBound):
         optimizer.allocate(model.n_params, model.layer_sizes(), model.n_instances, store)
 
     def __repr__(self):
-        m = self.model
-        array = f", n_instances={m.n_instances}" if m.n_instances > 1 else ""
-        return (f"Trainer(model={type(m).__name__}({m.n_input_dims} -> {m.n_output_dims}, "
-                f"n_params={m.n_params}{array}), optimizer={self.optimizer.hyperparams()}, "
-                f"loss={self.loss.hyperparams()})")
+        m, opt = self.model, self.optimizer.hyperparams()
+        parts = [f"{m.n_input_dims} -> {m.n_output_dims}", f"n_params={m.n_params}"]
+        if m.n_instances > 1:
+            parts.append(f"n_instances={m.n_instances}")
+        hp = m.hyperparams()
+        if "encoding" in hp and "network" in hp:
+            parts.insert(0, f"{hp['encoding']['otype']} + {hp['network']['otype']}")
+        lr = f"(learning_rate={opt['learning_rate']:g})" if "learning_rate" in opt else ""
+        return (f"Trainer(model={type(m).__name__}({', '.join(parts)}), optimizer={opt['otype']}{lr}, "
+                f"loss={self.loss.otype})")
 
     def hyperparams(self) -> dict:
         """``{"otype": "Trainer", "optimizer": {...}, "loss": {...}}`` (the model has its own)."""
