@@ -244,17 +244,19 @@ NWIE = {
 
 @pytest.mark.parametrize("name", list(NWIE))
 def test_network_with_input_encoding(name):
-    """Through a parameter-free encoding: dL2/dx against central differences of the composed reference's
-    first-order backward (network analytic, encoding by differences), dL2/dparams of the network against
-    central differences of L2 in the parameters; routed over 3 networks in the array case."""
+    """dL2/d(dL_dy), dL2/dx and dL2/dparams [network | encoding] against central differences of the composed
+    reference's first-order backward (network analytic, encoding by differences of its forward); routed over
+    3 networks in the array case."""
     n_in, n_out, enc_cfg, net_cfg, K = NWIE[name]
     model = tinn.NetworkWithInputEncoding(n_in, n_out, enc_cfg, net_cfg, n_instances=K)
     ref = EncodingRef(n_in, model.encoding.hyperparams())
     width = model.encoding.n_output_dims
     shapes = mlp_shapes(width, net_cfg["n_neurons"], net_cfg["n_hidden_layers"], n_out)
+    n_net = sum(r * c for r, c in shapes)
     act, out_act = net_cfg["activation"], net_cfg.get("output_activation", "None")
     rng = np.random.default_rng(11)
-    params = np.stack([random_weights(shapes, rng) for _ in range(K)])
+    params = np.stack([np.concatenate([random_weights(shapes, rng), rng.uniform(-1, 1, ref.n_params)])
+                       for _ in range(K)]).astype(np.float32)
     model.set_params(params if K > 1 else params[0])
     batch = 8
     x = smooth_points(ref, rng, batch)
@@ -266,11 +268,10 @@ def test_network_with_input_encoding(name):
     grads = model.gradients().reshape(K, -1)
 
     def input_grad(p, z, dy):
-        Ws = mlp_unflatten(p, shapes)
-        e = ref.forward(z, np.zeros(0), width)
-        _, zs, hs = mlp_forward_ref(e, Ws, act, out_act)
+        Ws, theta = mlp_unflatten(p[:n_net], shapes), p[n_net:]
+        _, zs, hs = mlp_forward_ref(ref.forward(z, theta, width, exact=True), Ws, act, out_act)
         d_e = mlp_backward_ref(Ws, zs, hs, padded(dy, shapes[-1][0], 0.0), act, out_act)[1]
-        return fd_input_gradient(lambda w: ref.forward(w, np.zeros(0), width), z, d_e, H_ENCODING)
+        return fd_input_gradient(lambda w: ref.forward(w, theta, width, exact=True), z, d_e, H_ENCODING)
 
     ids = np.zeros(batch, np.int32) if instance is None else instance
     for k in range(K):
@@ -281,7 +282,8 @@ def test_network_with_input_encoding(name):
                                p, 1e-5)
         assert_close(d_dy[rows], r_dy, rtol=RTOL, atol_rel=ATOL_REL, atol=1e-5)
         assert_close(d_x[rows], r_x, rtol=RTOL, atol_rel=ATOL_REL, atol=1e-5)
-        assert_close(grads[k], r_params, rtol=RTOL, atol_rel=ATOL_REL, atol=1e-5)
+        assert_close(grads[k, :n_net], r_params[:n_net], rtol=RTOL, atol_rel=ATOL_REL, atol=1e-5)
+        assert_close(grads[k, n_net:], r_params[n_net:], rtol=RTOL, atol_rel=ATOL_REL, atol=1e-5)
 
 
 def test_dense_array_batch_equals_the_routed_one():
