@@ -31,6 +31,7 @@ import math
 import numpy as np
 import taichi as ti
 
+from .._kernels import specialised
 from .._runtime import FieldTree, is_cpu
 from ..registry import encodings
 from ..keys import OFF, POSITIVE_INT, Key, Options, above, between, one_of, reported
@@ -107,7 +108,6 @@ class GridEncoding(Encoding):
         self.n_params = n_entries * n_features_per_level
         self.required_output_alignment = n_features_per_level
         super().__init__(n_input_dims, n_levels * n_features_per_level, n_instances=n_instances, seed=seed)
-        self._kernels = None
 
     @classmethod
     def from_config(cls, n_input_dims, config, *, otype="HashGrid", **kwargs):
@@ -153,7 +153,7 @@ class GridEncoding(Encoding):
     # -- batch API ---------------------------------------------------------------
     def _encode(self, weights, x, instance):
         y = np.empty((x.shape[0], self.padded_output_width), np.float32)
-        self._get_kernels().forward(weights, x, _routing(instance), y, instance is not None)
+        self._get_kernels().forward(weights, self._offset, x, _routing(instance), y, instance is not None)
         return y
 
     def _inference(self, x, routing):
@@ -169,36 +169,58 @@ class GridEncoding(Encoding):
             overwrite = False
         dL_dy = np.ascontiguousarray(dL_dy)
         instance = ctx.routing.instance
-        k.backward_params(ctx.x, _routing(instance), dL_dy, instance is not None, overwrite)
+        k.backward_params(self.store.grads, self._offset, ctx.x, _routing(instance), dL_dy, instance is not None,
+                          overwrite)
         if not input_gradient:
             return None
         dx = np.empty_like(ctx.x)
-        k.backward_input(ctx.x, _routing(instance), dL_dy, dx, instance is not None)
+        k.backward_input(self.store.params, self._offset, ctx.x, _routing(instance), dL_dy, dx, instance is not None)
         return dx
 
-    def bind(self, store, offset):
-        super().bind(store, offset)
-        self._kernels = None                    # kernels close over the store and offset: rebuild on next use
-
-    def set_padded_output_width(self, width):
-        super().set_padded_output_width(width)
-        self._kernels = None
-
     def _get_kernels(self):
-        if self._kernels is None:
-            self._kernels = _GridKernels(self)
-        return self._kernels
+        """The kernels of this config, shared with every grid of the same config (fields and the column
+        offset are arguments)."""
+        self.store                              # bind before the first kernel call
+        return _grid_kernels(self.n_input_dims, self.n_features_per_level, self.n_instances, self.n_params,
+                             self.n_raw_output_dims, self.padded_output_width, self.interpolation,
+                             tuple(self.levels))
 
     def _sample_funcs(self, weights, grads):
-        return self._get_kernels().sample_funcs(weights, grads)
+        return self._get_kernels().sample_funcs(weights, grads, self._offset)
 
 
 def _routing(instance):
     return instance if instance is not None else np.zeros(1, np.int32)
 
 
+@specialised
+def _grid_kernels(*constants):
+    return _GridKernels(*constants)
+
+
+@specialised
+def _tables(levels: tuple, scratch_shape):
+    """The table of the levels' geometry (scale, resolution, table size, entry offset) and, on the CPU,
+    the workers' private gradient tables ``scratch_shape``: one field tree shared by every grid of one
+    config, not one per model (Taichi allows 512 trees). Sharing the scratch is safe: a backward pass
+    leaves it zeroed."""
+    geometry = ti.types.struct(scale=ti.f32, res=ti.u32, size=ti.u32, offset=ti.u32).field()
+    scratch = ti.field(ti.f32) if scratch_shape else None
+
+    def place(builder):
+        builder.dense(ti.i, len(levels)).place(geometry)
+        if scratch_shape:
+            builder.dense(ti.ijk, scratch_shape).place(scratch)
+
+    tree = FieldTree(place, "grid encoding tables")
+    for l, (scale, res, size, offset) in enumerate(levels):
+        geometry[l] = dict(scale=scale, res=res, size=size, offset=offset)
+    return tree, geometry, scratch
+
+
 class _GridKernels:
-    """The grid's Taichi kernels, specialised to one encoding's config and parameter slice.
+    """The grid's Taichi kernels, specialised to one config and shared by every grid of that config:
+    the parameter fields are template arguments and the encoding's column offset ``base`` a runtime one.
 
     Levels are a loop at run time over a small table of their geometry (scale, resolution,
     table size, entry offset), so that a kernel holds one level's code rather than L copies:
@@ -211,19 +233,14 @@ class _GridKernels:
     core's cache (elsewhere a parallel iteration is one sample, all its levels in turn).
     """
 
-    def __init__(self, enc: GridEncoding):
-        store = enc.store
-        D, F, L = enc.n_input_dims, enc.n_features_per_level, enc.n_levels
-        K, n, base = enc.n_instances, enc.n_params, enc._offset
-        raw, width = enc.n_raw_output_dims, enc.padded_output_width
-        interp = enc.interpolation
-        params, grads = store.params, store.grads          # forward() takes the weights to read as an argument
+    def __init__(self, D: int, F: int, K: int, n: int, raw: int, width: int, interp: str, levels: tuple):
+        L = len(levels)
         cpu = is_cpu()
         n_workers = max(1, ti.lang.impl.current_cfg().cpu_max_num_threads) if cpu else 1
         private = cpu and n_workers * K * n * 4 <= SCRATCH_BUDGET_BYTES
 
         runs = []                                           # (index mode, first level, last level + 1)
-        for l, (scale, res, entries, offset, hashed) in enumerate(enc.levels):
+        for l, (scale, res, entries, offset, hashed) in enumerate(levels):
             mode = HASHED if hashed else DENSE if res ** D <= entries else MODULO
             if runs and runs[-1][0] == mode:
                 runs[-1] = (mode, runs[-1][1], l + 1)
@@ -234,17 +251,10 @@ class _GridKernels:
         # folds them into the load addresses, as it did the constants of unrolled levels (~15% of a forward).
         entry_mask = (1 << (n // F - 1).bit_length()) - 1
 
-        geometry = ti.types.struct(scale=ti.f32, res=ti.u32, size=ti.u32, offset=ti.u32).field()
-        scratch = ti.field(ti.f32) if private else None     # the workers' private gradient tables
-
-        def place(builder):
-            builder.dense(ti.i, L).place(geometry)
-            if private:
-                builder.dense(ti.ijk, (n_workers, K, n)).place(scratch)
-
-        self._tree = FieldTree(place)
-        for l, (scale, res, entries, offset, _) in enumerate(enc.levels):
-            geometry[l] = dict(scale=scale, res=res % 2 ** 32, size=entries, offset=offset)
+        self._tables = _tables(tuple((float(scale), res % 2 ** 32, entries, offset)
+                                     for scale, res, entries, offset, _ in levels),
+                               (n_workers, K, n) if private else None)
+        geometry, scratch = self._tables[1:]
 
         @ti.func
         def grid_index(lv, mode: ti.template(), p):
@@ -305,7 +315,7 @@ class _GridKernels:
 
         # -- one sample, one level: shared by the batch kernels and the in-kernel funcs --
         @ti.func
-        def level_features(weights: ti.template(), k, xs, lv, mode: ti.template()):
+        def level_features(weights: ti.template(), base, k, xs, lv, mode: ti.template()):
             p, w, _ = locate(xs, lv)
             acc = ti.Vector.zero(ti.f32, F)
             for bits in ti.static(corners()):
@@ -316,17 +326,17 @@ class _GridKernels:
             return acc
 
         @ti.func
-        def level_scatter(add: ti.template(), slot, k, xs, lv, mode: ti.template(), dy):
-            """add(slot, k, i, weight * dL/dy_f) for every corner entry i (relative to the encoding)."""
+        def level_scatter(add: ti.template(), G: ti.template(), base, slot, k, xs, lv, mode: ti.template(), dy):
+            """add(G, base, slot, k, i, weight * dL/dy_f) for every corner entry i (relative to the encoding)."""
             p, w, _ = locate(xs, lv)
             for bits in ti.static(corners()):
                 weight = corner_weight(w, bits, -1)
                 e = entry(lv, mode, p, bits)
                 for f in ti.static(range(F)):
-                    add(slot, k, e + f, weight * dy[f])
+                    add(G, base, slot, k, e + f, weight * dy[f])
 
         @ti.func
-        def level_input_gradient(weights: ti.template(), k, xs, lv, mode: ti.template(), dy):
+        def level_input_gradient(weights: ti.template(), base, k, xs, lv, mode: ti.template(), dy):
             g = ti.Vector.zero(ti.f32, D)
             if ti.static(interp != "Nearest"):
                 p, w, dw = locate(xs, lv)
@@ -366,7 +376,7 @@ class _GridKernels:
             return start, end
 
         @ti.kernel
-        def forward(weights: ti.template(), x: _f32_2d, inst: _i32_1d, y: _f32_2d, routed: ti.template()):
+        def forward(weights: ti.template(), base: ti.i32, x: _f32_2d, inst: _i32_1d, y: _f32_2d, routed: ti.template()):
             B = x.shape[0]
             for i in range(n_iterations(B)):
                 start, end = samples(i, B)
@@ -375,7 +385,7 @@ class _GridKernels:
                         lv = geometry[l]
                         for b in range(start, end):
                             k = inst[b] if ti.static(routed) else 0
-                            acc = level_features(weights, k, row(x, b, D, 0), lv, mode)
+                            acc = level_features(weights, base, k, row(x, b, D, 0), lv, mode)
                             for f in ti.static(range(F)):
                                 y[b, l * F + f] = acc[f]
                 for b in range(start, end):
@@ -383,15 +393,16 @@ class _GridKernels:
                         y[b, j] = 0.0
 
         @ti.func
-        def add_private(w_id, k, i, v):          # worker w_id owns scratch[w_id]: a plain add, no atomic
+        def add_private(G: ti.template(), base, w_id, k, i, v):   # worker w_id owns scratch[w_id]: no atomic
             scratch[w_id, k, i] = scratch[w_id, k, i] + v
 
         @ti.func
-        def add_atomic(w_id, k, i, v):
-            ti.atomic_add(grads[k, base + i], v)
+        def add_atomic(G: ti.template(), base, w_id, k, i, v):
+            ti.atomic_add(G[k, base + i], v)
 
         @ti.kernel
-        def scatter(add: ti.template(), x: _f32_2d, inst: _i32_1d, dy: _f32_2d, routed: ti.template()):
+        def scatter(add: ti.template(), G: ti.template(), base: ti.i32, x: _f32_2d, inst: _i32_1d, dy: _f32_2d,
+                    routed: ti.template()):
             B = x.shape[0]
             for i in range(n_iterations(B)):
                 start, end = samples(i, B)
@@ -401,23 +412,24 @@ class _GridKernels:
                         lv = geometry[l]
                         for b in range(start, end):
                             k = inst[b] if ti.static(routed) else 0
-                            level_scatter(add, w_id, k, row(x, b, D, 0), lv, mode, row(dy, b, F, l * F))
+                            level_scatter(add, G, base, w_id, k, row(x, b, D, 0), lv, mode, row(dy, b, F, l * F))
 
         @ti.kernel
-        def reduce_private(overwrite: ti.template()):
+        def reduce_private(G: ti.template(), base: ti.i32, overwrite: ti.template()):
             for k, i in ti.ndrange(K, n):
-                acc = 0.0 if ti.static(overwrite) else grads[k, base + i]
+                acc = 0.0 if ti.static(overwrite) else G[k, base + i]
                 for w_id in ti.static(range(n_workers)):
                     acc += scratch[w_id, k, i]
                     scratch[w_id, k, i] = 0.0
-                grads[k, base + i] = acc
+                G[k, base + i] = acc
 
         @ti.func
-        def add_owned(slot, k, i, v):            # the level's owner is the only thread writing there
-            grads[k, base + i] = grads[k, base + i] + v
+        def add_owned(G: ti.template(), base, slot, k, i, v):   # the level's owner is the only thread writing there
+            G[k, base + i] = G[k, base + i] + v
 
         @ti.kernel
-        def scatter_levels(x: _f32_2d, inst: _i32_1d, dy: _f32_2d, routed: ti.template(), overwrite: ti.template()):
+        def scatter_levels(G: ti.template(), base: ti.i32, x: _f32_2d, inst: _i32_1d, dy: _f32_2d,
+                           routed: ti.template(), overwrite: ti.template()):
             """One parallel chunk per level (chunks go to whichever thread is free): its thread owns the
             level's gradients and adds the whole batch into them, sample after sample."""
             B = x.shape[0]
@@ -429,15 +441,17 @@ class _GridKernels:
                         start = base + ti.cast(lv.offset, ti.i32) * F
                         for k in range(K):
                             for j in range(start, start + ti.cast(lv.size, ti.i32) * F):
-                                grads[k, j] = 0.0
+                                G[k, j] = 0.0
                     for mode, first, stop in ti.static(runs):
                         if first <= l < stop:
                             for b in range(B):
                                 k = inst[b] if ti.static(routed) else 0
-                                level_scatter(add_owned, 0, k, row(x, b, D, 0), lv, mode, row(dy, b, F, l * F))
+                                level_scatter(add_owned, G, base, 0, k, row(x, b, D, 0), lv, mode,
+                                              row(dy, b, F, l * F))
 
         @ti.kernel
-        def backward_input(x: _f32_2d, inst: _i32_1d, dy: _f32_2d, dx: _f32_2d, routed: ti.template()):
+        def backward_input(weights: ti.template(), base: ti.i32, x: _f32_2d, inst: _i32_1d, dy: _f32_2d, dx: _f32_2d,
+                           routed: ti.template()):
             B = x.shape[0]
             for i in range(n_iterations(B)):
                 start, end = samples(i, B)
@@ -449,23 +463,24 @@ class _GridKernels:
                         lv = geometry[l]
                         for b in range(start, end):
                             k = inst[b] if ti.static(routed) else 0
-                            g = level_input_gradient(params, k, row(x, b, D, 0), lv, mode, row(dy, b, F, l * F))
+                            g = level_input_gradient(weights, base, k, row(x, b, D, 0), lv, mode,
+                                                     row(dy, b, F, l * F))
                             for d in ti.static(range(D)):
                                 dx[b, d] = dx[b, d] + g[d]
 
-        def backward_params(x, inst, dy, routed, overwrite):
+        def backward_params(G, base, x, inst, dy, routed, overwrite):
             if private:
-                scatter(add_private, x, inst, dy, routed)
-                reduce_private(overwrite)
+                scatter(add_private, G, base, x, inst, dy, routed)
+                reduce_private(G, base, overwrite)
             elif cpu:
-                scatter_levels(x, inst, dy, routed, overwrite)
+                scatter_levels(G, base, x, inst, dy, routed, overwrite)
             else:
-                scatter(add_atomic, x, inst, dy, routed)
+                scatter(add_atomic, G, base, x, inst, dy, routed)
 
         # -- one sample inside a user's kernel --------------------------------------
-        def sample_funcs(weights, grads):
-            """``(forward, vjp)`` ti.funcs of one sample reading ``weights``; the vjp scatters dL/dθ into
-            the gradients (``grads``, the store's) atomically unless ``grads`` is None."""
+        def sample_funcs(weights, grads, base: int):
+            """``(forward, vjp)`` ti.funcs of one sample reading ``weights[k, base + i]``; the vjp scatters
+            dL/dθ into the gradients (``grads``, the store's) atomically unless ``grads`` is None."""
             with_grads = grads is not None
 
             @ti.func
@@ -473,7 +488,7 @@ class _GridKernels:
                 y = ti.Vector.zero(ti.f32, width)
                 for mode, first, stop in ti.static(runs):
                     for l in range(first, stop):
-                        acc = level_features(weights, k, xs, geometry[l], mode)
+                        acc = level_features(weights, base, k, xs, geometry[l], mode)
                         for f in ti.static(range(F)):
                             y[l * F + f] = acc[f]
                 return y
@@ -488,8 +503,8 @@ class _GridKernels:
                         for f in ti.static(range(F)):
                             dy_l[f] = dy[l * F + f]
                         if ti.static(with_grads):
-                            level_scatter(add_atomic, 0, k, xs, lv, mode, dy_l)
-                        g += level_input_gradient(weights, k, xs, lv, mode, dy_l)
+                            level_scatter(add_atomic, grads, base, 0, k, xs, lv, mode, dy_l)
+                        g += level_input_gradient(weights, base, k, xs, lv, mode, dy_l)
                 return g
 
             return forward, vjp
