@@ -147,3 +147,69 @@ def test_shampoo_roots_of_non_finite_statistics_are_nan_not_an_error():
     roots = inverse_fourth_root(a, 0.0)
     np.testing.assert_allclose(roots[0], np.eye(3) * 0.5, rtol=1e-6)
     assert np.isnan(roots[1]).all()
+
+
+def test_a_new_optimizer_is_keys_state_and_two_methods():
+    """The optimizer core: KEYS, STATE, create_state() and update() make a working optimizer (heavy-ball
+    momentum here, against NumPy), which wrappers, state_dict() and step_arrays() take as any other."""
+    import taichi as ti
+    from tinn.keys import Key, UNIT_INTERVAL
+    from tinn.optimizers.optimizer import F32_1D, I32_1D, LEARNING_RATE, Optimizer, step_arrays, zeros
+
+    @ti.kernel
+    def momentum_step(P: ti.template(), po: ti.i32, G: ti.template(), go: ti.i32, n: ti.i32, v: F32_1D,
+                      active: I32_1D, inv_scale: ti.f32, lr: F32_1D, mu: ti.f32):
+        for k, i in ti.ndrange(active.shape[0], n):
+            if active[k]:
+                v[k * n + i] = mu * v[k * n + i] + G[k, go + i] * inv_scale
+                P[k, po + i] -= lr[k] * v[k * n + i]
+
+    class Momentum(Optimizer):
+        otype = "Momentum"
+        KEYS = {"learning_rate": LEARNING_RATE, "momentum": Key(0.9, UNIT_INTERVAL, "decay of the velocity")}
+        STATE = ("velocity",)
+
+        def create_state(self):
+            self.velocity = zeros((self.n_instances * self.n_params,), ti.f32)
+
+        def update(self, active, loss_scale, lr):
+            s = self.slot
+            momentum_step(s.params, s.p_off, s.grads, s.g_off, s.n, self.velocity, active, 1.0 / loss_scale, lr,
+                          self.hparams["momentum"])
+
+    rng = np.random.default_rng(3)
+    opt = Momentum(learning_rate=0.1, momentum=0.5)
+    with pytest.raises(ValueError, match="'momentum'"):
+        Momentum(momentum=float("nan"))
+    params, ref, v = rng.random((2, 5), dtype=np.float32), None, np.zeros((2, 5))
+    ref = params.astype(np.float64)
+    for _ in range(3):
+        grads = rng.random((2, 5), dtype=np.float32)
+        step_arrays(opt, params, grads, active=[1])
+        v[1] = 0.5 * v[1] + grads[1]
+        ref[1] -= 0.1 * v[1]
+    np.testing.assert_allclose(params, ref, rtol=1e-6)
+    assert list(opt.step_counts()) == [0, 3] and set(opt.state_dict()) == {"current_step", "velocity"}
+
+    ema = tinn.optimizers.EMA(Momentum(learning_rate=0.1), decay=0.5)
+    ema.step(params, np.ones_like(params))
+    assert set(ema.state_dict()) == {"weights_ema", "nested.current_step", "nested.velocity"}
+    twin = tinn.optimizers.EMA(Momentum(learning_rate=0.1), decay=0.5)
+    twin.step(params.copy(), np.zeros_like(params))
+    twin.load_state_dict(ema.state_dict())
+    for key, value in ema.state_dict().items():
+        np.testing.assert_array_equal(twin.state_dict()[key], value)
+
+
+def test_composite_is_a_full_optimizer():
+    """Composite runs the optimizer constructor like every other optimizer (hyperparameters, runtime)."""
+    model = tinn.create_from_config(2, 1, {"encoding": {"otype": "Identity"},
+                                           "network": {"n_neurons": 16, "n_hidden_layers": 0}})
+    n = model.network.n_params
+    opt = tinn.create_optimizer({"otype": "Composite", "nested": [{"otype": "SGD", "n_params_to_optimize": n},
+                                                                  {"otype": "Ema", "n_params_to_optimize": 0}]})
+    assert opt.hparams == {} and opt.learning_rate == 1.0 and opt.hyperparams()["otype"] == "Composite"
+    trainer = tinn.Trainer(model.network, opt, model.loss)
+    trainer.training_step(np.ones((4, 2), np.float32), np.zeros((4, 1), np.float32))
+    assert list(opt.step_counts()) == [1]
+    assert {k.split(".")[0] for k in opt.state_dict()} == {"base_learning_rates", "learning_rate_factor", "nested"}

@@ -146,7 +146,7 @@ class Adam(Optimizer):
     KEYS = KEYS
     STATE = ("first_moments", "second_moments", "matrix_steps", "param_steps")
 
-    def _setup(self):
+    def create_state(self):
         K, n = self.n_instances, self.n_params
         self.first_moments, self.second_moments = zeros((K * n,), ti.f32), zeros((K * n,), ti.f32)
         self.matrix_steps = np.zeros(K, np.int32)                           # per network
@@ -177,8 +177,8 @@ class Adam(Optimizer):
             self._bias = ((b1, b2), table.astype(np.float32))
         return self._bias[1]
 
-    def _kernel_step(self, active, loss_scale, lr):
-        h, s = self.hparams, self._slot
+    def update(self, active, loss_scale, lr):
+        h, s = self.hparams, self.slot
         flags = (bool(h["adabound"]), h["gradient_clipping_magnitude"] != 0, h["clipping_magnitude"] != 0,
                  h["relative_decay"] != 0 or h["absolute_decay"] != 0, bool(h["optimize_matrix_params"]),
                  bool(h["optimize_non_matrix_params"]), bool(h["skip_zero_grad_non_matrix_params"]))

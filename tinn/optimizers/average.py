@@ -40,7 +40,7 @@ class Average(Wrapper):
     KEYS = {"n_samples": Key(128, POSITIVE_INT, "number of weight snapshots averaged")}
     STATE = ("weights_samples", "weights_average")
 
-    def _setup(self):
+    def create_state(self):
         self.weights_samples = zeros(self._ring_shape(self.hparams["n_samples"]), ti.f32)
         self.weights_average = Buffer(self.n_instances, self.n_params, "Average weights")
 
@@ -54,19 +54,19 @@ class Average(Wrapper):
         return n_samples, self.n_instances, self.n_params
 
     def _set_hparams(self, values):
-        resize = self._slot is not None and self.n_params and values["n_samples"] != self.hparams["n_samples"]
+        resize = self.slot is not None and self.n_params and values["n_samples"] != self.hparams["n_samples"]
         if resize:
             self._ring_shape(values["n_samples"])          # refuse before changing anything
         super()._set_hparams(values)
         if resize:
-            self._setup()
+            self.create_state()
 
-    def _after(self, active):
+    def after_nested(self, active):
         if self.n_params:
-            N, s = self.hparams["n_samples"], self._slot
+            N, s = self.hparams["n_samples"], self.slot
             sample = (self.nested.step_counts() % N).astype(np.int32)
             avg = self.weights_average
             _average_step(avg.field, avg.offset, s.params, s.p_off, s.n, self.weights_samples, active, sample, N)
 
-    def _custom(self):
+    def inference_weights(self):
         return (self.weights_average.field, self.weights_average.offset) if self.n_params else None

@@ -36,19 +36,20 @@ class Batched(Wrapper):
     STATE = ("averaged_gradients",)
     COUNTS_STEPS = True
 
-    def _nested_slot(self, slot):
+    def nested_slot(self, slot):
         """The nested optimizer steps on the pool: a buffer made here, before the nested allocation."""
         if not self.n_params:
             return slot
         self.averaged_gradients = pool = Buffer(self.n_instances, self.n_params, "Batched gradient pool")
         return Slot(slot.store, slot.params, slot.p_off, pool.field, pool.offset, slot.n)
 
-    def _update(self, active, loss_scale, lr_scale):
+    def _advance(self, active, loss_scale, lr_scale):
+        """Every call adds to the pool; the nested optimizer steps on every N-th call of an instance."""
         N = self.hparams["batch_size_multiplier"]
         if self.n_params:
-            pool, s = self.averaged_gradients, self._slot
-            _accumulate(pool.field, pool.offset, s.grads, s.g_off, s.n, active, (self._steps % N == 0).astype(np.int32), N)
+            pool, s, first = self.averaged_gradients, self.slot, (self._steps % N == 0).astype(np.int32)
+            _accumulate(pool.field, pool.offset, s.grads, s.g_off, s.n, active, first, N)
         self._steps += active
         fire = (active != 0) & (self._steps % N == 0)
         if fire.any():
-            self.nested._update(fire.astype(np.int32), loss_scale, lr_scale)
+            self.nested._advance(fire.astype(np.int32), loss_scale, lr_scale)

@@ -27,11 +27,11 @@ import warnings
 import numpy as np
 
 from .._kernels import copy_columns
+from ..params import Buffer
 from ..registry import create_optimizer, optimizers
 from ..keys import NON_NEGATIVE, Key, Options
-from ..params import Buffer
-from .optimizer import Optimizer, Slot, prefixed, unprefixed
-from .wrapper import Wrapper, check_learning_rate
+from .optimizer import Slot
+from .wrapper import Nesting, check_learning_rate
 
 
 def _merged(config: dict, changes: dict) -> dict:
@@ -68,21 +68,21 @@ N_PARAMS_TO_OPTIMIZE = Key(0, NON_NEGATIVE, "size of this nested optimizer's sli
 
 
 @optimizers.register("Composite")
-class Composite(Wrapper):
+class Composite(Nesting):
     """Several optimizers, each stepping its own consecutive slice of the parameters (tcnn's
     ``Composite``; see the module docstring for the keys)."""
 
     otype = "Composite"
 
     def __init__(self, nested, sizes):
-        Optimizer.__init__(self)
+        super().__init__()
         if not nested or len(nested) != len(sizes):
             raise ValueError("Composite optimizer needs a non-empty list of nested optimizers and their sizes")
         self.nested_list, self.sizes = list(nested), [int(n) for n in sizes]
         self.offsets = list(np.cumsum([0] + self.sizes[:-1]))
         self.base_learning_rates = np.array([o.learning_rate for o in self.nested_list], np.float64)
         self.learning_rate_factor = np.array(1.0)
-        self.nested = self.nested_list[0]
+        self._has_custom = False
 
     @classmethod
     def from_config(cls, config, *, otype=None):
@@ -133,54 +133,44 @@ class Composite(Wrapper):
             opt.learning_rate = float(np.float32(base) * np.float32(value))
 
     # -- allocation and stepping ------------------------------------------------------
-    def _allocate(self, slot: Slot, layer_sizes):
+    def _bind(self, slot: Slot, layer_sizes):
         total = sum(self.sizes)
         if total > slot.n:
             raise ValueError(f"Composite optimizer: n_params_to_optimize sums to {total}, "
                              f"but the model has only {slot.n} params")
-        self._bind_slot(slot, layer_sizes)
+        self._set_slot(slot, layer_sizes)
         for opt, off, n in zip(self.nested_list, self.offsets, self.sizes):
-            opt._allocate(Slot(slot.store, slot.params, slot.p_off + off, slot.grads, slot.g_off + off, n),
-                          slice_layers(self.layer_sizes, off, n))
-        self._has_custom = any(o._custom() is not None for o in self.nested_list)
+            opt._bind(Slot(slot.store, slot.params, slot.p_off + off, slot.grads, slot.g_off + off, n),
+                      slice_layers(self.layer_sizes, off, n))
+        self._has_custom = bool(self.n_params) and any(o.inference_weights() is not None for o in self.nested_list)
         if self._has_custom:
-            self.custom_weights_buffer = C = Buffer(self.n_instances, self.n_params, "Composite inference weights")
-            copy_columns(C.field, C.offset, slot.params, slot.p_off, self.n_params, np.ones(self.n_instances, np.int32))
+            self.create_state()
 
-    def _update(self, active, loss_scale, lr_scale):
-        s, C = self._slot, getattr(self, "custom_weights_buffer", None)
+    def create_state(self):
+        """The full-size inference buffer (only when a nested optimizer keeps inference weights)."""
+        slot, K = self.slot, self.n_instances
+        self.custom_weights_buffer = C = Buffer(K, self.n_params, "Composite inference weights")
+        copy_columns(C.field, C.offset, slot.params, slot.p_off, self.n_params, np.ones(K, np.int32))
+
+    def _advance(self, active, loss_scale, lr_scale):
+        s, C = self.slot, getattr(self, "custom_weights_buffer", None)
         for opt, off, n in zip(self.nested_list, self.offsets, self.sizes):
-            opt._update(active, loss_scale, lr_scale)
+            opt._advance(active, loss_scale, lr_scale)
             if self._has_custom:
-                copy_columns(C.field, C.offset + off, *(opt._custom() or (s.params, s.p_off + off)), n, active)
+                copy_columns(C.field, C.offset + off, *(opt.inference_weights() or (s.params, s.p_off + off)), n,
+                             active)
         if self._has_custom:                               # the unoptimized tail mirrors the parameters
             total = sum(self.sizes)
             copy_columns(C.field, C.offset + total, s.params, s.p_off + total, self.n_params - total, active)
 
-    def _custom(self):
-        if self._slot is None or not self._has_custom:
-            return None
-        return self.custom_weights_buffer.field, self.custom_weights_buffer.offset
+    def _children(self):
+        return [(f"nested.{i}", opt) for i, opt in enumerate(self.nested_list)]
 
-    # -- state ------------------------------------------------------------------------
-    def _own_state(self):
-        state = {"base_learning_rates": self.base_learning_rates.copy(),
-                 "learning_rate_factor": self.learning_rate_factor.copy()}
+    def inference_weights(self):
+        return (self.custom_weights_buffer.field, self.custom_weights_buffer.offset) if self._has_custom else None
+
+    def state_arrays(self):
+        state = {"base_learning_rates": self.base_learning_rates, "learning_rate_factor": self.learning_rate_factor}
         if self._has_custom:
-            state["custom_weights"] = self.custom_weights_buffer.to_numpy()
+            state["custom_weights"] = self.custom_weights_buffer
         return state
-
-    def state_dict(self):
-        self._require_allocated()
-        state = self._own_state()
-        for i, opt in enumerate(self.nested_list):
-            state.update(prefixed(f"nested.{i}", opt.state_dict()))
-        return state
-
-    def _load_state(self, state):
-        self.base_learning_rates[...] = state["base_learning_rates"]
-        self.learning_rate_factor = state["learning_rate_factor"].copy()
-        if self._has_custom:
-            self.custom_weights_buffer.from_numpy(state["custom_weights"])
-        for i, opt in enumerate(self.nested_list):
-            opt._load_state(unprefixed(f"nested.{i}", state))

@@ -41,11 +41,11 @@ class EMA(Wrapper):
             "full_precision": Key(False, doc="accepted and reported; tinn's average is float32 always")}
     STATE = ("weights_ema",)
 
-    def _setup(self):
+    def create_state(self):
         self.weights_ema = E = Buffer(self.n_instances, self.n_params, "EMA weights")
-        copy_columns(E.field, E.offset, *self._nested_weights(), self.n_params, np.ones(self.n_instances, np.int32))
+        copy_columns(E.field, E.offset, *self.nested_weights(), self.n_params, np.ones(self.n_instances, np.int32))
 
-    def _after(self, active):
+    def after_nested(self, active):
         if not self.n_params:
             return
         t = self.nested.step_counts()
@@ -56,8 +56,8 @@ class EMA(Wrapper):
             debias_new = one / (one - np.power(np.float64(d), t).astype(np.float32))
         mask = (active != 0) & (t > 0)
         E = self.weights_ema
-        _ema_step(E.field, E.offset, *self._nested_weights(), self.n_params, mask.astype(np.int32), d, debias_old,
+        _ema_step(E.field, E.offset, *self.nested_weights(), self.n_params, mask.astype(np.int32), d, debias_old,
                   debias_new.astype(np.float32))
 
-    def _custom(self):
+    def inference_weights(self):
         return (self.weights_ema.field, self.weights_ema.offset) if self.n_params else None

@@ -36,12 +36,11 @@ class ExponentialDecay(Wrapper):
             "decay_end": Key(10000000, NON_NEGATIVE, "no decay after this step")}
     STATE = ("learning_rate_factor",)
 
-    def _bind_slot(self, slot, layer_sizes):
-        super()._bind_slot(slot, layer_sizes)
+    def create_state(self):
         self.learning_rate_factor = np.ones(self.n_instances, np.float32)
 
     def _factor(self) -> np.float32:
-        return self.learning_rate_factor[0] if self._slot is not None else np.float32(1)
+        return self.learning_rate_factor[0] if self.slot is not None and self.n_params else np.float32(1)
 
     @property
     def learning_rate(self) -> float:
@@ -51,7 +50,9 @@ class ExponentialDecay(Wrapper):
     def learning_rate(self, value: float):
         self.nested.learning_rate = float(np.float32(check_learning_rate(self, value)) / self._factor())
 
-    def _nested_lr_scale(self, active, lr_scale):
+    def nested_lr_scale(self, active, lr_scale):
+        if not self.n_params:
+            return lr_scale
         h, f = self.hparams, self.learning_rate_factor
         s = self.nested.step_counts()
         on = active != 0

@@ -41,19 +41,19 @@ class Lookahead(Wrapper):
             "n_steps": Key(16, POSITIVE_INT, "fast steps between synchronisations")}
     STATE = ("weights_lookahead",)
 
-    def _setup(self):
+    def create_state(self):
         self.weights_lookahead = slow = Buffer(self.n_instances, self.n_params, "Lookahead weights")
-        copy_columns(slow.field, slow.offset, self._slot.params, self._slot.p_off, self.n_params,
+        copy_columns(slow.field, slow.offset, self.slot.params, self.slot.p_off, self.n_params,
                      np.ones(self.n_instances, np.int32))
 
-    def _before(self, active):
+    def before_nested(self, active):
         if self.n_params:
             s = self.nested.step_counts()
             on = active != 0
             copy, blend = on & (s == 0), on & (s % self.hparams["n_steps"] == 0)
-            slow, s = self.weights_lookahead, self._slot
+            slow, s = self.weights_lookahead, self.slot
             _lookahead_step(slow.field, slow.offset, s.params, s.p_off, s.n, copy.astype(np.int32),
                             blend.astype(np.int32), self.hparams["alpha"])
 
-    def _custom(self):
+    def inference_weights(self):
         return (self.weights_lookahead.field, self.weights_lookahead.offset) if self.n_params else None

@@ -53,7 +53,7 @@ class Novograd(Optimizer):
             "relative_decay": RELATIVE_DECAY, "absolute_decay": ABSOLUTE_DECAY}
     STATE = ("first_moments", "per_layer_second_moments")
 
-    def _setup(self):
+    def create_state(self):
         K, sizes = self.n_instances, [r * c for r, c in self.layer_sizes]
         self.first_moments = zeros((K, self.n_params), ti.f32)
         self.per_layer_second_moments = zeros((K, len(sizes)), ti.f32) if sizes else np.zeros((K, 0), np.float32)
@@ -61,9 +61,9 @@ class Novograd(Optimizer):
             self._layer_start = np.cumsum([0] + sizes).astype(np.int32)
             self._layer_of = np.repeat(np.arange(len(sizes), dtype=np.int32), sizes)
 
-    def _kernel_step(self, active, loss_scale, lr):
+    def update(self, active, loss_scale, lr):
         if self.n_matrix:
-            h, s = self.hparams, self._slot
+            h, s = self.hparams, self.slot
             _novograd_step(s.params, s.p_off, s.grads, s.g_off, self.n_matrix, self.first_moments,
                            self.per_layer_second_moments, self._layer_start, self._layer_of, active,
                            self._steps.astype(np.int32), loss_scale, lr, h["beta1"], h["beta2"], h["epsilon"],

@@ -15,14 +15,17 @@ never recompiles. The learning rate reaches a kernel as a per-instance ``(K,)``
 array, ``learning_rate * lr_scale``: wrappers such as ``ExponentialDecay`` scale it
 per network without touching the nested optimizer's configured value.
 
-Internals shared with the wrappers (``wrapper.py``):
+Writing an optimizer (the whole contract; wrappers: see ``wrapper.py``):
 
-* ``_allocate(slot, layer_sizes)`` — a :class:`Slot` says where this optimizer's
-  weights and gradients live (a field and an offset each, so a ``Composite`` can
-  hand out slices and ``Batched`` its gradient pool);
-* ``_update(active, loss_scale, lr_scale)`` — one step of the active instances;
-* ``_custom()`` — ``(field, offset)`` of separate inference weights (tcnn's
-  ``custom_weights``: EMA, Average, Lookahead, Composite) or ``None``.
+* ``KEYS`` — its config keys (:class:`~tinn.keys.Key`: default, rule, doc);
+* ``STATE`` — the names of its state arrays, which ``state_dict()`` saves;
+* ``create_state()`` — allocate them, once ``n_instances``, ``n_params``, ``n_matrix``,
+  ``layer_sizes`` and ``slot`` (where its weights and gradients live) are set;
+* ``update(active, loss_scale, lr)`` — one step of the instances with ``active[k] != 0``;
+* ``inference_weights()`` — ``(field, offset)`` of separate inference weights (tcnn's
+  ``custom_weights``), if it keeps any.
+
+Stepping numpy arrays is the free function :func:`step_arrays`.
 """
 from __future__ import annotations
 
@@ -94,17 +97,17 @@ def l2_reg(default: float) -> Key:
 
 
 class Optimizer(Object, RuntimeBound):
-    """Base of every optimizer: hyperparameters, allocation, stepping, state.
+    """Base of every optimizer: hyperparameters, allocation, stepping, state (module docstring).
 
-    Subclasses declare ``KEYS`` (key -> :class:`~tinn.keys.Key`: default, rule, doc), and implement
-    ``_setup()`` (state: ``ti.ndarray``s, numpy arrays, or a :class:`~tinn.params.Buffer` for arrays
-    that kernels read as fields, such as averaged weights) and ``_kernel_step(active, loss_scale, lr)``.
-    ``STATE`` names the attributes (buffers, ndarrays or numpy arrays) that ``state_dict()`` saves
-    besides the step counter.
+    State arrays are ``ti.ndarray``s (see :func:`zeros`), numpy arrays, or, for arrays that
+    model kernels read as fields (inference weights, a gradient pool), :class:`~tinn.params.Buffer`\ s.
+    ``COUNTS_STEPS``: the optimizer keeps (and saves) its own step counter; the others
+    report their first nested optimizer's.
     """
 
     KEYS: dict = {}
     STATE: tuple = ()
+    COUNTS_STEPS = True
 
     def __init__(self, **hparams):
         self._bind_runtime()
@@ -112,7 +115,7 @@ class Optimizer(Object, RuntimeBound):
         if unknown:
             raise TypeError(f"{self.otype} got unknown hyperparameters {sorted(unknown)}")
         self.hparams = Options("optimizer", self.otype, hparams).read(self.KEYS)
-        self._slot: Slot | None = None
+        self.slot: Slot | None = None
         self.n_params, self.n_instances, self.n_matrix, self.layer_sizes = 0, 1, 0, []
 
     # -- configuration -------------------------------------------------------------
@@ -154,8 +157,8 @@ class Optimizer(Object, RuntimeBound):
         With a model's ``store``, every step then fills the store's inference weights: with
         this optimizer's averaged weights if it keeps any (EMA, Average, Lookahead, Composite),
         else with the trained weights.
-        Without one, the optimizer works on numpy arrays (``step(params, gradients)``)
-        staged through a scratch store.
+        Without one, the optimizer works on numpy arrays (:func:`step_arrays`) staged through
+        a scratch store.
         """
         self._check_runtime()
         model_store = store is not None
@@ -163,18 +166,18 @@ class Optimizer(Object, RuntimeBound):
         if (store.n_instances, store.n_params) != (n_instances, n_params):
             raise ValueError(f"store holds {store.n_instances} x {store.n_params} params, "
                              f"not {n_instances} x {n_params}")
-        self._allocate(Slot(store, store.params, store.offset, store.grads, store.offset, n_params), layer_sizes)
+        self._bind(Slot(store, store.params, store.offset, store.grads, store.offset, n_params), layer_sizes)
         if model_store:
             self._publish(np.ones(n_instances, np.int32))
 
-    def _allocate(self, slot: Slot, layer_sizes):
-        self._bind_slot(slot, layer_sizes)
+    def _bind(self, slot: Slot, layer_sizes):
+        """Use ``slot``'s weights and gradients, and create the state for them."""
+        self._set_slot(slot, layer_sizes)
         if self.n_params:
-            self._setup()
+            self.create_state()
 
-    def _bind_slot(self, slot: Slot, layer_sizes):
-        """Record where the weights live."""
-        self._slot = slot
+    def _set_slot(self, slot: Slot, layer_sizes):
+        self.slot = slot
         self.n_instances, self.n_params = slot.store.n_instances, slot.n
         self.layer_sizes = [(int(r), int(c)) for r, c in layer_sizes]
         self.n_matrix = sum(r * c for r, c in self.layer_sizes)
@@ -182,64 +185,45 @@ class Optimizer(Object, RuntimeBound):
             raise ValueError(f"layer_sizes cover {self.n_matrix} params, more than the {self.n_params} to optimize")
         self._steps = np.zeros(self.n_instances, np.int64)
 
-    def _setup(self):
-        """Allocate state (called once the slot exists, n_params > 0)."""
+    def create_state(self):
+        """Allocate the state arrays named in ``STATE`` (called once bound, when ``n_params > 0``)."""
 
     def _require_allocated(self):
         self._check_runtime()
-        if self._slot is None:
+        if self.slot is None:
             raise RuntimeError(f"{self.otype} optimizer is not allocated yet: call allocate() or step() first")
 
     # -- stepping ------------------------------------------------------------------
     def step(self, target, gradients=None, *, loss_scale: float = 1.0, active=None):
         """Update ``target``'s parameters from its gradients.
 
-        ``target`` is a model (anything with parameters) or a float32 numpy array of
-        parameters, updated in place from the numpy array ``gradients`` of the same shape.
+        ``target`` is a model (anything with parameters), or a float32 numpy array of
+        parameters updated in place from the numpy array ``gradients`` (:func:`step_arrays`).
         ``active`` lists the instances that received samples (default: all).
         """
         self._check_runtime()
-        if isinstance(target, ParametricObject):
-            store = target.store
-            if self._slot is None or self._slot.store is not store:
-                self.allocate(target.n_params, target.layer_sizes(), target.n_instances, store)
-            self._publish(self._step_store(loss_scale, active))
+        if not isinstance(target, ParametricObject):
+            step_arrays(self, target, gradients, loss_scale=loss_scale, active=active)
             return
-        params = target
-        if not isinstance(params, np.ndarray) or params.dtype != np.float32 or not params.flags.c_contiguous:
-            raise TypeError("step() takes a model, or a contiguous float32 numpy array of parameters")
-        grads = np.asarray(gradients, dtype=np.float32)
-        if grads.shape != params.shape:
-            raise ValueError(f"gradients must have the parameters' shape {params.shape}, got {grads.shape}")
-        flat = params.reshape(-1, params.shape[-1])
-        store = None if self._slot is None else self._slot.store
-        if store is None or (store.n_instances, store.n_params) != flat.shape:
-            self.allocate(flat.shape[1], [(1, flat.shape[1])], flat.shape[0])
-            store = self._slot.store
-        store.write(store.params, store.offset, flat)
-        store.write(store.grads, store.offset, grads.reshape(flat.shape))
-        self._step_store(loss_scale, active)
-        flat[...] = store.read(store.params, store.offset, flat.shape[1])
-
-    def _step_store(self, loss_scale, active):
-        mask = np.ones(self.n_instances, np.int32)
-        if active is not None:
-            mask[:] = 0
-            mask[np.asarray(active, dtype=np.int64)] = 1
-        self._update(mask, float(loss_scale), None)
-        return mask
+        store = target.store
+        if self.slot is None or self.slot.store is not store:
+            self.allocate(target.n_params, target.layer_sizes(), target.n_instances, store)
+        mask = active_mask(self.n_instances, active)
+        self._advance(mask, float(loss_scale), None)
+        self._publish(mask)
 
     def _publish(self, active: np.ndarray):
         """Fill the model store's inference weights of the ``active`` instances: this optimizer's
         averaged weights (tcnn's ``custom_weights``) or the trained ones."""
-        slot = self._slot
-        slot.store.publish(*(self._custom() or (slot.params, slot.p_off)), active)
+        slot = self.slot
+        slot.store.publish(*(self.inference_weights() or (slot.params, slot.p_off)), active)
 
-    def _update(self, active: np.ndarray, loss_scale: float, lr_scale):
-        """One step for the instances with ``active[k] != 0`` (int32 mask); ``lr_scale`` (K,) or None."""
+    def _advance(self, active: np.ndarray, loss_scale: float, lr_scale):
+        """Count and run one step of the instances with ``active[k] != 0`` (int32 mask); ``lr_scale``
+        (K,) or None scales the learning rate (a wrapper's schedule)."""
         self._steps += active
         if self.n_params:
-            self._kernel_step(active, loss_scale, self._lr_array(lr_scale))
+            self.update(active, loss_scale, self._lr_array(lr_scale))
 
     def _lr_array(self, lr_scale) -> np.ndarray:
         lr = np.float32(self.learning_rate)
@@ -247,51 +231,48 @@ class Optimizer(Object, RuntimeBound):
             return np.full(self.n_instances, lr, np.float32)
         return (lr * lr_scale).astype(np.float32)
 
-    def _kernel_step(self, active, loss_scale, lr):
-        raise NotImplementedError
+    def update(self, active: np.ndarray, loss_scale: float, lr: np.ndarray):
+        """One step of the instances with ``active[k] != 0`` on ``slot``: gradients divided by
+        ``loss_scale``, learning rate ``lr[k]`` per instance."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement update()")
+
+    def _children(self) -> list:
+        """``(state prefix, optimizer)`` of the nested optimizers."""
+        return []
 
     def step_counts(self) -> np.ndarray:
         """Completed steps per instance, ``(n_instances,)`` (tcnn's ``step()``)."""
         self._require_allocated()
-        return self._steps.copy()
+        return self._steps.copy() if self.COUNTS_STEPS else self._children()[0][1].step_counts()
 
     # -- inference weights ---------------------------------------------------------
-    def _custom(self):
-        """``(field, offset)`` of separate inference weights, or ``None``."""
+    def inference_weights(self):
+        """``(field, offset)`` of separate inference weights, or ``None`` (inference reads the trained ones)."""
         return None
 
     def custom_weights(self):
         """The separate inference weights (tcnn's ``custom_weights``) as numpy, or ``None``."""
         self._require_allocated()
-        custom = self._custom()
+        custom = self.inference_weights()
         if custom is None:
             return None
-        values = self._slot.read(*custom)
+        values = self.slot.read(*custom)
         return values[0] if self.n_instances == 1 else values
 
     # -- state ---------------------------------------------------------------------
+    def state_arrays(self) -> dict:
+        """The state arrays by name (``STATE``; none before any parameter exists)."""
+        return {name: getattr(self, name) for name in self.STATE} if self.n_params else {}
+
     def state_dict(self) -> dict:
         """Everything needed to resume: numpy arrays by name (nested optimizers' keys prefixed)."""
         self._require_allocated()
-        return {"current_step": self._steps.copy(), **self._own_state()}
-
-    def _own_state(self) -> dict:
-        out = {}
-        for name in self._state_names():
-            value = getattr(self, name)
-            out[name] = value.copy() if isinstance(value, np.ndarray) else value.to_numpy()
-        return out
-
-    def _state_names(self):
-        return self.STATE if self.n_params else ()
-
-    def _load_own(self, state: dict):
-        for name in self._state_names():
-            value = getattr(self, name)
-            if isinstance(value, np.ndarray):
-                value[...] = state[name]
-            else:
-                value.from_numpy(np.ascontiguousarray(state[name]))
+        state = {"current_step": self._steps.copy()} if self.COUNTS_STEPS else {}
+        for name, value in self.state_arrays().items():
+            state[name] = value.copy() if isinstance(value, np.ndarray) else value.to_numpy()
+        for prefix, child in self._children():
+            state.update(prefixed(prefix, child.state_dict()))
+        return state
 
     def load_state_dict(self, state: dict):
         """Restore :meth:`state_dict`; checks every array before changing anything."""
@@ -300,8 +281,45 @@ class Optimizer(Object, RuntimeBound):
         self._load_state(state)
 
     def _load_state(self, state: dict):
-        self._steps[...] = state["current_step"]
-        self._load_own(state)
+        if self.COUNTS_STEPS:
+            self._steps[...] = state["current_step"]
+        for name, value in self.state_arrays().items():
+            if isinstance(value, np.ndarray):
+                value[...] = state[name]
+            else:
+                value.from_numpy(np.ascontiguousarray(state[name]))
+        for prefix, child in self._children():
+            child._load_state(unprefixed(prefix, state))
+
+
+def active_mask(n_instances: int, active) -> np.ndarray:
+    """int32 ``(n_instances,)``: 1 for the instances listed in ``active`` (all for ``None``)."""
+    if active is None:
+        return np.ones(n_instances, np.int32)
+    mask = np.zeros(n_instances, np.int32)
+    mask[np.asarray(active, dtype=np.int64)] = 1
+    return mask
+
+
+def step_arrays(optimizer: Optimizer, params: np.ndarray, gradients, *, loss_scale: float = 1.0, active=None):
+    """One step of ``optimizer`` on numpy arrays: ``params`` (float32, C-contiguous, ``(n,)`` or
+    ``(K, n)``) is updated in place from ``gradients`` of the same shape. The optimizer is
+    (re)allocated for that shape on first use, all parameters as one matrix."""
+    optimizer._check_runtime()
+    if not isinstance(params, np.ndarray) or params.dtype != np.float32 or not params.flags.c_contiguous:
+        raise TypeError("step() takes a model, or a contiguous float32 numpy array of parameters")
+    grads = np.asarray(gradients, dtype=np.float32)
+    if grads.shape != params.shape:
+        raise ValueError(f"gradients must have the parameters' shape {params.shape}, got {grads.shape}")
+    flat = params.reshape(-1, params.shape[-1])
+    store = None if optimizer.slot is None else optimizer.slot.store
+    if store is None or (store.n_instances, store.n_params) != flat.shape:
+        optimizer.allocate(flat.shape[1], [(1, flat.shape[1])], flat.shape[0])
+        store = optimizer.slot.store
+    store.write(store.params, store.offset, flat)
+    store.write(store.grads, store.offset, grads.reshape(flat.shape))
+    optimizer._advance(active_mask(optimizer.n_instances, active), float(loss_scale), None)
+    flat[...] = store.read(store.params, store.offset, flat.shape[1])
 
 
 def check_state(expected: dict, state, what: str):

@@ -23,6 +23,6 @@ class SGD(Optimizer):
     otype = "SGD"
     KEYS = {"learning_rate": LEARNING_RATE, "l2_reg": l2_reg(1e-8)}
 
-    def _kernel_step(self, active, loss_scale, lr):
-        s = self._slot
+    def update(self, active, loss_scale, lr):
+        s = self.slot
         _sgd_step(s.params, s.p_off, s.grads, s.g_off, s.n, active, loss_scale, lr, self.hparams["l2_reg"])

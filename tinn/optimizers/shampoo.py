@@ -64,8 +64,7 @@ class Shampoo(Optimizer):
             "l2_reg": l2_reg(1e-5), "relative_decay": RELATIVE_DECAY, "absolute_decay": ABSOLUTE_DECAY,
             "frobenius_normalization": Key(True, doc="rescale the step to the momentum's Frobenius norm")}
 
-    def _bind_slot(self, slot, layer_sizes):
-        super()._bind_slot(slot, layer_sizes)
+    def create_state(self):
         K, n = self.n_instances, self.n_params
         zeros = lambda *shape: np.zeros(shape, np.float32)  # noqa: E731
         self.first_moments, self.second_moments = zeros(K, n), zeros(K, n)
@@ -80,18 +79,14 @@ class Shampoo(Optimizer):
             else:
                 self.batches.append([j])
 
-    def _own_state(self):
-        state = {"first_moments": self.first_moments.copy(), "second_moments": self.second_moments.copy(),
-                 "shampoo_momentum": self.shampoo_momentum.copy()}
-        for name in ("L", "R", "L_root", "R_root"):
-            state.update({f"{name}.{j}": a.copy() for j, a in enumerate(getattr(self, name))})
+    def state_arrays(self):
+        if not self.n_params:
+            return {}
+        state = {"first_moments": self.first_moments, "second_moments": self.second_moments,
+                 "shampoo_momentum": self.shampoo_momentum}
+        for name in ("L", "R", "L_root", "R_root"):                 # one matrix per layer
+            state.update({f"{name}.{j}": a for j, a in enumerate(getattr(self, name))})
         return state
-
-    def _load_own(self, state):
-        for key, value in self._own_state().items():
-            name, _, j = key.partition(".")
-            target = getattr(self, name)
-            (target[int(j)] if j else target)[...] = state[key]
 
     def _averages(self, decay, t):
         """Debiased ``(alpha, beta)`` per instance for completed steps ``t`` (tcnn's ``debiased_alpha_beta``)."""
@@ -101,11 +96,11 @@ class Shampoo(Optimizer):
         beta = d * (np.float32(1) - d ** t.astype(np.float32)) / debias
         return alpha.astype(np.float32), beta.astype(np.float32)
 
-    def _kernel_step(self, active, loss_scale, lr):
+    def update(self, active, loss_scale, lr):
         rows = np.flatnonzero(active)
         if not len(rows):
             return
-        h, s = self.hparams, self._slot
+        h, s = self.hparams, self.slot
         params = s.read(s.params, s.p_off)
         w = params[rows]
         raw = s.read(s.grads, s.g_off)[rows] / np.float32(loss_scale)

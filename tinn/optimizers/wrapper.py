@@ -7,13 +7,18 @@ inference weights to its nested optimizer unless it overrides them;
 ``update_hyperparams`` changes its own keys, forwards ``nested``, and treats a
 top-level ``learning_rate`` as tcnn's ``set_learning_rate``. ``state_dict()`` holds
 the wrapper's own arrays plus the nested state under ``nested.``.
-"""
 
-import numpy as np
+Writing a wrapper: ``KEYS``, ``STATE`` and ``create_state()`` as any optimizer (the nested
+optimizer is bound first), then ``before_nested(active)`` and / or ``after_nested(active)``
+around the nested step; ``nested_lr_scale(active, lr_scale)`` to scale the nested learning
+rate (a schedule); ``nested_slot(slot)`` to hand the nested optimizer other gradients (a
+pool); ``inference_weights()`` for averaged weights (``nested_weights()`` gives the weights
+to average: the nested optimizer's own inference weights, else the trained ones).
+"""
 
 from ..registry import create_optimizer
 from ..keys import Options
-from .optimizer import LEARNING_RATE, Optimizer, Slot, prefixed, unprefixed
+from .optimizer import LEARNING_RATE, Optimizer, Slot
 
 
 def check_learning_rate(optimizer, value) -> float:
@@ -21,15 +26,36 @@ def check_learning_rate(optimizer, value) -> float:
     return LEARNING_RATE.convert(value, f"optimizer '{optimizer.otype}'", "learning_rate")
 
 
-class Wrapper(Optimizer):
-    """An optimizer wrapped around ``self.nested``.
+class Nesting(Optimizer):
+    """An optimizer made of nested ones (:class:`Wrapper`: one; ``Composite``: one per slice).
 
-    Subclasses hook into a step with ``_before(active)`` / ``_after(active)`` (around
-    the nested step) or ``_nested_lr_scale``; ``COUNTS_STEPS`` makes the wrapper keep
-    its own step counter (Batched) instead of reporting the nested one.
+    ``update_hyperparams`` validates its own keys, hands ``nested`` to ``_update_nested`` and
+    treats a top-level ``learning_rate`` as tcnn's ``set_learning_rate``; the step counts are
+    the first nested optimizer's.
     """
 
     COUNTS_STEPS = False
+
+    def update_hyperparams(self, config: dict):
+        if not isinstance(config, dict):
+            raise TypeError(f"optimizer hyperparameters must be a dict, got {type(config).__name__}")
+        own = self._validated({k: v for k, v in config.items() if k not in ("otype", "nested", "learning_rate")})
+        lr = check_learning_rate(self, config["learning_rate"]) if "learning_rate" in config else None
+        if "nested" in config:
+            self._update_nested(config["nested"])
+        self._set_hparams(own)
+        if lr is not None:
+            self.learning_rate = lr
+
+    def _update_nested(self, config):
+        raise NotImplementedError
+
+    def _set_hparams(self, values: dict):
+        self.hparams = values
+
+
+class Wrapper(Nesting):
+    """An optimizer wrapped around ``self.nested`` (module docstring)."""
 
     def __init__(self, nested=None, **hparams):
         super().__init__(**hparams)
@@ -53,22 +79,8 @@ class Wrapper(Optimizer):
     def hyperparams(self):
         return {"otype": self.otype, "nested": self.nested.hyperparams(), **self.hparams}
 
-    def update_hyperparams(self, config: dict):
-        if not isinstance(config, dict):
-            raise TypeError(f"optimizer hyperparameters must be a dict, got {type(config).__name__}")
-        own = self._validated({k: v for k, v in config.items() if k not in ("otype", "nested", "learning_rate")})
-        lr = check_learning_rate(self, config["learning_rate"]) if "learning_rate" in config else None
-        if "nested" in config:
-            self._update_nested(config["nested"])
-        self._set_hparams(own)
-        if lr is not None:
-            self.learning_rate = lr
-
     def _update_nested(self, config):
         self.nested.update_hyperparams(config)
-
-    def _set_hparams(self, values: dict):
-        self.hparams = values
 
     @property
     def learning_rate(self) -> float:
@@ -79,49 +91,37 @@ class Wrapper(Optimizer):
         self.nested.learning_rate = check_learning_rate(self, value)
 
     # -- allocation and stepping ---------------------------------------------------------
-    def _allocate(self, slot: Slot, layer_sizes):
-        self._bind_slot(slot, layer_sizes)
-        self.nested._allocate(self._nested_slot(slot), layer_sizes)
+    def _bind(self, slot: Slot, layer_sizes):
+        self._set_slot(slot, layer_sizes)
+        self.nested._bind(self.nested_slot(slot) if self.n_params else slot, layer_sizes)
         if self.n_params:
-            self._setup()
+            self.create_state()
 
-    def _nested_slot(self, slot: Slot) -> Slot:
+    def nested_slot(self, slot: Slot) -> Slot:
+        """Where the nested optimizer finds its weights and gradients (default: the same)."""
         return slot
 
-    def _update(self, active, loss_scale, lr_scale):
-        self._before(active)
-        self.nested._update(active, loss_scale, self._nested_lr_scale(active, lr_scale))
-        self._after(active)
+    def _advance(self, active, loss_scale, lr_scale):
+        self.before_nested(active)
+        self.nested._advance(active, loss_scale, self.nested_lr_scale(active, lr_scale))
+        self.after_nested(active)
 
-    def _before(self, active):
-        """Runs before the nested step."""
+    def before_nested(self, active):
+        """Runs before each nested step."""
 
-    def _after(self, active):
-        """Runs after the nested step."""
+    def after_nested(self, active):
+        """Runs after each nested step."""
 
-    def _nested_lr_scale(self, active, lr_scale):
+    def nested_lr_scale(self, active, lr_scale):
+        """The learning-rate scale (K,) passed to the nested step (default: unchanged)."""
         return lr_scale
 
-    def step_counts(self) -> np.ndarray:
-        return super().step_counts() if self.COUNTS_STEPS else self.nested.step_counts()
+    def _children(self):
+        return [("nested", self.nested)]
 
-    def _custom(self):
-        return self.nested._custom()
+    def inference_weights(self):
+        return self.nested.inference_weights()
 
-    def _nested_weights(self):
+    def nested_weights(self):
         """``(field, offset)`` of the nested optimizer's inference weights: its own, else the trained ones."""
-        return self.nested._custom() or (self._slot.params, self._slot.p_off)
-
-    # -- state -----------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        self._require_allocated()
-        state = {"current_step": self._steps.copy()} if self.COUNTS_STEPS else {}
-        state.update(self._own_state())
-        state.update(prefixed("nested", self.nested.state_dict()))
-        return state
-
-    def _load_state(self, state: dict):
-        if self.COUNTS_STEPS:
-            self._steps[...] = state["current_step"]
-        self._load_own(state)
-        self.nested._load_state(unprefixed("nested", state))
+        return self.nested.inference_weights() or (self.slot.params, self.slot.p_off)
