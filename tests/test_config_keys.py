@@ -239,3 +239,12 @@ def test_keys_are_documented_from_the_table():
 def test_stacked_exponential_activations_warn():
     with pytest.warns(UserWarning, match="Exponential"):
         tinn.create_network(16, 1, {"n_neurons": 16, "n_hidden_layers": 3, "activation": "Exponential"})
+
+
+def test_a_refused_update_changes_no_nested_optimizer_either():
+    opt = tinn.create_optimizer({"otype": "Average", "n_samples": 4, "nested": {"otype": "Adam"}})
+    opt.step(np.zeros((2, 1000), np.float32), np.ones((2, 1000), np.float32))
+    before = opt.hyperparams()
+    with pytest.raises(ValueError, match="'n_samples'"):
+        opt.update_hyperparams({"n_samples": 2 ** 21, "nested": {"learning_rate": 0.5}})
+    assert opt.hyperparams() == before

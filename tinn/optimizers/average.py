@@ -53,10 +53,14 @@ class Average(Wrapper):
                              f"{INT32_MAX} one array can hold")
         return n_samples, self.n_instances, self.n_params
 
+    def _validated(self, changes):
+        values = super()._validated(changes)
+        if self.slot is not None and self.n_params:
+            self._ring_shape(values["n_samples"])          # refused before anything (nested included) changes
+        return values
+
     def _set_hparams(self, values):
         resize = self.slot is not None and self.n_params and values["n_samples"] != self.hparams["n_samples"]
-        if resize:
-            self._ring_shape(values["n_samples"])          # refuse before changing anything
         super()._set_hparams(values)
         if resize:
             self.create_state()
