@@ -23,6 +23,7 @@ F32_2D = ti.types.ndarray(dtype=ti.f32, ndim=2)
 F32_3D = ti.types.ndarray(dtype=ti.f32, ndim=3)
 I32_1D = ti.types.ndarray(dtype=ti.i32, ndim=1)
 I32_2D = ti.types.ndarray(dtype=ti.i32, ndim=2)
+I64_1D = ti.types.ndarray(dtype=ti.i64, ndim=1)
 
 CHUNK = 1024
 """Columns per parallel task of the copies."""
@@ -50,8 +51,9 @@ def specialised(factory):
     return get
 
 
-def static_chunks(items, size: int):
-    """``items`` cut into consecutive lists of at most ``size`` (for ``ti.static`` unrolling in blocks)."""
+def static_chunks(items, size: int = 32):
+    """``items`` cut into consecutive lists of at most ``size``: static loops of at most 32 iterations
+    (Taichi warns about longer unrolled loops)."""
     items = list(items)
     return [items[i:i + size] for i in range(0, len(items), size)]
 

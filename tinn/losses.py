@@ -19,31 +19,29 @@ RelativeL1's, Smape's, the luminance) are constants here too, so those gradients
 the first offending row, before any kernel runs. A non-finite ``prediction`` (a diverged
 network) is not an error: it gives a non-finite loss, as in tcnn.
 """
-import functools
 
 import numpy as np
 import taichi as ti
 
-from ._runtime import RuntimeBound, to_numpy, as_batch, as_instances, current_program
+from ._kernels import F32_1D, F32_2D, specialised
+from ._runtime import RuntimeBound, to_numpy, as_batch, as_instances
 from .registry import losses
 from .keys import Options
 from .object import Object
 from .routing import Routing
 
-_f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
-_f32_1d = ti.types.ndarray(dtype=ti.f32, ndim=1)
 _ONE = np.ones((1, 1), np.float32)         # the pdf argument of an unweighted evaluation (never read)
 
 
-@functools.lru_cache(maxsize=None)
-def _kernel(program, cls):
+@specialised
+def _kernel(cls):
     terms = cls.terms()
     has_context = cls.context is not None
     context = cls.context() if has_context else None
 
     @ti.kernel
-    def evaluate(pred: _f32_2d, target: _f32_2d, pdf: _f32_2d, weighted: ti.template(), inv_n: _f32_1d,
-                 loss_scale: ti.f32, grad: _f32_2d, row_loss: _f32_1d):
+    def evaluate(pred: F32_2D, target: F32_2D, pdf: F32_2D, weighted: ti.template(), inv_n: F32_1D,
+                 loss_scale: ti.f32, grad: F32_2D, row_loss: F32_1D):
         B, D, P = pred.shape[0], target.shape[1], pred.shape[1]
         for b in range(B):
             acc = 0.0
@@ -147,7 +145,7 @@ class Loss(Object, RuntimeBound):
         grad = np.empty_like(p)
         rows = np.empty(B, np.float32)
         weighted = q is not None
-        _kernel(current_program(), type(self))(p, t, q if weighted else _ONE, weighted, inv_n, float(loss_scale),
+        _kernel(type(self))(p, t, q if weighted else _ONE, weighted, inv_n, float(loss_scale),
                                                grad, rows)
         if not routing.routed:
             return float(rows.sum(dtype=np.float64)), grad, None

@@ -26,10 +26,9 @@ import functools
 import numpy as np
 import taichi as ti
 
+from ._kernels import F32_2D, I32_1D, I64_1D
 from ._runtime import as_instances
 
-_f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
-_i64_1d = ti.types.ndarray(dtype=ti.i64, ndim=1)
 
 BLOCK_COST = 32
 """The fixed cost of one more row block (a product call per layer, a copy of its weights), counted in
@@ -37,8 +36,8 @@ sample rows, when choosing the block size for uneven counts."""
 
 
 @ti.kernel
-def _count_slots(instance: ti.types.ndarray(dtype=ti.i32, ndim=1), first_row: _i64_1d, seen: _i64_1d,
-                 size: ti.i64, slots: _i64_1d):
+def _count_slots(instance: I32_1D, first_row: I64_1D, seen: I64_1D,
+                 size: ti.i64, slots: I64_1D):
     """Sample b is its network's ``p``-th (in batch order): row ``first_row + p // size``, place ``p % size``."""
     ti.loop_config(serialize=True)
     for b in range(instance.shape[0]):
@@ -49,7 +48,7 @@ def _count_slots(instance: ti.types.ndarray(dtype=ti.i32, ndim=1), first_row: _i
 
 
 @ti.kernel
-def _copy_rows(source: _f32_2d, slots: _i64_1d, target: _f32_2d, into_stack: ti.template()):
+def _copy_rows(source: F32_2D, slots: I64_1D, target: F32_2D, into_stack: ti.template()):
     """Row b of the batch to row ``slots[b]`` of the flat stack (``into_stack``), or back. Into the stack,
     every element of ``target`` is written (the padding zeroed first): Taichi's Vulkan runtime does not
     upload a numpy argument that a kernel only writes, but copies all of it back."""

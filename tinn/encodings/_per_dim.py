@@ -10,14 +10,12 @@ supplies the three ``ti.func``s; the batch kernels are built here once per
 replace the batch forward where its formula allows a faster one (Frequency on the CPU).
 """
 
-import functools
 
 import taichi as ti
 
-from .._runtime import current_program
+from .._kernels import F32_2D, specialised
 from .encoding import KernelEncoding, Kernels
 
-_f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 
 
 @ti.func
@@ -26,13 +24,13 @@ def exp2i(e):
     return ti.bit_cast((ti.cast(e, ti.i32) + 127) << 23, ti.f32)
 
 
-@functools.lru_cache(maxsize=None)
-def _kernels(program, cls, constants: tuple, n_dims: int, width: int, n_padding: int, fill: float):
+@specialised
+def _kernels(cls, constants: tuple, n_dims: int, width: int, n_padding: int, fill: float):
     value, slope, curvature = cls.funcs(*constants)
     raw = n_dims * width
 
     @ti.kernel
-    def forward(x: _f32_2d, y: _f32_2d):
+    def forward(x: F32_2D, y: F32_2D):
         for b, d in ti.ndrange(x.shape[0], n_dims):
             for j in range(width):
                 y[b, d * width + j] = value(x[b, d], j)
@@ -40,7 +38,7 @@ def _kernels(program, cls, constants: tuple, n_dims: int, width: int, n_padding:
             y[b, raw + j] = fill
 
     @ti.kernel
-    def backward(x: _f32_2d, dy: _f32_2d, dx: _f32_2d):
+    def backward(x: F32_2D, dy: F32_2D, dx: F32_2D):
         for b, d in ti.ndrange(x.shape[0], n_dims):
             acc = 0.0
             for j in range(width):
@@ -66,7 +64,7 @@ def _kernels(program, cls, constants: tuple, n_dims: int, width: int, n_padding:
         return dx
 
     @ti.kernel
-    def backward_backward(x: _f32_2d, v: _f32_2d, dy: _f32_2d, d_dy: _f32_2d, dx: _f32_2d):
+    def backward_backward(x: F32_2D, v: F32_2D, dy: F32_2D, d_dy: F32_2D, dx: F32_2D):
         for b, d in ti.ndrange(x.shape[0], n_dims):
             acc = 0.0
             for j in range(width):
@@ -99,5 +97,5 @@ class PerDimEncoding(KernelEncoding):
         raise NotImplementedError
 
     def _kernels(self):
-        return _kernels(current_program(), type(self), self.constants(), self.n_input_dims, self.width_per_dim,
+        return _kernels(type(self), self.constants(), self.n_input_dims, self.width_per_dim,
                         self.n_padding, float(self.fill_value))

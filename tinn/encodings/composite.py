@@ -40,6 +40,7 @@ from math import lcm
 import numpy as np
 import taichi as ti
 
+from .._kernels import static_chunks
 from ..registry import create_encoding, encodings
 from ..keys import NON_NEGATIVE, POWER_OF_TWO, REQUIRED, Key, between, reported
 from ..object import Context
@@ -49,11 +50,6 @@ REDUCTIONS = ("Concatenation", "Sum", "Product")
 NESTED_KEYS = {"n_dims_to_encode": Key(0, NON_NEGATIVE, "input dims this entry encodes"),
                "dims_to_encode_begin": Key(0, NON_NEGATIVE, "its first input dim")}
 """Keys of each entry of a Composite's ``nested`` list, read by the Composite."""
-
-
-def _chunks(n: int, size: int = 32) -> list:
-    """range(n) as static loops of at most 32 iterations (Taichi warns about longer unrolled loops)."""
-    return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
 
 
 def _resolve(where: str, n_input_dims: int, nested) -> list:
@@ -219,7 +215,7 @@ class CompositeEncoding(Encoding):
                 f, _, begin, n, column, w = ti.static(parts[i])
                 yi = f(ti.Vector([x[begin + d] for d in ti.static(range(n))]), k)
                 if ti.static(reduction == "Concatenation"):
-                    for chunk in ti.static(_chunks(w)):
+                    for chunk in ti.static(static_chunks(range(w))):
                         for j in ti.static(chunk):
                             y[column + j] = yi[j]
                 elif ti.static(reduction == "Sum"):
@@ -235,7 +231,7 @@ class CompositeEncoding(Encoding):
                 _, b, begin, n, column, w = ti.static(parts[i])
                 g = ti.Vector.zero(ti.f32, w)
                 if ti.static(reduction == "Concatenation"):
-                    for chunk in ti.static(_chunks(w)):
+                    for chunk in ti.static(static_chunks(range(w))):
                         for j in ti.static(chunk):
                             g[j] = dy[column + j]
                 elif ti.static(reduction == "Sum"):

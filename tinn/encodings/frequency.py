@@ -12,14 +12,14 @@ Taichi's CPU code) and the octaves between from the double-angle formulas
 writes the encoding row by row. Each doubling at most doubles the error: a few float32 ulps
 in all, below the rounding of the phase itself.
 """
-import functools
 import math
 
 import numpy as np
 import taichi as ti
 
+from .._kernels import specialised
 from .. import _blas
-from .._runtime import current_program, is_cpu
+from .._runtime import is_cpu
 from ..registry import encodings
 from ..keys import Key, between
 from ..object import Context
@@ -32,8 +32,8 @@ SINE_BLOCK = 1 << 16
 """Samples per block of the host sines (numpy releases the GIL: the blocks run in parallel)."""
 
 
-@functools.lru_cache(maxsize=None)
-def _expand_kernel(program, n_frequencies: int, n_dims: int, n_padding: int, fill: float):
+@specialised
+def _expand_kernel(n_frequencies: int, n_dims: int, n_padding: int, fill: float):
     width = 2 * n_frequencies
 
     @ti.kernel
@@ -103,6 +103,6 @@ class FrequencyEncoding(PerDimEncoding):
 
         _blas.for_blocks(x.shape[0], SINE_BLOCK, block)
         y = np.empty((x.shape[0], self.padded_output_width), np.float32)
-        _expand_kernel(current_program(), self.n_frequencies, self.n_input_dims, self.n_padding,
+        _expand_kernel(self.n_frequencies, self.n_input_dims, self.n_padding,
                        float(self.fill_value))(sincos, y)
         return y, Context(self, x, routing)

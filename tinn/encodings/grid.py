@@ -31,7 +31,7 @@ import math
 import numpy as np
 import taichi as ti
 
-from .._kernels import specialised
+from .._kernels import F32_2D, I32_1D, specialised
 from .._runtime import FieldTree, is_cpu
 from ..registry import encodings
 from ..keys import OFF, POSITIVE_INT, Key, Options, above, between, one_of, reported
@@ -50,8 +50,6 @@ INTERPOLATIONS = ("Nearest", "Linear", "Smoothstep")
 SCRATCH_BUDGET_BYTES = 256 << 20        # largest size of one grid's private gradient tables (all threads)
 INT32_MIN_F32, INT32_MAX_F32 = -2.0 ** 31, 2.0 ** 31 - 128     # the float32 values at the ends of the int32 range
 
-_f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
-_i32_1d = ti.types.ndarray(dtype=ti.i32, ndim=1)
 
 
 def level_geometry(n_dims, grid_type, n_levels, log2_hashmap_size, base_resolution, per_level_scale):
@@ -376,7 +374,7 @@ class _GridKernels:
             return start, end
 
         @ti.kernel
-        def forward(weights: ti.template(), base: ti.i32, x: _f32_2d, inst: _i32_1d, y: _f32_2d, routed: ti.template()):
+        def forward(weights: ti.template(), base: ti.i32, x: F32_2D, inst: I32_1D, y: F32_2D, routed: ti.template()):
             B = x.shape[0]
             for i in range(n_iterations(B)):
                 start, end = samples(i, B)
@@ -401,7 +399,7 @@ class _GridKernels:
             ti.atomic_add(G[k, base + i], v)
 
         @ti.kernel
-        def scatter(add: ti.template(), G: ti.template(), base: ti.i32, x: _f32_2d, inst: _i32_1d, dy: _f32_2d,
+        def scatter(add: ti.template(), G: ti.template(), base: ti.i32, x: F32_2D, inst: I32_1D, dy: F32_2D,
                     routed: ti.template()):
             B = x.shape[0]
             for i in range(n_iterations(B)):
@@ -428,7 +426,7 @@ class _GridKernels:
             G[k, base + i] = G[k, base + i] + v
 
         @ti.kernel
-        def scatter_levels(G: ti.template(), base: ti.i32, x: _f32_2d, inst: _i32_1d, dy: _f32_2d,
+        def scatter_levels(G: ti.template(), base: ti.i32, x: F32_2D, inst: I32_1D, dy: F32_2D,
                            routed: ti.template(), overwrite: ti.template()):
             """One parallel chunk per level (chunks go to whichever thread is free): its thread owns the
             level's gradients and adds the whole batch into them, sample after sample."""
@@ -450,7 +448,7 @@ class _GridKernels:
                                               row(dy, b, F, l * F))
 
         @ti.kernel
-        def backward_input(weights: ti.template(), base: ti.i32, x: _f32_2d, inst: _i32_1d, dy: _f32_2d, dx: _f32_2d,
+        def backward_input(weights: ti.template(), base: ti.i32, x: F32_2D, inst: I32_1D, dy: F32_2D, dx: F32_2D,
                            routed: ti.template()):
             B = x.shape[0]
             for i in range(n_iterations(B)):

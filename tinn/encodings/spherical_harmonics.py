@@ -23,18 +23,16 @@ The kernels evaluate this recurrence (about ``degree^2`` multiply-adds, unrolled
 compile time) rather than 64 expanded polynomials. Padding (fill 1) is placed *after*
 the values, as for every other encoding (tcnn's non-JIT path puts it before).
 """
-import functools
 import math
 
 import numpy as np
 import taichi as ti
 
-from .._runtime import current_program
+from .._kernels import F32_2D, specialised, static_chunks
 from ..registry import encodings
 from ..keys import Key, between
 from .encoding import KernelEncoding, Kernels
 
-_f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 
 
 def sh_plan(degree: int):
@@ -64,17 +62,13 @@ def sh_plan(degree: int):
     return steps, outputs, len(index)
 
 
-def _chunks(items, size=32):
-    return [items[i:i + size] for i in range(0, len(items), size)]
-
-
-@functools.lru_cache(maxsize=None)
-def _kernels(program, degree: int, n_padding: int, fill: float):
+@specialised
+def _kernels(degree: int, n_padding: int, fill: float):
     steps, outputs, n_p = sh_plan(degree)
-    steps, outputs = _chunks(steps), _chunks(outputs)       # static loops of <= 32 (Taichi warns beyond)
+    steps, outputs = static_chunks(steps), static_chunks(outputs)       # static loops of <= 32 (Taichi warns beyond)
     raw = degree * degree
     width = raw + n_padding
-    columns = _chunks(list(range(width)))
+    columns = static_chunks(list(range(width)))
 
     @ti.func
     def basis(v):
@@ -176,13 +170,13 @@ def _kernels(program, degree: int, n_padding: int, fill: float):
     def row(a: ti.template(), b, n: ti.template(), used: ti.template()):
         """Row b of a batch array as an n-vector of its first ``used`` columns (0 after them)."""
         g = ti.Vector.zero(ti.f32, n)
-        for chunk in ti.static(_chunks(list(range(used)))):
+        for chunk in ti.static(static_chunks(list(range(used)))):
             for j in ti.static(chunk):
                 g[j] = a[b, j]
         return g
 
     @ti.kernel
-    def forward(x: _f32_2d, y: _f32_2d):
+    def forward(x: F32_2D, y: F32_2D):
         for b in range(x.shape[0]):
             out = func(row(x, b, 3, 3))
             for chunk in ti.static(columns):
@@ -190,14 +184,14 @@ def _kernels(program, degree: int, n_padding: int, fill: float):
                     y[b, j] = out[j]
 
     @ti.kernel
-    def backward(x: _f32_2d, dy: _f32_2d, dx: _f32_2d):
+    def backward(x: F32_2D, dy: F32_2D, dx: F32_2D):
         for b in range(x.shape[0]):
             d = backward_func(row(x, b, 3, 3), row(dy, b, width, raw))
             for i in ti.static(range(3)):
                 dx[b, i] = d[i]
 
     @ti.kernel
-    def backward_backward(x: _f32_2d, v: _f32_2d, dy: _f32_2d, d_dy: _f32_2d, dx: _f32_2d):
+    def backward_backward(x: F32_2D, v: F32_2D, dy: F32_2D, d_dy: F32_2D, dx: F32_2D):
         for b in range(x.shape[0]):
             t, h = backward_backward_func(row(x, b, 3, 3), row(v, b, 3, 3), row(dy, b, width, raw))
             for chunk in ti.static(columns):
@@ -223,4 +217,4 @@ class SphericalHarmonicsEncoding(KernelEncoding):
         super().__init__(n_input_dims, self.degree ** 2, **kwargs)
 
     def _kernels(self):
-        return _kernels(current_program(), self.degree, self.n_padding, float(self.fill_value))
+        return _kernels(self.degree, self.n_padding, float(self.fill_value))

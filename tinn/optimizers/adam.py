@@ -13,13 +13,12 @@ State: ``current_step`` (per instance, AdaBound's t), ``first_moments``,
 ``second_moments``, ``matrix_steps`` (per instance: matrix parameters always step together)
 and ``param_steps`` (per non-matrix parameter).
 """
-import functools
 import math
 
 import numpy as np
 import taichi as ti
 
-from .._runtime import current_program
+from .._kernels import specialised
 from ..registry import optimizers
 from ..keys import NON_NEGATIVE, Key
 from .optimizer import (ABSOLUTE_DECAY, EPSILON, F32_1D, I32_1D, LEARNING_RATE, RELATIVE_DECAY, Optimizer, beta,
@@ -61,8 +60,8 @@ def _converged(beta1: float, beta2: float) -> int:
     return max(steps(beta1), steps(beta2))
 
 
-@functools.lru_cache(maxsize=None)
-def _adam_kernel(program, n_matrix: int, n: int, flags: tuple):
+@specialised
+def _adam_kernel(n_matrix: int, n: int, flags: tuple):
     """The update of one slot of ``n`` parameters, the first ``n_matrix`` of them matrix parameters.
 
     ``flags`` are the hyperparameters that switch code on or off (compile-time, so the common case
@@ -184,7 +183,7 @@ class Adam(Optimizer):
                  bool(h["optimize_non_matrix_params"]), bool(h["skip_zero_grad_non_matrix_params"]))
         if h["optimize_matrix_params"]:
             self.matrix_steps += active
-        _adam_kernel(current_program(), self.n_matrix, s.n, flags)(
+        _adam_kernel(self.n_matrix, s.n, flags)(
             s.params, s.p_off, s.grads, s.g_off, self.first_moments, self.second_moments, self.matrix_steps,
             self.param_steps, active, self._steps.astype(np.int32), self._bias_correction(), 1.0 / loss_scale, lr,
             h["beta1"], h["beta2"], h["epsilon"], h["l2_reg"], h["non_matrix_l2_reg"],

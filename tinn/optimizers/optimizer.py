@@ -32,17 +32,13 @@ from __future__ import annotations
 import numpy as np
 import taichi as ti
 
+from .._kernels import F32_1D, F32_2D, F32_3D, I32_1D, I32_2D  # noqa: F401 (the optimizers' aliases)
 from .._runtime import RuntimeBound, current_program
 from ..keys import NON_NEGATIVE, UNIT_INTERVAL, Key, Options
 from ..object import Object, ParametricObject
 from ..params import ParamStore
 
 
-I32_1D = ti.types.ndarray(dtype=ti.i32, ndim=1)
-I32_2D = ti.types.ndarray(dtype=ti.i32, ndim=2)
-F32_1D = ti.types.ndarray(dtype=ti.f32, ndim=1)
-F32_2D = ti.types.ndarray(dtype=ti.f32, ndim=2)
-F32_3D = ti.types.ndarray(dtype=ti.f32, ndim=3)
 
 
 def zeros(shape, dtype):
