@@ -89,7 +89,12 @@ class Routing:
     def __init__(self, batch: int, n_instances: int = 1, instance: np.ndarray | None = None, dense=None,
                  whole: "Routing | None" = None):
         self.batch, self.n_instances, self.instance, self.dense = batch, n_instances, instance, dense
-        self.whole = self if whole is None else whole
+        self._whole = whole
+
+    @property
+    def whole(self) -> "Routing":
+        """The batch this one is a chunk of, or itself (kept as ``None``: no reference cycle)."""
+        return self if self._whole is None else self._whole
 
     @classmethod
     def of(cls, x: np.ndarray, instance, n_instances: int) -> tuple[np.ndarray, "Routing"]:
