@@ -9,6 +9,9 @@ inference samples/s, ms per step, PSNR, peak memory, and tinn's ratio to each pe
 ``--json`` prints the raw runs and medians as JSON instead.
 
     python benchmarks/bench_image.py --batches 16 18 --steps 30 --reps 3
+    python benchmarks/bench_image.py --arch cuda --impls tinn torch --batches 18 20   # on an NVIDIA GPU
+
+``--arch`` runs tinn on that Taichi arch; with ``cuda`` the PyTorch peers run on the GPU too.
 """
 import argparse
 import json
@@ -34,6 +37,10 @@ def run(python, impl, batch, args, infer):
     script, extra, _ = IMPLS[impl]
     cmd = [python, os.path.join(HERE, script), "--batch", str(batch), "--steps", str(args.steps),
            "--threads", str(args.threads), *extra]
+    if impl == "tinn":
+        cmd += ["--arch", args.arch]
+    elif args.arch == "cuda" and impl.startswith("torch"):
+        cmd += ["--device", "cuda"]
     if args.image:
         cmd += ["--image", args.image]
     if not infer:
@@ -59,6 +66,7 @@ def main():
     ap.add_argument("--image", default=None, help="default: data/images/default.jpg")
     ap.add_argument("--impls", nargs="+", default=list(IMPLS), choices=list(IMPLS))
     ap.add_argument("--peer-python", default=sys.executable, help="interpreter with torch / drjit installed")
+    ap.add_argument("--arch", default="cpu", help="tinn's Taichi arch (cpu, cuda, vulkan, ...)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 

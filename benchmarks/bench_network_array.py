@@ -12,6 +12,7 @@ ReLU, 3 outputs, RelativeL2, Adam), S samples per network per step, given as a d
   (timed on ``--loop-models`` of them; samples/s does not depend on how many).
 
     python benchmarks/bench_network_array.py --k 4096 --samples 64 256 --reps 3
+    python benchmarks/bench_network_array.py --arch cuda --impls tinn torch   # tinn on CUDA, PyTorch on the GPU
 """
 import argparse
 import json
@@ -46,11 +47,11 @@ def timed(fn, steps):
     return statistics.median(times)
 
 
-def run_tinn(k, s, steps, loop_models):
+def run_tinn(k, s, steps, loop_models, arch="cpu"):
     import numpy as np
     import taichi as ti
     import tinn
-    tinn.init(log_level=ti.WARN)
+    tinn.init(arch=getattr(ti, arch), log_level=ti.WARN)
     rng = np.random.default_rng(0)
     if loop_models:
         models = [tinn.create_from_config(2, N_OUT, CONFIG) for _ in range(loop_models)]
@@ -69,9 +70,11 @@ def run_tinn(k, s, steps, loop_models):
     return {"train_samples_per_s": n / train, "infer_samples_per_s": n / infer}
 
 
-def run_torch(k, s, steps, threads):
+def run_torch(k, s, steps, threads, device="cpu"):
     import torch
     torch.set_num_threads(threads)
+    torch.set_default_device(device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     n_in = 16                                  # 2 * 2 * N_FREQ = 16 encoded dims, no padding needed
 
     def stack(rows, cols):
@@ -100,19 +103,22 @@ def run_torch(k, s, steps, threads):
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        sync()
 
     def infer():
         with torch.inference_mode():
             model(x)
+        sync()
 
     return {"train_samples_per_s": k * s / timed(step, steps), "infer_samples_per_s": k * s / timed(infer, steps)}
 
 
 def worker(args):
     if args.impl == "torch":
-        result = run_torch(args.k[0], args.samples[0], args.steps, args.threads)
+        result = run_torch(args.k[0], args.samples[0], args.steps, args.threads, "cuda" if args.arch == "cuda" else "cpu")
     else:
-        result = run_tinn(args.k[0], args.samples[0], args.steps, args.loop_models if args.impl == "tinn-loop" else 0)
+        result = run_tinn(args.k[0], args.samples[0], args.steps, args.loop_models if args.impl == "tinn-loop" else 0,
+                          args.arch)
     print(json.dumps(result))
 
 
@@ -127,6 +133,7 @@ def main():
     ap.add_argument("--loop-models", type=int, default=64)
     ap.add_argument("--peer-python", default=sys.executable)
     ap.add_argument("--impl", help=argparse.SUPPRESS)
+    ap.add_argument("--arch", default="cpu", help="tinn's Taichi arch; with cuda PyTorch runs on the GPU too")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.impl:
@@ -139,7 +146,8 @@ def main():
                 for impl in args.impls:
                     python = args.peer_python if impl == "torch" else sys.executable
                     cmd = [python, __file__, "--impl", impl, "--k", str(k), "--samples", str(s), "--steps",
-                           str(args.steps), "--threads", str(args.threads), "--loop-models", str(args.loop_models)]
+                           str(args.steps), "--threads", str(args.threads), "--loop-models", str(args.loop_models),
+                           "--arch", args.arch]
                     proc = subprocess.run(cmd, capture_output=True, text=True)
                     if proc.returncode:
                         print(f"{impl} K={k} S={s} failed or is not installed:\n{proc.stderr[-1500:]}", file=sys.stderr)

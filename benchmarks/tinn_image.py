@@ -5,6 +5,10 @@ Trains ``config_hash.json`` on random bilinear lookups of the image (the example
 sampling kernel), then runs inference over every pixel centre. The last stdout line is a
 JSON dict with ``train_samples_per_s``, ``infer_samples_per_s``, ``ms_per_step_median``,
 ``final_loss``, ``psnr``, ``startup_s`` and ``peak_rss_mib``.
+
+``--arch`` picks the Taichi arch (``cpu``, ``cuda``, ``vulkan``, ...). On a GPU arch the batches are
+drawn on the device into ``ti.ndarray``s (as tcnn's sample draws them on the GPU), so a step moves
+nothing across the bus but the loss.
 """
 import argparse
 import os
@@ -24,6 +28,26 @@ import tinn  # noqa: E402
 from mlp_learning_an_image import bilinear_lookup, pixel_centres  # noqa: E402
 
 
+@ti.kernel
+def draw_batch(image: ti.types.ndarray(dtype=ti.f32, ndim=3), xy: ti.types.ndarray(dtype=ti.f32, ndim=2),
+               rgb: ti.types.ndarray(dtype=ti.f32, ndim=2)):
+    """Random positions in [0, 1)^2 and the image there, bilinear, on the device (the example's lookup)."""
+    H, W = image.shape[0], image.shape[1]
+    for b in range(xy.shape[0]):
+        u, v = ti.random(ti.f32), ti.random(ti.f32)
+        xy[b, 0], xy[b, 1] = u, v
+        px, py = u * W - 0.5, v * H - 0.5
+        fx, fy = ti.floor(px), ti.floor(py)
+        tx, ty = px - fx, py - fy
+        x0, y0 = ti.cast(fx, ti.i32), ti.cast(fy, ti.i32)
+        x1, y1 = ti.math.clamp(x0 + 1, 0, W - 1), ti.math.clamp(y0 + 1, 0, H - 1)
+        x0, y0 = ti.math.clamp(x0, 0, W - 1), ti.math.clamp(y0, 0, H - 1)
+        for c in ti.static(range(3)):
+            top = image[y0, x0, c] * (1.0 - tx) + image[y0, x1, c] * tx
+            bottom = image[y1, x0, c] * (1.0 - tx) + image[y1, x1, c] * tx
+            rgb[b, c] = top * (1.0 - ty) + bottom * ty
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch", type=int, default=1 << 16)
@@ -35,9 +59,12 @@ def main():
     ap.add_argument("--infer-chunk", type=int, default=1 << 18)
     ap.add_argument("--no-infer", action="store_true")
     ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--arch", default="cpu", help="Taichi arch: cpu, cuda, vulkan, metal, ...")
     args = ap.parse_args()
 
-    tinn.init(arch=ti.cpu, cpu_max_num_threads=args.threads, log_level=ti.WARN)
+    settings = dict(cpu_max_num_threads=args.threads) if args.arch == "cpu" else dict(device_memory_fraction=0.5)
+    tinn.init(arch=getattr(ti, args.arch), log_level=ti.WARN, random_seed=args.seed, **settings)
+    on_device = args.arch != "cpu"
     img, desc = C.load_image(args.image)
     H, W, _ = img.shape
     model = tinn.create_from_config(2, 3, args.config, seed=args.seed)
@@ -49,6 +76,14 @@ def main():
         rng.random(out=xy, dtype=np.float32)
         bilinear_lookup(img, xy, target)
         return model.trainer.training_step(xy, target)
+
+    if on_device:
+        img_d, xy_d, target_d = ti.ndarray(ti.f32, img.shape), ti.ndarray(ti.f32, xy.shape), ti.ndarray(ti.f32, target.shape)
+        img_d.from_numpy(img)
+
+        def train_step():
+            draw_batch(img_d, xy_d, target_d)
+            return model.trainer.training_step(xy_d, target_d)
 
     t = time.perf_counter()
     for i in range(args.warmup):
@@ -68,16 +103,19 @@ def main():
         "infer_samples_per_s": None, "final_loss": float(loss), "psnr": None,
         "ms_per_step": 1e3 * sum(times) / args.steps, "ms_per_step_median": 1e3 * float(np.median(times)),
         "ms_per_step_min": 1e3 * min(times), "warmup_s": warmup_s, "startup_s": startup,
-        "threads": args.threads, "image": desc, "train_foreign_cores": round(mon.foreign_cores, 3),
+        "threads": args.threads, "arch": args.arch, "image": desc, "train_foreign_cores": round(mon.foreign_cores, 3),
         "train_self_cores": round(mon.self_cores, 3),
     }
     if not args.no_infer:
         coords = pixel_centres(H, W)
         out = np.empty((len(coords), 3), np.float32)
-        model.network.inference(coords[: args.infer_chunk])                    # warm-up chunk
+        chunks = [coords[s:s + args.infer_chunk] for s in range(0, len(coords), args.infer_chunk)]
+        if on_device:                       # inputs on the device; the image is read back to numpy, as timed
+            chunks = [tinn._device.put(np.ascontiguousarray(c)) for c in chunks]
+        model.network.inference(chunks[0])                                     # warm-up chunk
         with C.CpuMonitor() as imon:
-            for s in range(0, len(coords), args.infer_chunk):
-                out[s:s + args.infer_chunk] = model.network.inference(coords[s:s + args.infer_chunk])
+            for i, c in enumerate(chunks):
+                out[i * args.infer_chunk:(i + 1) * args.infer_chunk] = tinn._device.host(model.network.inference(c))
         result.update(infer_samples_per_s=len(coords) / imon.wall, infer_pixels=len(coords),
                       infer_foreign_cores=round(imon.foreign_cores, 3), psnr=C.psnr(out.reshape(H, W, 3), img))
     result["peak_rss_mib"] = round(C.peak_rss_mib(), 1)

@@ -264,6 +264,10 @@ def as_batch(a, n_dims, name: str = "x", *, dtype=np.float32, allow_dense: bool 
     returned unchanged in shape (the caller flattens it). ``finite`` rejects NaN and
     ±Inf, ``positive`` also values <= 0 (see :func:`check_values`).
     """
+    if isinstance(a, ti.Ndarray) and len(a.shape) == 2:
+        from . import _device
+        if _device.active():                    # the device path computes on it where it is
+            return _device.check(a, n_dims, name, dtype, finite=finite, positive=positive)
     arr = to_numpy(a, name)
     if arr.dtype != dtype:
         raise TypeError(f"{name} must have dtype {np.dtype(dtype).name}, got {arr.dtype} "

@@ -23,6 +23,7 @@ network) is not an error: it gives a non-finite loss, as in tcnn.
 import numpy as np
 import taichi as ti
 
+from . import _device
 from ._kernels import F32_1D, F32_2D, specialised
 from ._runtime import RuntimeBound, to_numpy, as_batch, as_instances
 from .registry import losses
@@ -121,7 +122,7 @@ class Loss(Object, RuntimeBound):
         flat = (lambda a: a.reshape(routing.batch, a.shape[-1])) if dense else (lambda a: a)
         loss, grad, per_network = self._evaluate(flat(p), flat(t), None if q is None else flat(q), routing,
                                                  loss_scale)
-        grad = grad.reshape(p.shape)
+        grad = grad if _device.is_device(grad) else grad.reshape(p.shape)
         if not per_instance:
             return loss, grad
         return loss, grad, per_network if per_network is not None else np.array([loss])
@@ -138,17 +139,22 @@ class Loss(Object, RuntimeBound):
         """
         B, D = t.shape
         K, dense, whole = routing.n_instances, routing.dense is not None, routing.whole
+        on_device = _device.is_device(p)        # the device path: every batch array there, one float back
         if not routing.routed or dense:
-            inv_n = np.full(B, 1.0 / (whole.batch // K * D), np.float32)
+            inv = 1.0 / (whole.batch // K * D)
+            inv_n = _device.full(B, inv) if on_device else np.full(B, inv, np.float32)
         else:
             inv_n = (1.0 / (whole.counts[routing.instance] * D)).astype(np.float32)
-        grad = np.empty_like(p)
-        rows = np.empty(B, np.float32)
         weighted = q is not None
-        _kernel(type(self))(p, t, q if weighted else _ONE, weighted, inv_n, float(loss_scale),
-                                               grad, rows)
+        q = q if weighted else _ONE
+        if on_device:
+            t, q, inv_n = (a if _device.is_device(a) or a.size == 1 else _device.put(a) for a in (t, q, inv_n))
+        grad = _device.empty_like(p)
+        rows = _device.empty_like(p, (B,))
+        _kernel(type(self))(p, t, q, weighted, inv_n, float(loss_scale), grad, rows)
         if not routing.routed:
-            return float(rows.sum(dtype=np.float64)), grad, None
+            return _device.total(rows), grad, None
+        rows = _device.host(rows)
         if dense:
             per_network = rows.reshape(K, -1).sum(axis=1, dtype=np.float64)
             return float(per_network.mean()), grad, per_network

@@ -7,6 +7,7 @@ encoding, and are initialised in that order from one pcg32 generator.
 import numpy as np
 import taichi as ti
 
+from . import _device
 from .registry import create_encoding, create_network, load_config
 from .object import Context, DifferentiableObject
 from .params import allocate, check_sizes
@@ -74,11 +75,18 @@ class NetworkWithInputEncoding(DifferentiableObject):
             return encoding_vjp(x, network_vjp(encode(x, k), dy, k), k)
         return forward, vjp
 
+    def _encoding_input(self, x):
+        """On the device path an encoding that computes on ``ti.ndarray``s gets the batch there (uploaded
+        once if it came as numpy); the others get numpy."""
+        if _device.active() and getattr(self.encoding, "device_batches", False):
+            return x if _device.is_device(x) else _device.put(x)
+        return _device.host(x)
+
     def _inference(self, x, routing):
-        return self.network._inference(self.encoding._inference(x, routing), routing)
+        return self.network._inference(self.encoding._inference(self._encoding_input(x), routing), routing)
 
     def _forward(self, x, routing):
-        encoded, enc_ctx = self.encoding._forward(x, routing)
+        encoded, enc_ctx = self.encoding._forward(self._encoding_input(x), routing)
         y, net_ctx = self.network._forward(encoded, routing)
         return y, Context(self, x, routing, enc_ctx=enc_ctx, net_ctx=net_ctx)
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._device import host, is_device, same_kind
+from ._kernels import fill_columns
 from ._runtime import RuntimeBound, as_batch
 from ._rng import Pcg32
 from ._sample import SampleFuncs
@@ -135,7 +137,7 @@ class ParametricObject(Object, RuntimeBound):
 
     def _zero_gradients(self):
         if self.n_params:
-            self.store.write(self.store.grads, self._offset, np.zeros((self.n_instances, self.n_params), np.float32))
+            fill_columns(self.store.grads, self._offset, self.n_params, self.n_instances, 0.0)     # on the device
 
 
 class DifferentiableObject(SampleFuncs, ParametricObject):
@@ -153,8 +155,10 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         arr = as_batch(x, self.n_input_dims, allow_dense=self.n_instances > 1 and instance is None, finite=True)
         return Routing.of(arr, instance, self.n_instances)
 
-    def _finish(self, y: np.ndarray, routing: Routing):
-        y = np.ascontiguousarray(y[:, : self.n_output_dims])
+    def _finish(self, y: np.ndarray, routing: Routing, like=None):
+        if is_device(y) and is_device(like) and y.shape[1] == self.n_output_dims:
+            return y                            # a device batch's output stays on the device (tinn._device)
+        y = np.ascontiguousarray(host(y)[:, : self.n_output_dims])
         return y.reshape(routing.dense + (-1,)) if routing.dense else y
 
     def inference(self, x, instance=None) -> np.ndarray:
@@ -162,12 +166,12 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         ``instance`` ``(batch,)`` int32 routes each sample, or ``x`` is a dense ``(K, B_k, n_input_dims)``.
         A batch larger than ``INFERENCE_CHUNK`` runs in chunks of that size (bounded memory)."""
         x, routing = self._prepare(x, instance)
-        if routing.batch <= INFERENCE_CHUNK:
-            return self._finish(self._inference(x, routing), routing)
+        if routing.batch <= INFERENCE_CHUNK or is_device(x):       # a device batch is not cut
+            return self._finish(self._inference(x, routing), routing, x)
         y = np.empty((routing.batch, self.n_output_dims), np.float32)
         for lo in range(0, routing.batch, INFERENCE_CHUNK):
             hi = min(lo + INFERENCE_CHUNK, routing.batch)
-            y[lo:hi] = self._inference(x[lo:hi], routing.chunk(lo, hi))[:, : self.n_output_dims]
+            y[lo:hi] = host(self._inference(x[lo:hi], routing.chunk(lo, hi)))[:, : self.n_output_dims]
         return y.reshape(routing.dense + (-1,)) if routing.dense else y
 
     def forward(self, x, instance=None):
@@ -175,13 +179,13 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         ``ctx`` for :meth:`backward` (``ctx.routing`` describes how the batch reached the networks)."""
         x, routing = self._prepare(x, instance)
         y, ctx = self._forward(x, routing)
-        return self._finish(y, routing), ctx
+        return self._finish(y, routing, x), ctx
 
     def backward(self, ctx: Context, dL_doutput, *, input_gradient: bool = True, mode: str = "overwrite"):
         """Accumulate (or overwrite) parameter gradients; return ``dL/dinput`` unless ``input_gradient=False``."""
         g = self._output_gradient(ctx, dL_doutput, mode)
         dx = self._backward(ctx, g, input_gradient, self._gradient_mode(ctx, mode))
-        return None if dx is None else self._dense(ctx, dx)
+        return None if dx is None else self._dense(ctx, same_kind(dx, ctx.x))
 
     def backward_backward_input(self, ctx: Context, dL_ddLdinput, dL_doutput, mode: str = "overwrite"):
         """Second order, tcnn's contract: for ``L2 = <dL_ddLdinput, dL/dinput>``, with ``dL/dinput`` the input
@@ -206,6 +210,8 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
             raise ValueError(f"mode must be one of {GRADIENT_MODES}, got {mode!r}")
         routing = ctx.routing
         g = as_batch(dL_doutput, self.n_output_dims, "dL_doutput", allow_dense=routing.dense is not None)
+        if is_device(g):                        # the device path's components read the first n_output_dims
+            return g
         g = g.reshape(int(np.prod(g.shape[:-1])), self.n_output_dims)      # (batch, 0) has no -1 reshape
         if g.shape[0] != routing.batch:
             raise ValueError(f"dL_doutput has {g.shape[0]} samples, the forward pass had {routing.batch}")

@@ -100,7 +100,7 @@ class Routing:
     def of(cls, x: np.ndarray, instance, n_instances: int) -> tuple[np.ndarray, "Routing"]:
         """A checked batch ``x`` as ``(batch, dims)`` and its routing: ``instance`` ids (checked here), or
         none for a dense ``(n_instances, B_k, dims)`` batch, which is flattened network by network."""
-        if x.ndim == 2:
+        if len(x.shape) == 2:                   # a numpy array or a ti.ndarray
             return x, cls(x.shape[0], n_instances, as_instances(instance, x.shape[0], n_instances))
         if x.shape[0] != n_instances:
             raise ValueError(f"a dense batch needs shape ({n_instances}, batch, {x.shape[-1]}), got {x.shape}")

@@ -31,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import serialization
+from . import _device
 from ._runtime import RuntimeBound, as_batch
 from .object import Context, DifferentiableObject
 from .routing import Routing
@@ -140,6 +141,8 @@ class Trainer(RuntimeBound):
             raise ValueError(f"target has {_samples(target)} samples, x has {_samples(x)}")
         if pdf is not None:
             pdf = as_batch(pdf, model.n_output_dims, "pdf", allow_dense=dense, positive=True)
+        if _device.active() and not dense:          # the device path: one upload each, then nothing comes back
+            x, target, pdf = (a if a is None or _device.is_device(a) else _device.put(a) for a in (x, target, pdf))
         return x, target, instance, pdf
 
     def _forward(self, x, target, instance, pdf, routing=None) -> Context:
@@ -174,7 +177,7 @@ class Trainer(RuntimeBound):
         optimizer step), so the step's memory stays bounded whatever the batch size.
         """
         x, target, instance, pdf = self._checked(x, target, instance, pdf)
-        if int(np.prod(x.shape[:-1])) <= TRAINING_CHUNK:
+        if int(np.prod(x.shape[:-1])) <= TRAINING_CHUNK or _device.is_device(x):    # a device batch is not cut
             ctx = self._forward(x, target, instance, pdf)
             self.backward(ctx)
             loss, losses, active = ctx.loss, ctx.instance_losses, ctx.routing.active

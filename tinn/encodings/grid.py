@@ -31,6 +31,7 @@ import math
 import numpy as np
 import taichi as ti
 
+from .. import _device
 from .._kernels import F32_2D, I32_1D, specialised
 from .._runtime import FieldTree, is_cpu
 from ..registry import encodings
@@ -76,6 +77,7 @@ def level_geometry(n_dims, grid_type, n_levels, log2_hashmap_size, base_resoluti
 @encodings.register("HashGrid", "Grid", "DenseGrid", "TiledGrid")
 class GridEncoding(Encoding):
     fill_value = 0.0
+    device_batches = True                   # takes ti.ndarray batches and answers in kind (tinn._device)
     hash = "CoherentPrime"
     KEYS = {
         "type": Key("Hash", choices=GRID_TYPES + ("Tile",), doc="DenseGrid: Dense, TiledGrid: Tiled"),
@@ -150,7 +152,7 @@ class GridEncoding(Encoding):
 
     # -- batch API ---------------------------------------------------------------
     def _encode(self, weights, x, instance):
-        y = np.empty((x.shape[0], self.padded_output_width), np.float32)
+        y = _device.empty_like(x, (x.shape[0], self.padded_output_width))     # on the device for a device x
         self._get_kernels().forward(weights, self._offset, x, _routing(instance), y, instance is not None)
         return y
 
@@ -165,13 +167,13 @@ class GridEncoding(Encoding):
         if overwrite and not k.cpu:                 # atomic adds need zeros underneath
             self._zero_gradients()
             overwrite = False
-        dL_dy = np.ascontiguousarray(dL_dy)
+        dL_dy = dL_dy if _device.is_device(dL_dy) else np.ascontiguousarray(dL_dy)
         instance = ctx.routing.instance
         k.backward_params(self.store.grads, self._offset, ctx.x, _routing(instance), dL_dy, instance is not None,
                           overwrite)
         if not input_gradient:
             return None
-        dx = np.empty_like(ctx.x)
+        dx = _device.empty_like(ctx.x)
         k.backward_input(self.store.params, self._offset, ctx.x, _routing(instance), dL_dy, dx, instance is not None)
         return dx
 

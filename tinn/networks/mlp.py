@@ -16,17 +16,20 @@ over the batch, ``delta_k = act'(z_k) * (delta_{k+1} W_k)``, ``dL/dx = delta_1 W
 
 One implementation serves both otypes and any width or depth (tinn has no tensor-core width
 rule). The class holds the config, the layout and the initialisation; the work is done by a backend:
-batches by ``_mlp_host.HostMLP`` (numpy's BLAS on tinn's worker threads), chosen in
+batches by ``_mlp_host.HostMLP`` on the CPU (numpy's BLAS on tinn's worker threads) or
+``_kernel_mlp.KernelMLP`` on other archs (Taichi kernels on device buffers), chosen in
 ``MLP._batch_path``, and samples inside users' kernels by the ``ti.func``s of ``_mlp_funcs``.
 """
 import warnings
 
 import numpy as np
 
+from .. import _device
 from ..registry import networks
 from ..keys import POSITIVE_INT, Key, Options, between, reported
 from . import activations
 from ._mlp_funcs import sample_funcs
+from ._kernel_mlp import KernelMLP
 from ._mlp_host import HostMLP
 from .network import Network
 
@@ -94,9 +97,10 @@ class MLP(Network):
 
     # -- batch API ---------------------------------------------------------------
     def _batch_path(self):
-        """The backend that runs batches (the host BLAS path)."""
+        """The backend that runs batches, chosen once by arch (``tinn._device.active()``): numpy's BLAS on
+        the CPU, Taichi kernels on device buffers on every other arch."""
         if "_path" not in self.__dict__:
-            self._path = HostMLP(self)
+            self._path = KernelMLP(self) if _device.active() else HostMLP(self)
         return self._path
 
     def _inference(self, x, routing):

@@ -19,6 +19,7 @@ import numpy as np
 import taichi as ti
 
 from .._kernels import specialised
+from .._runtime import is_cpu
 from ..registry import optimizers
 from ..keys import NON_NEGATIVE, Key
 from .optimizer import (ABSOLUTE_DECAY, EPSILON, F32_1D, I32_1D, LEARNING_RATE, RELATIVE_DECAY, Optimizer, beta,
@@ -45,7 +46,9 @@ KEYS = {
 
 FLT_MAX = float(np.finfo(np.float32).max)
 CHUNK = 1024
-"""Parameters per parallel task: each task runs over contiguous memory, which the compiler vectorises."""
+"""Parameters per parallel task on the CPU: each task runs over contiguous memory, which the compiler
+vectorises. On a GPU a task is a thread, so there a task takes ``GPU_CHUNK`` parameters."""
+GPU_CHUNK = 8
 
 
 BIAS_TABLE = 1 << 22
@@ -71,7 +74,8 @@ def _adam_kernel(n_matrix: int, n: int, flags: tuple):
     """
     adabound, gclip_on, wclip_on, decay_on, opt_matrix, opt_non_matrix, skip_zero = flags
     n_nm = n - n_matrix
-    m_tasks, nm_tasks = -(-n_matrix // CHUNK), -(-n_nm // CHUNK)
+    chunk = CHUNK if is_cpu() else GPU_CHUNK
+    m_tasks, nm_tasks = -(-n_matrix // chunk), -(-n_nm // chunk)
 
     @ti.func
     def bias_at(bias: ti.template(), t, beta1, beta2):
@@ -112,7 +116,7 @@ def _adam_kernel(n_matrix: int, n: int, flags: tuple):
                 k, c = task // m_tasks, task % m_tasks
                 if active[k] != 0:
                     a_t, T = lr[k] * bias_at(bias, matrix_steps[k], beta1, beta2), ti.cast(steps[k], ti.f32)
-                    for i in range(c * CHUNK, ti.min(c * CHUNK + CHUNK, n_matrix)):
+                    for i in range(c * chunk, ti.min(c * chunk + chunk, n_matrix)):
                         w = P[k, po + i]
                         g = G[k, go + i] * inv_scale + l2_reg * w
                         P[k, po + i], m[k * n + i], v[k * n + i] = update(
@@ -123,7 +127,7 @@ def _adam_kernel(n_matrix: int, n: int, flags: tuple):
                 k, c = task // nm_tasks, task % nm_tasks
                 if active[k] != 0:
                     a_k, T = lr[k] * nm_lr_factor, ti.cast(steps[k], ti.f32)
-                    for j in range(c * CHUNK, ti.min(c * CHUNK + CHUNK, n_nm)):
+                    for j in range(c * chunk, ti.min(c * chunk + chunk, n_nm)):
                         i, s = n_matrix + j, k * n_nm + j
                         w0, g = P[k, po + i], G[k, go + i] * inv_scale
                         run = not (skip_zero and g == 0.0)

@@ -1,0 +1,237 @@
+"""The device path (``tinn._device``): the MLP as Taichi kernels on ``ti.ndarray`` buffers.
+
+On the CPU it is forced (``tinn._device.FORCE``) and checked against the host BLAS path for every
+activation, width and depth the suite uses, forward and backward, network arrays included; on any
+other arch it is what runs, and a training step is checked to call no host BLAS and to move no
+batch-sized array to the host.
+"""
+import numpy as np
+import pytest
+import taichi as ti
+from taichi.lang import impl
+from taichi.lang._ndarray import Ndarray
+from taichi.lang.kernel_impl import Kernel
+
+import tinn
+from tinn import _device
+from tinn.networks import _kernel_mlp
+from tinn.networks._kernel_mlp import TILE, tiles
+from reference import assert_close, mlp_backward_ref, mlp_forward_ref, mlp_unflatten, padded, random_weights
+from tinn.networks.activations import NAMES
+
+on_cpu = impl.current_cfg().arch in (ti.x64, ti.arm64)
+blas_exists = pytest.mark.x64_only("the host BLAS path to compare with runs only on the CPU")
+
+
+@pytest.fixture
+def device_path(monkeypatch):
+    """Build (and run) models on the device path on any arch."""
+    monkeypatch.setattr(_device, "FORCE", True)
+
+
+def pair(build, monkeypatch):
+    """The same model (same seed) on the host path and on the device path."""
+    monkeypatch.setattr(_device, "FORCE", False)
+    host = build()
+    monkeypatch.setattr(_device, "FORCE", True)
+    device = build()
+    mlp = device
+    while not hasattr(mlp, "_batch_path"):
+        mlp = mlp.network
+    assert type(mlp._batch_path()).__name__ == "KernelMLP"
+    return host, device
+
+
+def compare(host, device, x, dy, instance=None, tol=2e-5):
+    y_h, ctx_h = host.forward(x, instance)
+    y_d, ctx_d = device.forward(x, instance)
+    np.testing.assert_allclose(y_d, y_h, rtol=tol, atol=tol * np.abs(y_h).max())
+    np.testing.assert_allclose(device.inference(x, instance), host.inference(x, instance),
+                               rtol=tol, atol=tol * np.abs(y_h).max())
+    dx_h, dx_d = host.backward(ctx_h, dy), device.backward(ctx_d, dy)
+    np.testing.assert_allclose(dx_d, dx_h, rtol=tol, atol=tol * np.abs(dx_h).max())
+    g_h, g_d = host.gradients(), device.gradients()
+    np.testing.assert_allclose(g_d, g_h, rtol=tol, atol=tol * np.abs(g_h).max())
+    assert np.abs(g_h).max() > 0
+
+
+MLPS = [(n_in, out, width, depth) for n_in, out, width, depth in [
+    (5, 3, 16, 1), (16, 1, 16, 0), (32, 3, 64, 2), (7, 4, 8, 3), (16, 16, 128, 5), (3, 2, 24, 10), (8, 5, 7, 2),
+    (32, 20, 32, 1)]]
+
+
+@blas_exists
+@pytest.mark.parametrize("n_in, n_out, width, depth", MLPS)
+def test_kernel_mlp_equals_blas_for_every_width_and_depth(rng, monkeypatch, n_in, n_out, width, depth):
+    cfg = {"otype": "FullyFusedMLP", "n_neurons": width, "n_hidden_layers": depth}
+    host, device = pair(lambda: tinn.create_network(n_in, n_out, cfg), monkeypatch)
+    B = 3 * TILE + 17                                  # full tiles and a partial one
+    compare(host, device, rng.normal(size=(B, n_in)).astype(np.float32),
+            rng.normal(size=(B, n_out)).astype(np.float32))
+
+
+@blas_exists
+@pytest.mark.parametrize("activation", NAMES)
+@pytest.mark.parametrize("output_activation", ["None", "Sigmoid", "Sine"])
+def test_kernel_mlp_equals_blas_for_every_activation(rng, monkeypatch, activation, output_activation):
+    cfg = {"otype": "CutlassMLP", "n_neurons": 16, "n_hidden_layers": 2, "activation": activation,
+           "output_activation": output_activation}
+    host, device = pair(lambda: tinn.create_network(6, 3, cfg), monkeypatch)
+    scale = 0.3 if activation == "Exponential" else 1.0
+    compare(host, device, (scale * rng.normal(size=(300, 6))).astype(np.float32),
+            rng.normal(size=(300, 3)).astype(np.float32))
+
+
+@blas_exists
+@pytest.mark.parametrize("routing", ["shuffled", "skewed", "dense"])
+def test_kernel_mlp_equals_blas_for_network_arrays(rng, monkeypatch, routing):
+    K, B = 5, 700
+    cfg = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 2, "activation": "Tanh"}
+    host, device = pair(lambda: tinn.create_network(4, 3, cfg, n_instances=K), monkeypatch)
+    if routing == "dense":
+        x = rng.normal(size=(K, B // K, 4)).astype(np.float32)
+        compare(host, device, x, rng.normal(size=(K, B // K, 3)).astype(np.float32))
+        return
+    inst = rng.integers(0, K, B).astype(np.int32)
+    if routing == "skewed":                        # one network with many tiles, one with none
+        inst = np.where(rng.random(B) < 0.8, 2, inst % 4).astype(np.int32)
+    x = rng.normal(size=(B, 4)).astype(np.float32)
+    compare(host, device, x, rng.normal(size=(B, 3)).astype(np.float32), inst)
+
+
+CONFIGS = [(32, 3, 64, 2, "ReLU", "None"), (5, 2, 16, 1, "Tanh", "Sigmoid"), (16, 16, 64, 0, "SiLU", "Sine"),
+           (7, 4, 24, 3, "Softplus", "None")]
+
+
+@pytest.mark.parametrize("mlp_kernels, n_in, n_out, width, depth, act, out_act",
+                         [("kernels",) + c for c in CONFIGS] + [("fused",) + c for c in CONFIGS[:2]])
+def test_device_mlp_equals_the_reference(rng, monkeypatch, device_path, mlp_kernels, n_in, n_out, width, depth,
+                                         act, out_act):
+    """Outputs, dL/dx and dL/dW of the per-layer kernels, or of the fused shared-memory kernels (forced
+    onto this arch; x64 has no shared memory), against float64 NumPy."""
+    if mlp_kernels == "fused":
+        arch = impl.current_cfg().arch
+        if arch in (ti.x64, ti.arm64):
+            pytest.skip("the fused kernels need shared memory, which the x64 backend has not")
+        monkeypatch.setattr(_kernel_mlp, "FUSED_ARCHS", (arch,))
+        monkeypatch.setitem(_kernel_mlp.FUSED_TILE, arch, _kernel_mlp.FUSED_TILE.get(arch, 32))
+    else:
+        monkeypatch.setattr(_kernel_mlp, "FUSED_ARCHS", ())
+    net = tinn.create_network(n_in, n_out, {"otype": "FullyFusedMLP", "n_neurons": width,
+                                            "n_hidden_layers": depth, "activation": act,
+                                            "output_activation": out_act})
+    shapes = net.layer_sizes()
+    net.set_params(random_weights(shapes, rng))
+    B = 5 * 64 + 11                                   # several tiles and a partial one
+    x = rng.normal(size=(B, n_in)).astype(np.float32)
+    dy = rng.normal(size=(B, n_out)).astype(np.float32)
+    Ws = mlp_unflatten(net.params(), shapes)
+    y_ref, zs, hs = mlp_forward_ref(x, Ws, act, out_act)
+    dWs, dx_ref = mlp_backward_ref(Ws, zs, hs, padded(dy, y_ref.shape[1], 0.0), act, out_act)
+    y, ctx = net.forward(x)
+    dx = net.backward(ctx, dy)
+    assert_close(y, y_ref[:, :n_out], rtol=1e-5, atol_rel=1e-5)
+    assert_close(net.inference(x), y_ref[:, :n_out], rtol=1e-5, atol_rel=1e-5)
+    assert_close(dx, dx_ref, rtol=1e-4, atol_rel=1e-5)
+    for g, dW in zip(mlp_unflatten(net.gradients(), shapes), dWs):
+        assert_close(g, dW, rtol=1e-4, atol_rel=1e-5, atol=1e-7)
+    kind = type(ctx.fused).__name__ if getattr(ctx, "fused", None) is not None else "kernels"
+    assert kind == {"kernels": "kernels", "fused": "FusedKernels"}[mlp_kernels]
+
+
+def test_tiles_cover_each_network_once(rng):
+    inst = np.concatenate([np.full(300, 3), np.full(5, 0), rng.integers(0, 6, 400)]).astype(np.int32)
+    rng.shuffle(inst)
+    table, order = tiles(inst, len(inst), 7)
+    assert sorted(order.tolist()) == list(range(len(inst)))
+    seen = np.zeros(len(inst), int)
+    for start, end, k in table:
+        assert 0 < end - start <= TILE
+        assert (inst[order[start:end]] == k).all()
+        seen[order[start:end]] += 1
+    assert (seen == 1).all()
+    single, none = tiles(None, 1000, 1)
+    assert none is None and single[-1].tolist() == [1000 - 1000 % TILE, 1000, 0]
+
+
+@blas_exists
+@pytest.mark.parametrize("loss", ["RelativeL2", "L1"])
+def test_device_training_equals_host_training(rng, monkeypatch, loss):
+    """config_hash's model (hash grid, 64-wide MLP) trained for a few steps on both paths."""
+    config = tinn.load_config("data/config_hash.json")
+    config["loss"] = {"otype": loss}
+    host, device = pair(lambda: tinn.create_from_config(2, 3, config), monkeypatch)
+    for _ in range(4):
+        x = rng.random((1000, 2), dtype=np.float32)
+        t = rng.random((1000, 3), dtype=np.float32)
+        loss_h = host.trainer.training_step(x, t)
+        loss_d = device.trainer.training_step(_device.put(x), _device.put(t))
+        assert loss_d == pytest.approx(loss_h, rel=1e-4)
+    np.testing.assert_allclose(device.network.params(), host.network.params(), rtol=1e-3, atol=1e-5)
+
+
+class _Seam:
+    """Records what crosses to the host: numpy products and batch-sized arrays read back or handed to
+    kernels (a numpy kernel argument is copied to the device and back on every launch)."""
+
+    def __init__(self, monkeypatch, batch):
+        self.products, self.downloads, self.host_arguments = [], [], []
+        for name in ("matmul", "dot", "einsum"):
+            real = getattr(np, name)
+            monkeypatch.setattr(np, name, self._wrap(real, name))
+        real_call = Kernel.__call__
+        seam = self
+
+        def reader(real):
+            def read(nd, *a, **k):
+                if np.prod(nd.shape) >= batch:
+                    seam.downloads.append(nd.shape)
+                return real(nd, *a, **k)
+            return read
+
+        def call(kernel, *args, **kwargs):
+            for a in list(args) + list(kwargs.values()):
+                if isinstance(a, np.ndarray) and a.size >= batch:
+                    seam.host_arguments.append((kernel.func.__name__, a.shape))
+            return real_call(kernel, *args, **kwargs)
+
+        for name in ("_ndarray_to_numpy", "_ndarray_matrix_to_numpy"):        # every ndarray's to_numpy
+            monkeypatch.setattr(Ndarray, name, reader(getattr(Ndarray, name)))
+        monkeypatch.setattr(Kernel, "__call__", call)
+
+    def _wrap(self, real, name):
+        def wrapped(*a, **k):
+            self.products.append(name)
+            return real(*a, **k)
+        return wrapped
+
+
+@pytest.mark.parametrize("config", ["config_hash.json", "config.json"])
+def test_a_training_step_on_the_device_stays_there(rng, monkeypatch, device_path, config):
+    """On the device path a step of a ti.ndarray batch calls no host BLAS, reads nothing batch-sized
+    back and hands no batch-sized numpy array to a kernel; only the loss comes back."""
+    B = 1 << 15                                                   # more than the model has parameter rows
+    model = tinn.create_from_config(2, 3, f"data/{config}") if config == "config_hash.json" else \
+        tinn.create_from_config(2, 3, {"encoding": {"otype": "HashGrid", "n_levels": 4},
+                                       "network": {"otype": "CutlassMLP", "n_neurons": 32, "n_hidden_layers": 3},
+                                       "loss": {"otype": "L2"}})
+    x, t = _device.put(rng.random((B, 2), dtype=np.float32)), _device.put(rng.random((B, 3), dtype=np.float32))
+    first = model.trainer.training_step(x, t)                     # compiles outside the instrumented steps
+    seam = _Seam(monkeypatch, B)
+    losses = [model.trainer.training_step(x, t) for _ in range(3)]
+    assert seam.products == [] and seam.downloads == [] and seam.host_arguments == []
+    assert isinstance(losses[-1], float) and losses[-1] < first
+
+
+def test_pool_reuses_a_buffer_once_its_owner_is_gone():
+    class Owner:
+        pass
+
+    pool = _device.Pool()
+    first_owner, second_owner = Owner(), Owner()
+    a = pool.take((3, 4), first_owner)
+    b = pool.take((3, 4), second_owner)            # the first owner is alive: a new buffer
+    assert a is not b
+    del first_owner
+    c = pool.take((3, 4), Owner())
+    assert c is a and pool.take((2, 4), Owner()).shape == (2, 4)

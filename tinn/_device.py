@@ -1,0 +1,167 @@
+"""The device path: batches as ``ti.ndarray``s on the arch's device, the MLP as Taichi kernels.
+
+On the CPU tinn computes MLP products with numpy's BLAS on host arrays (``networks/mlp.py``). On
+any other arch (CUDA, Vulkan, Metal, ...) that would move every activation across the bus twice per
+step, so there the MLP runs as Taichi kernels (``networks/_kernel_mlp.py``) on ``ti.ndarray``
+buffers that the encoding, loss and optimizer kernels read and write directly; a ``ti.ndarray``
+batch passed to the public API stays on the device, and a training step reads back one float.
+
+:func:`active` is the one place that chooses; tests set :data:`FORCE` to run the device path on
+the CPU, where it is checked against the BLAS path.
+"""
+import weakref
+
+import numpy as np
+import taichi as ti
+from taichi.lang import impl
+
+from ._runtime import is_cpu
+
+FORCE = False
+"""Use the device path on the CPU too (read when a model is built and at every call)."""
+
+
+def active() -> bool:
+    """Whether batches live in ``ti.ndarray``s and the MLP runs as kernels: every arch but the CPU."""
+    return FORCE or not is_cpu()
+
+
+def is_device(a) -> bool:
+    return isinstance(a, ti.Ndarray)
+
+
+@ti.kernel
+def _count_bad(a: ti.types.ndarray(dtype=ti.f32, ndim=2), positive: ti.i32,
+               out: ti.types.ndarray(dtype=ti.i32, ndim=1)):
+    """Elements that are NaN or +-Inf (or, with ``positive``, <= 0)."""
+    for i, j in ti.ndrange(a.shape[0], a.shape[1]):
+        v = a[i, j]
+        bad = not (ti.abs(v) <= 3.4028234663852886e38)          # NaN and +-Inf fail the comparison
+        if positive and not (v > 0.0):
+            bad = True
+        if bad:
+            ti.atomic_add(out[0], 1)
+
+
+def check(a, n_dims, name, dtype, *, finite=False, positive=False):
+    """Check a 2-D ``ti.ndarray`` batch as ``_runtime.as_batch`` checks numpy ones (values on the device:
+    one count read back); returned as is."""
+    want = {np.float32: ti.f32, np.int32: ti.i32}[np.dtype(dtype).type]
+    if a.dtype != want:
+        raise TypeError(f"{name} must have dtype {np.dtype(dtype).name}, got {a.dtype}")
+    if n_dims is not None and a.shape[1] != n_dims:
+        raise ValueError(f"{name} must have shape (batch, {n_dims}), got {tuple(a.shape)}")
+    if a.shape[0] == 0:
+        raise ValueError(f"{name} is an empty batch; a batch needs at least one sample")
+    if (finite or positive) and a.shape[1]:
+        count = _kept("count", lambda: ti.ndarray(ti.i32, (1,)))
+        count.fill(0)
+        _count_bad(a, int(positive), count)
+        if count.to_numpy()[0]:
+            from ._runtime import check_values
+            check_values(a.to_numpy(), name, positive=positive)     # names the first bad row
+    return a
+
+
+def put(a: np.ndarray, dtype=ti.f32):
+    """A host array as a ``ti.ndarray`` (one upload)."""
+    out = ti.ndarray(dtype, a.shape)
+    out.from_numpy(a)
+    return out
+
+
+def buffer(shape, dtype=ti.f32):
+    """A new ``ti.ndarray`` batch buffer."""
+    return ti.ndarray(dtype, tuple(shape))
+
+
+_scratch = {}
+
+
+def _kept(key, make):
+    """A buffer kept for this Taichi program under ``key`` (creating a ``ti.ndarray`` costs about a
+    quarter of a millisecond of Python, so the few that every step needs are made once)."""
+    prog = id(impl.get_runtime().prog)
+    if _scratch.get("program") != prog:
+        _scratch.clear()
+        _scratch["program"] = prog
+    if key not in _scratch:
+        if len(_scratch) > 16:
+            _scratch.clear()
+            _scratch["program"] = prog
+        _scratch[key] = make()
+    return _scratch[key]
+
+
+class Pool:
+    """Device buffers that outlive their user: a buffer taken for an ``owner`` (a forward pass's context)
+    comes back when the owner is garbage collected, and the next request of its shape gets it instead of
+    a new allocation. At most two free buffers of a shape and four shapes are kept (a training loop asks
+    for the same few shapes again and again)."""
+
+    def __init__(self):
+        self._free = {}
+
+    def take(self, shape, owner):
+        shape = tuple(shape)
+        free = self._free.get(shape) or []
+        out = free.pop() if free else buffer(shape)
+        weakref.finalize(owner, self._give_back, shape, out)
+        return out
+
+    def _give_back(self, shape, buf):
+        if shape not in self._free:
+            if len(self._free) >= 4:                # a new batch size: forget the oldest shape
+                del self._free[next(iter(self._free))]
+            self._free[shape] = []
+        if len(self._free[shape]) < 2:
+            self._free[shape].append(buf)
+
+
+def empty_like(a, shape=None):
+    """A new float32 buffer of ``a``'s kind (``ti.ndarray`` or numpy), of ``a``'s shape or ``shape``."""
+    shape = a.shape if shape is None else shape
+    return buffer(shape) if is_device(a) else np.empty(shape, np.float32)
+
+
+def host(a) -> np.ndarray:
+    """A numpy array of ``a`` (a download for a ``ti.ndarray``)."""
+    return a.to_numpy() if is_device(a) else a
+
+
+def same_kind(a, like):
+    """``a`` as the kind of array ``like`` is (a device output handed back to a host caller)."""
+    return a if is_device(like) or not is_device(a) else a.to_numpy()
+
+
+def full(n: int, value: float):
+    """A length-``n`` float32 ``ti.ndarray`` of ``value`` (kept: callers only read it)."""
+    def make():
+        out = ti.ndarray(ti.f32, (n,))
+        out.fill(value)
+        return out
+    return _kept(("full", n, value), make)
+
+
+@ti.kernel
+def _partial_sums(a: ti.types.ndarray(dtype=ti.f32, ndim=1), chunk: ti.i32,
+                  out: ti.types.ndarray(dtype=ti.f32, ndim=1)):
+    """Sums of chunks of ``a``, accumulated in float64."""
+    for i in range(out.shape[0]):
+        s = ti.f64(0.0)
+        for j in range(i * chunk, ti.min((i + 1) * chunk, a.shape[0])):
+            s += ti.cast(a[j], ti.f64)
+        out[i] = ti.cast(s, ti.f32)
+
+
+def total(a) -> float:
+    """The sum of a float32 vector; on the device two short passes, then one float read back."""
+    if not is_device(a):
+        return float(a.sum(dtype=np.float64))
+    n = a.shape[0]
+    chunk = max(256, int(np.ceil(np.sqrt(n))))         # both passes' loops stay short
+    parts = _kept(("parts", n), lambda: ti.ndarray(ti.f32, (-(-n // chunk),)))
+    _partial_sums(a, chunk, parts)
+    one = _kept("one", lambda: ti.ndarray(ti.f32, (1,)))
+    _partial_sums(parts, parts.shape[0], one)
+    return float(one.to_numpy()[0])
