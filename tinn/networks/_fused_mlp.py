@@ -44,6 +44,19 @@ class FusedKernels:
         self.backward = _backward_kernel(n_in, layers, acts, T, self.width)
 
 
+@ti.func
+def _load_tile(tile: ti.template(), x: ti.template(), b0, s, n_in: ti.template(), T: ti.template()):
+    """``tile[c, r] = x[b0 + r, c]`` for the block's ``T`` samples (0 past the batch): thread ``s`` reads
+    elements ``s, s + T, ...`` of the tile's rows, so a warp reads consecutive memory."""
+    for j in range(n_in):
+        e = s + j * T
+        row, col = e // n_in, e % n_in
+        v = 0.0
+        if b0 + row < x.shape[0]:
+            v = x[b0 + row, col]
+        tile[col, row] = v
+
+
 def _forward_kernel(n_in, layers, acts, T, width):
     L, n_out = len(layers), layers[-1][0]
 
@@ -56,13 +69,7 @@ def _forward_kernel(n_in, layers, acts, T, width):
             s = i % T
             b0 = i - s
             a = ti.simt.block.SharedArray((width, T + 1), ti.f32)
-            for j in range(n_in):                                 # the input tile, read coalesced
-                e = s + j * T
-                row, col = e // n_in, e % n_in
-                v = 0.0
-                if b0 + row < B:
-                    v = x[b0 + row, col]
-                a[col, row] = v
+            _load_tile(a, x, b0, s, n_in, T)
             ti.simt.block.sync()
             for li in ti.static(range(L)):
                 rows, cols, start = ti.static(layers[li][0], layers[li][1], layers[li][2])
@@ -119,13 +126,7 @@ def _backward_kernel(n_in, layers, acts, T, width):
                         for c in range(cols):
                             h[c, s] = hs[li - 1, c, b]
                     else:
-                        for j in range(n_in):
-                            e = s + j * T
-                            row, col = e // n_in, e % n_in
-                            v = 0.0
-                            if b0 + row < B:
-                                v = x[b0 + row, col]
-                            h[col, row] = v
+                        _load_tile(h, x, b0, s, n_in, T)
                     ti.simt.block.sync()
                     for j in range(per_thread[li]):                   # dL/dW over the tile's samples
                         w = s + j * T
