@@ -5,6 +5,8 @@ activation, width and depth the suite uses, forward and backward, network arrays
 other arch it is what runs, and a training step is checked to call no host BLAS and to move no
 batch-sized array to the host.
 """
+import contextlib
+
 import numpy as np
 import pytest
 import taichi as ti
@@ -29,26 +31,41 @@ def device_path(monkeypatch):
     monkeypatch.setattr(_device, "FORCE", True)
 
 
+@contextlib.contextmanager
+def path(device: bool):
+    """Run on the device path (``FORCE``) or on the CPU's own path."""
+    before = _device.FORCE
+    _device.FORCE = device
+    try:
+        yield
+    finally:
+        _device.FORCE = before
+
+
 def pair(build, monkeypatch):
     """The same model (same seed) on the host path and on the device path."""
-    monkeypatch.setattr(_device, "FORCE", False)
-    host = build()
-    monkeypatch.setattr(_device, "FORCE", True)
-    device = build()
-    mlp = device
-    while not hasattr(mlp, "_batch_path"):
-        mlp = mlp.network
-    assert type(mlp._batch_path()).__name__ == "KernelMLP"
+    with path(False):
+        host = build()
+    with path(True):
+        device = build()
+        mlp = device
+        while not hasattr(mlp, "_batch_path"):
+            mlp = mlp.network
+        assert type(mlp._batch_path()).__name__ == "KernelMLP"       # chosen at its first use
     return host, device
 
 
 def compare(host, device, x, dy, instance=None, tol=2e-5):
-    y_h, ctx_h = host.forward(x, instance)
-    y_d, ctx_d = device.forward(x, instance)
+    with path(False):
+        y_h, ctx_h = host.forward(x, instance)
+        inference_h = host.inference(x, instance)
+        dx_h = host.backward(ctx_h, dy)
+    with path(True):
+        y_d, ctx_d = device.forward(x, instance)
+        inference_d = device.inference(x, instance)
+        dx_d = device.backward(ctx_d, dy)
     np.testing.assert_allclose(y_d, y_h, rtol=tol, atol=tol * np.abs(y_h).max())
-    np.testing.assert_allclose(device.inference(x, instance), host.inference(x, instance),
-                               rtol=tol, atol=tol * np.abs(y_h).max())
-    dx_h, dx_d = host.backward(ctx_h, dy), device.backward(ctx_d, dy)
+    np.testing.assert_allclose(inference_d, inference_h, rtol=tol, atol=tol * np.abs(y_h).max())
     np.testing.assert_allclose(dx_d, dx_h, rtol=tol, atol=tol * np.abs(dx_h).max())
     g_h, g_d = host.gradients(), device.gradients()
     np.testing.assert_allclose(g_d, g_h, rtol=tol, atol=tol * np.abs(g_h).max())
@@ -164,8 +181,10 @@ def test_device_training_equals_host_training(rng, monkeypatch, loss):
     for _ in range(4):
         x = rng.random((1000, 2), dtype=np.float32)
         t = rng.random((1000, 3), dtype=np.float32)
-        loss_h = host.trainer.training_step(x, t)
-        loss_d = device.trainer.training_step(_device.put(x), _device.put(t))
+        with path(False):
+            loss_h = host.trainer.training_step(x, t)
+        with path(True):
+            loss_d = device.trainer.training_step(_device.put(x), _device.put(t))
         assert loss_d == pytest.approx(loss_h, rel=1e-4)
     np.testing.assert_allclose(device.network.params(), host.network.params(), rtol=1e-3, atol=1e-5)
 

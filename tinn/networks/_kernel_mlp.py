@@ -106,14 +106,15 @@ def _weight_grad(G: ti.template(), off: ti.i32, delta: _f32_2d, h: _f32_2d, tile
         ti.atomic_add(G[tiles[t, 2], off + r * cols + c], acc)
 
 
-def tiles(instance: np.ndarray | None, batch: int, n_instances: int):
+def tiles(instance: np.ndarray | None, batch: int, n_instances: int, counts: np.ndarray | None = None):
     """``(tiles, order)``: tiles of up to TILE samples of one network each (``(n, 3)`` int32 rows of
-    start, end, network) over the samples in ``order`` (sorted by network; ``None``: batch order)."""
+    start, end, network) over the samples in ``order`` (sorted by network; ``None``: batch order).
+    ``counts``: the samples per network, if known (the batch's routing counted them)."""
     if instance is None:
         starts = np.arange(0, batch, TILE, dtype=np.int32)
         return np.stack([starts, np.minimum(starts + TILE, batch), np.zeros_like(starts)], axis=1), None
     order = np.argsort(instance, kind="stable").astype(np.int32)
-    counts = np.bincount(instance, minlength=n_instances)
+    counts = np.bincount(instance, minlength=n_instances) if counts is None else counts
     first = np.concatenate([[0], np.cumsum(counts)[:-1]])
     per = -(-counts // TILE)                                      # tiles per network
     k = np.repeat(np.arange(n_instances), per).astype(np.int32)
@@ -206,7 +207,7 @@ class KernelMLP:
             fill_columns(store.grads, mlp._offset, mlp.n_params, mlp.n_instances, 0.0)
         if getattr(ctx, "fused", None) is not None:
             return self._backward_fused(ctx, dL_dy, input_gradient)
-        tile_table, order = self._tile_tables(ctx.routing.instance, ctx.x.shape[0])
+        tile_table, order = self._tile_tables(ctx.routing, ctx.x.shape[0])
         offsets = self.offsets
         delta = _device.empty_like(ctx.hs[-1])
         _output_delta(dL_dy, ctx.zs[-1], self.acts[-1], delta)
@@ -239,10 +240,11 @@ class KernelMLP:
         host, host_ctx, state = state
         return host.second_order(host_ctx, state, np.ascontiguousarray(_device.host(dL_ddLdx)), overwrite)
 
-    def _tile_tables(self, instance, batch):
+    def _tile_tables(self, routing, batch):
+        instance = routing.instance
         if instance is None and batch in self._tiles:
             return self._tiles[batch]
-        table, order = tiles(instance, batch, self.mlp.n_instances)
+        table, order = tiles(instance, batch, self.mlp.n_instances, None if instance is None else routing.counts)
         result = (_device.put(table, ti.i32), self._unrouted if order is None else _device.put(order, ti.i32))
         if instance is None:
             self._tiles = {batch: result}
