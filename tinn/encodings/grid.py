@@ -108,6 +108,7 @@ class GridEncoding(Encoding):
         self.n_params = n_entries * n_features_per_level
         self.required_output_alignment = n_features_per_level
         super().__init__(n_input_dims, n_levels * n_features_per_level, n_instances=n_instances, seed=seed)
+        self._kernels = None
 
     @classmethod
     def from_config(cls, n_input_dims, config, *, otype="HashGrid", **kwargs):
@@ -180,10 +181,19 @@ class GridEncoding(Encoding):
     def _get_kernels(self):
         """The kernels of this config, shared with every grid of the same config (fields and the column
         offset are arguments)."""
-        self.store                              # bind before the first kernel call
-        return _grid_kernels(self.n_input_dims, self.n_features_per_level, self.n_instances, self.n_params,
-                             self.n_raw_output_dims, self.padded_output_width, self.interpolation,
-                             tuple(self.levels))
+        if self._kernels is None:
+            self.store                          # bind before the first kernel call
+            cpu = is_cpu()
+            n_workers = max(1, ti.lang.impl.current_cfg().cpu_max_num_threads) if cpu else 1
+            private = cpu and n_workers * self.n_instances * self.n_params * 4 <= SCRATCH_BUDGET_BYTES
+            self._kernels = _grid_kernels(self.n_input_dims, self.n_features_per_level, self.n_instances,
+                                          self.n_params, self.n_raw_output_dims, self.padded_output_width,
+                                          self.interpolation, tuple(self.levels), private)
+        return self._kernels
+
+    def set_padded_output_width(self, width):
+        super().set_padded_output_width(width)
+        self._kernels = None
 
     def _sample_funcs(self, weights, grads):
         return self._get_kernels().sample_funcs(weights, grads, self._offset)
@@ -233,11 +243,11 @@ class _GridKernels:
     core's cache (elsewhere a parallel iteration is one sample, all its levels in turn).
     """
 
-    def __init__(self, D: int, F: int, K: int, n: int, raw: int, width: int, interp: str, levels: tuple):
+    def __init__(self, D: int, F: int, K: int, n: int, raw: int, width: int, interp: str, levels: tuple,
+                 private: bool):
         L = len(levels)
         cpu = is_cpu()
         n_workers = max(1, ti.lang.impl.current_cfg().cpu_max_num_threads) if cpu else 1
-        private = cpu and n_workers * K * n * 4 <= SCRATCH_BUDGET_BYTES
 
         runs = []                                           # (index mode, first level, last level + 1)
         for l, (scale, res, entries, offset, hashed) in enumerate(levels):
