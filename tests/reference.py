@@ -397,12 +397,12 @@ def grid_input_grad_ref(x, params, dL_dy, levels, F, interpolation, exact=False)
     return np.einsum("bj,bjd->bd", dL_dy[:, :J.shape[1]].astype(np.float64), J)
 
 
-def grid_second_order_param_grad_ref(x, G, dL_dy, levels, F, interpolation, n_params):
+def grid_second_order_param_grad_ref(x, G, dL_dy, levels, F, interpolation, n_params, exact=False):
     """§1.6.6: for L2 = Σ_b <G_b, dL/dx_b>, dL2/dθ[(offset_l + index(p + c))·F + f] += Σ_d G_d · (d weight_c / dx_d)
     · dL/dy_{l,f} (L2 is linear in θ: the upper corner along d gets +, the lower one −)."""
     g = np.zeros(n_params)
     for l, level in enumerate(levels):
-        for idx, _, slope in grid_corner_terms(x, level, interpolation):
+        for idx, _, slope in grid_corner_terms(x, level, interpolation, exact):
             coeff = (slope * G.astype(np.float64)).sum(1)
             np.add.at(g, (level.offset + idx)[:, None] * F + np.arange(F),
                       coeff[:, None] * dL_dy[:, l * F:(l + 1) * F].astype(np.float64))
