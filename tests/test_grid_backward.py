@@ -27,15 +27,12 @@ N_LEVELS, BASE, B = 3, 3, 1.7
 
 
 def build(name, n_instances, scratch):
-    """An encoding whose kernels are built with the default budget (scratch) or a zero one (level path)."""
+    """An encoding whose kernels use the private tables (default budget) or the level path (call with the
+    budget patched to 0: the budget is read at every kernel lookup)."""
     D, grid_type, interp, F, log2_T = CASES[name]
     cfg = {"otype": "Grid", "type": grid_type, "n_levels": N_LEVELS, "n_features_per_level": F,
            "base_resolution": BASE, "per_level_scale": B, "interpolation": interp, "log2_hashmap_size": log2_T}
     enc = tinn.create_encoding(D, cfg, n_instances=n_instances)
-    with pytest.MonkeyPatch.context() as mp:
-        if not scratch:
-            mp.setattr(grid_module, "SCRATCH_BUDGET_BYTES", 0)
-        enc.forward(np.zeros((1, D), np.float32), None if n_instances == 1 else np.zeros(1, np.int32))
     assert enc._get_kernels().private == scratch
     return enc, grid_geometry(D, grid_type, N_LEVELS, log2_T, BASE, B), F, interp
 
@@ -51,16 +48,24 @@ def reference_grads(x, dy, inst, K, levels, F, interp, n_params):
 @pytest.mark.parametrize("K", [1, 3])
 def test_scratch_and_level_paths_match_the_reference(name, K):
     rng = np.random.default_rng(len(name) + K)
-    paths = [build(name, K, scratch) for scratch in (True, False)]
     D = CASES[name][0]
-    width = paths[0][0].n_output_dims
+    width = build(name, K, True)[0].n_output_dims
     batches = []
     for n, lo, hi in ((700, -1.5, 2.5), (257, 0.0, 1.0)):
         x = rng.uniform(lo, hi, (n, D)).astype(np.float32)
         inst = None if K == 1 else rng.integers(0, K - (n < 300), n).astype(np.int32)   # 2nd: network K-1 idle
         batches.append((x, rng.normal(size=(n, width)).astype(np.float32), inst))
     results = []
-    for enc, levels, F, interp in paths:
+    for scratch in (True, False):
+        results.append(gradients_of_one_path(name, K, scratch, batches))
+    assert_close(results[1], results[0], rtol=1e-5, atol_rel=1e-6)
+
+
+def gradients_of_one_path(name, K, scratch, batches):
+    with pytest.MonkeyPatch.context() as mp:
+        if not scratch:
+            mp.setattr(grid_module, "SCRATCH_BUDGET_BYTES", 0)
+        enc, levels, F, interp = build(name, K, scratch)
         theta = np.random.default_rng(1).uniform(-1, 1, (K, enc.n_params)).astype(np.float32)
         enc.set_params(theta if K > 1 else theta[0])
         (x1, g1, i1), (x2, g2, i2) = batches
@@ -78,8 +83,7 @@ def test_scratch_and_level_paths_match_the_reference(name, K):
         first = enc.gradients()
         enc.backward(c1, g1, input_gradient=False)
         np.testing.assert_array_equal(enc.gradients(), first)  # same data, same bits
-        results.append(first)
-    assert_close(results[1], results[0], rtol=1e-5, atol_rel=1e-6)
+        return first
 
 
 SCRIPT = """
