@@ -1,6 +1,6 @@
 """The grid encoding's Taichi kernels and per-sample funcs (see ``grid.py`` for the formulas).
 
-First order (spec §1.6.5–§1.6.6) and the exact second order of §1.6.6: for
+First order and the exact second order (tcnn's non-JIT formulas): for
 ``L2 = sum_b <G_b, dL/dx_b>`` and a corner c of level l with slopes
 ``s_{c,d} = d weight_c / dx_d = ±scale_l w'_d prod_{d' != d}(...)``::
 

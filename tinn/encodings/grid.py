@@ -23,7 +23,7 @@ count. Those tables take threads x instances x n_params floats, so they are used
 stays within ``SCRATCH_BUDGET_BYTES``; beyond it each level's gradients are owned by one thread,
 which adds the whole batch into them in sample order (no tables, no atomics; up to L threads busy;
 bit-identical whatever the thread count). Other archs add atomically. The input gradient is analytic,
-and so is the second order (``backward_backward_input``, spec §1.6.6, formulas in ``_grid_kernels``).
+and so is the second order (``backward_backward_input``, formulas in ``_grid_kernels``).
 Any finite input is defined: tcnn's unsigned 32-bit index arithmetic wherever scale_l * x + 0.5 fits
 in int32, a position clamped to that range beyond it; every read and write stays in the level's table.
 """
@@ -168,7 +168,7 @@ class GridEncoding(Encoding):
         return dx
 
     def _backward_backward_input(self, ctx, dL_ddLdx, dL_dy, overwrite):
-        """Spec §1.6.6 (exact, every interpolation and dimension): dL2/dθ to the gradients, and
+        """tcnn's exact second order (every interpolation and dimension): dL2/dθ to the gradients, and
         ``(dL2/d(dL_dy), dL2/dx)``; padded columns of the first are 0, Nearest gives 0 throughout."""
         dL_ddLdx = np.ascontiguousarray(dL_ddLdx, np.float32)
         k, dL_dy, inst, routed = self._scatter_gradients(ctx, dL_dy, overwrite, dL_ddLdx)
