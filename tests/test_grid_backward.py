@@ -25,6 +25,9 @@ CASES = {   # D, type, interpolation, F, log2_T
 }
 N_LEVELS, BASE, B = 3, 3, 1.7
 
+pytestmark = pytest.mark.x64_only("private per-thread tables and the level path are the CPU's backward; other "
+                                  "archs add with atomics")
+
 
 def build(name, n_instances, scratch):
     """An encoding whose kernels use the private tables (default budget) or the level path (call with the

@@ -15,10 +15,14 @@ import numpy as np
 import taichi as ti
 from taichi.lang import impl
 
-from ._runtime import is_cpu
 
 FORCE = False
 """Use the device path on the CPU too (read when a model is built and at every call)."""
+
+
+def is_cpu() -> bool:
+    """Whether Taichi runs on the host's CPU (x64 or arm64)."""
+    return impl.current_cfg().arch in (ti.x64, ti.arm64)
 
 
 def active() -> bool:
@@ -43,9 +47,10 @@ def _count_bad(a: ti.types.ndarray(dtype=ti.f32, ndim=2), positive: ti.i32,
             ti.atomic_add(out[0], 1)
 
 
-def check(a, n_dims, name, dtype, *, finite=False, positive=False):
-    """Check a 2-D ``ti.ndarray`` batch as ``_runtime.as_batch`` checks numpy ones (values on the device:
-    one count read back); returned as is."""
+def check(a, n_dims, name, dtype, *, finite=False, positive=False) -> bool:
+    """Check a 2-D ``ti.ndarray`` batch's dtype and shape as ``_runtime.as_batch`` checks numpy ones; with
+    ``finite`` / ``positive``, whether it holds NaN or +-Inf (or values <= 0): counted on the device, one
+    integer read back."""
     want = {np.float32: ti.f32, np.int32: ti.i32}[np.dtype(dtype).type]
     if a.dtype != want:
         raise TypeError(f"{name} must have dtype {np.dtype(dtype).name}, got {a.dtype}")
@@ -57,10 +62,8 @@ def check(a, n_dims, name, dtype, *, finite=False, positive=False):
         count = _kept("count", lambda: ti.ndarray(ti.i32, (1,)))
         count.fill(0)
         _count_bad(a, int(positive), count)
-        if count.to_numpy()[0]:
-            from ._runtime import check_values
-            check_values(a.to_numpy(), name, positive=positive)     # names the first bad row
-    return a
+        return bool(count.to_numpy()[0])
+    return False
 
 
 def put(a: np.ndarray, dtype=ti.f32):

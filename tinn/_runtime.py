@@ -17,6 +17,9 @@ import taichi as ti
 from taichi.lang import impl
 from taichi.lang.exception import TaichiCompilationError
 
+from . import _device
+from ._device import is_cpu  # noqa: F401  (re-exported: the components ask the runtime)
+
 
 class RuntimeResetError(RuntimeError):
     """A tinn object was used after ``ti.init`` was called again."""
@@ -94,10 +97,6 @@ def current_program():
     if prog is None:
         raise RuntimeError("Taichi is not initialised: call ti.init(...) (or tinn.init()) before creating tinn objects")
     return prog
-
-
-def is_cpu() -> bool:
-    return impl.current_cfg().arch in (ti.x64, ti.arm64)
 
 
 @ti.kernel
@@ -264,10 +263,11 @@ def as_batch(a, n_dims, name: str = "x", *, dtype=np.float32, allow_dense: bool 
     returned unchanged in shape (the caller flattens it). ``finite`` rejects NaN and
     ±Inf, ``positive`` also values <= 0 (see :func:`check_values`).
     """
-    if isinstance(a, ti.Ndarray) and len(a.shape) == 2:
-        from . import _device
-        if _device.active():                    # the device path computes on it where it is
-            return _device.check(a, n_dims, name, dtype, finite=finite, positive=positive)
+    if isinstance(a, ti.Ndarray) and len(a.shape) == 2 and _device.active():
+        # the device path computes on it where it is; a bad batch is searched on the host for its row
+        if _device.check(a, n_dims, name, dtype, finite=finite, positive=positive):
+            check_values(a.to_numpy(), name, positive=positive)
+        return a
     arr = to_numpy(a, name)
     if arr.dtype != dtype:
         raise TypeError(f"{name} must have dtype {np.dtype(dtype).name}, got {arr.dtype} "

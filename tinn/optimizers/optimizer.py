@@ -96,7 +96,7 @@ class Optimizer(Object, RuntimeBound):
     """Base of every optimizer: hyperparameters, allocation, stepping, state (module docstring).
 
     State arrays are ``ti.ndarray``s (see :func:`zeros`), numpy arrays, or, for arrays that
-    model kernels read as fields (inference weights, a gradient pool), :class:`~tinn.params.Buffer`\ s.
+    model kernels read as fields (inference weights, a gradient pool), :class:`~tinn.params.Buffer` objects.
     ``COUNTS_STEPS``: the optimizer keeps (and saves) its own step counter; the others
     report their first nested optimizer's.
     """
