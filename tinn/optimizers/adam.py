@@ -78,6 +78,20 @@ def _adam_kernel(n_matrix: int, n: int, flags: tuple):
     m_tasks, nm_tasks = -(-n_matrix // chunk), -(-n_nm // chunk)
 
     @ti.func
+    def one_minus_pow(beta, T):
+        """``1 - beta^T`` without the cancellation of ``1 - pow(beta, T)`` for ``beta`` near 1: ``-expm1(T
+        log1p(beta - 1))``, both by their series while small (``beta - 1`` is exact in float32). A GPU's
+        ``pow`` is not correctly rounded, and the cancellation multiplies its error by ``1 / (1 - beta^T)``."""
+        d = beta - 1.0
+        u = T * ti.log(beta)
+        if ti.abs(d) < 1e-2:
+            u = T * (d * (1.0 - d * (0.5 - d * (1.0 / 3.0 - 0.25 * d))))
+        r = 1.0 - ti.exp(u)
+        if ti.abs(u) < 1e-2:
+            r = -u * (1.0 + u * (0.5 + u * (1.0 / 6.0 + u / 24.0)))
+        return r
+
+    @ti.func
     def bias_at(bias: ti.template(), t, beta1, beta2):
         """``sqrt(1 - beta2^t) / (1 - beta1^t)`` from the host's table; past its end the table's last
         entry (1 once the correction has converged in float32, ``converged``), else computed here."""
@@ -85,7 +99,7 @@ def _adam_kernel(n_matrix: int, n: int, flags: tuple):
         b = bias[ti.min(t, last)]
         if t > last and bias[last] != 1.0:
             T = ti.cast(t, ti.f32)
-            b = ti.sqrt(1.0 - ti.pow(beta2, T)) / (1.0 - ti.pow(beta1, T))
+            b = ti.sqrt(one_minus_pow(beta2, T)) / one_minus_pow(beta1, T)
         return b
 
     @ti.func
