@@ -236,12 +236,12 @@ class ParamStore(_Slice):
         return out
 
     def rows_view(self, field, offset: int, n: int, rows: np.ndarray) -> np.ndarray | None:
-        """``field[rows, offset : offset + n]`` as a numpy view of the field's own memory (``params`` or
-        ``grads``), where that is possible and worth it: the x64 backend, every instance in order and at
+        """``field[rows, offset : offset + n]`` as a numpy view of the field's own memory (``params``,
+        ``grads`` or ``inference_params``), where that is possible and worth it: the x64 backend, every instance in order and at
         least ``VIEW_MIN`` floats. Else ``None``: copy with :meth:`read_rows` / :meth:`write_rows`."""
         self._columns(field, offset, n)
-        if len(rows) != self.n_instances or len(rows) * n < VIEW_MIN or (field is not self.params and
-                                                                        field is not self.grads):
+        if len(rows) != self.n_instances or len(rows) * n < VIEW_MIN or not any(
+                field is f for f in (self.params, self.grads, self.inference_params)):
             return None
         view = self._chunk.view(field)
         return None if view is None else view[:, offset:offset + n]
