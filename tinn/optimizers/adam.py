@@ -69,10 +69,12 @@ def _adam_kernel(n_matrix: int, n: int, flags: tuple):
 
     ``flags`` are the hyperparameters that switch code on or off (compile-time, so the common case
     is a branch-free loop): adabound, gradient clipping, weight clipping, decay, optimize matrix
-    params, optimize non-matrix params, skip zero non-matrix gradients. Matrix parameters share
-    their network's step count; non-matrix ones keep their own (they skip zero gradients).
+    params, optimize non-matrix params, skip zero non-matrix gradients, and ``mirror``: also write
+    each stepped weight to ``I[k, io + i]`` (the model's inference weights, filled in the same pass
+    instead of a copy after the step). Matrix parameters share their network's step count;
+    non-matrix ones keep their own (they skip zero gradients).
     """
-    adabound, gclip_on, wclip_on, decay_on, opt_matrix, opt_non_matrix, skip_zero = flags
+    adabound, gclip_on, wclip_on, decay_on, opt_matrix, opt_non_matrix, skip_zero, mirror = flags
     n_nm = n - n_matrix
     chunk = CHUNK if is_cpu() else GPU_CHUNK
     m_tasks, nm_tasks = -(-n_matrix // chunk), -(-n_nm // chunk)
@@ -120,7 +122,8 @@ def _adam_kernel(n_matrix: int, n: int, flags: tuple):
         return w, m, v
 
     @ti.kernel
-    def step(P: ti.template(), po: ti.i32, G: ti.template(), go: ti.i32, m: F32_1D, v: F32_1D,
+    def step(P: ti.template(), po: ti.i32, I: ti.template(), io: ti.i32, G: ti.template(), go: ti.i32,
+             m: F32_1D, v: F32_1D,
              matrix_steps: I32_1D, param_steps: I32_1D, active: I32_1D, steps: I32_1D, bias: F32_1D,
              inv_scale: ti.f32, lr: F32_1D, beta1: ti.f32, beta2: ti.f32, eps: ti.f32, l2_reg: ti.f32,
              nm_l2_reg: ti.f32, nm_lr_factor: ti.f32, rel_decay: ti.f32, abs_decay: ti.f32, wclip: ti.f32,
@@ -133,9 +136,12 @@ def _adam_kernel(n_matrix: int, n: int, flags: tuple):
                     for i in range(c * chunk, ti.min(c * chunk + chunk, n_matrix)):
                         w = P[k, po + i]
                         g = G[k, go + i] * inv_scale + l2_reg * w
-                        P[k, po + i], m[k * n + i], v[k * n + i] = update(
+                        w, m[k * n + i], v[k * n + i] = update(
                             w, g, m[k * n + i], v[k * n + i], a_t, T, beta1, beta2, eps, rel_decay, abs_decay,
                             wclip, gclip)
+                        P[k, po + i] = w
+                        if ti.static(mirror):
+                            I[k, io + i] = w
         if ti.static(opt_non_matrix and nm_tasks > 0):
             for task in range(active.shape[0] * nm_tasks):
                 k, c = task // nm_tasks, task % nm_tasks
@@ -150,6 +156,8 @@ def _adam_kernel(n_matrix: int, n: int, flags: tuple):
                         w, mi, vi = update(w0, g + nm_l2_reg * w0, m[k * n + i], v[k * n + i], a_t, T,
                                            beta1, beta2, eps, rel_decay, abs_decay, wclip, gclip)
                         P[k, po + i] = ti.select(run, w, w0)           # a skipped parameter keeps all it had
+                        if ti.static(mirror):
+                            I[k, io + i] = ti.select(run, w, w0)
                         m[k * n + i] = ti.select(run, mi, m[k * n + i])
                         v[k * n + i] = ti.select(run, vi, v[k * n + i])
                         param_steps[s] = t
@@ -194,15 +202,21 @@ class Adam(Optimizer):
             self._bias = ((b1, b2), table.astype(np.float32))
         return self._bias[1]
 
+    def mirrors(self) -> bool:
+        """Every weight of a stepped instance is written (so the step can fill the inference weights)."""
+        return bool(self.hparams["optimize_matrix_params"] and self.hparams["optimize_non_matrix_params"])
+
     def update(self, active, loss_scale, lr):
         h, s = self.hparams, self.slot
         flags = (bool(h["adabound"]), h["gradient_clipping_magnitude"] != 0, h["clipping_magnitude"] != 0,
                  h["relative_decay"] != 0 or h["absolute_decay"] != 0, bool(h["optimize_matrix_params"]),
-                 bool(h["optimize_non_matrix_params"]), bool(h["skip_zero_grad_non_matrix_params"]))
+                 bool(h["optimize_non_matrix_params"]), bool(h["skip_zero_grad_non_matrix_params"]),
+                 self.mirror is not None)
+        I, io = self.mirror or (s.params, s.p_off)
         if h["optimize_matrix_params"]:
             self.matrix_steps += active
         _adam_kernel(self.n_matrix, s.n, flags)(
-            s.params, s.p_off, s.grads, s.g_off, self.first_moments, self.second_moments, self.matrix_steps,
+            s.params, s.p_off, I, io, s.grads, s.g_off, self.first_moments, self.second_moments, self.matrix_steps,
             self.param_steps, active, self._steps.astype(np.int32), self._bias_correction(), 1.0 / loss_scale, lr,
             h["beta1"], h["beta2"], h["epsilon"], h["l2_reg"], h["non_matrix_l2_reg"],
             h["non_matrix_learning_rate_factor"], h["relative_decay"], h["absolute_decay"],

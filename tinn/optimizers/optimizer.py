@@ -205,8 +205,23 @@ class Optimizer(Object, RuntimeBound):
         if self.slot is None or self.slot.store is not store:
             self.allocate(target.n_params, target.layer_sizes(), target.n_instances, store)
         mask = active_mask(self.n_instances, active)
-        self._advance(mask, float(loss_scale), None)
-        self._publish(mask)
+        if self.inference_weights() is None and self.mirrors():      # the step itself fills them
+            self.mirror = (store.inference_params, store.offset)
+        try:
+            self._advance(mask, float(loss_scale), None)
+        finally:
+            mirrored, self.mirror = self.mirror is not None, None
+        if not mirrored:
+            self._publish(mask)
+
+    mirror = None
+    """``(field, offset)`` to which ``update`` also writes the weights it steps (the model's inference
+    weights), during a top-level step of an optimizer that :meth:`mirrors`; else ``None``."""
+
+    def mirrors(self) -> bool:
+        """Whether ``update`` can write every stepped weight to :attr:`mirror` too (default: no, the
+        step is followed by a copy into the inference weights)."""
+        return False
 
     def _publish(self, active: np.ndarray):
         """Fill the model store's inference weights of the ``active`` instances: this optimizer's
