@@ -18,10 +18,11 @@ def train_both(monkeypatch, big, chunked, batches):
     """Train ``big`` in one pass per batch and ``chunked`` in chunks of 37 samples; compare as we go."""
     for args, kwargs in batches:
         with monkeypatch.context() as m:
-            m.setattr(tinn.trainer, "TRAINING_CHUNK", 1 << 30)
+            m.setattr(tinn.object, "TRAINING_MEMORY", 1 << 40)
             loss, losses = big.trainer.training_step(*args, per_instance=True, **kwargs)
         with monkeypatch.context() as m:
-            m.setattr(tinn.trainer, "TRAINING_CHUNK", 37)
+            m.setattr(tinn.object, "TRAINING_MEMORY", 0)
+            m.setattr(tinn.object, "MIN_CHUNK", 37)
             loss_c, losses_c = chunked.trainer.training_step(*args, per_instance=True, **kwargs)
         assert loss_c == pytest.approx(loss, rel=1e-5)
         np.testing.assert_allclose(losses_c, losses, rtol=1e-5, atol=1e-9)
@@ -37,7 +38,15 @@ def test_a_chunked_step_equals_one_big_step(rng, monkeypatch):
     train_both(monkeypatch, big, chunked, [((x, y), {}), ((x, y), {"pdf": pdf}), ((x[:50], y[:50]), {})])
 
 
-def test_a_chunked_routed_step_equals_one_big_step(rng, monkeypatch):
+@pytest.fixture(params=["copies", "in place"])
+def weight_access(request, monkeypatch):
+    """The host MLP reads weights and writes gradients through copies, or in the store's own memory
+    (``ParamStore.rows_view``: any run of consecutive networks, as a chunk of a dense batch is)."""
+    if request.param == "in place":
+        monkeypatch.setattr(tinn.params, "VIEW_MIN", 0)
+
+
+def test_a_chunked_routed_step_equals_one_big_step(rng, monkeypatch, weight_access):
     """Uneven counts, a network first met in a later chunk and one never met: per-network normalisation
     by the whole batch, gradients of every chunk, and the idle network untouched."""
     big, chunked = twins(n_instances=K)
@@ -50,7 +59,7 @@ def test_a_chunked_routed_step_equals_one_big_step(rng, monkeypatch):
     np.testing.assert_array_equal(chunked.optimizer.step_counts(), [2, 2, 2, 0, 2])
 
 
-def test_a_chunked_dense_step_equals_one_big_step(rng, monkeypatch):
+def test_a_chunked_dense_step_equals_one_big_step(rng, monkeypatch, weight_access):
     big, chunked = twins(n_instances=K)
     x, y = rng.random((K, 30, 2), dtype=np.float32), rng.random((K, 30, 3), dtype=np.float32)
     train_both(monkeypatch, big, chunked, [((x, y), {}), ((x, y), {})])
@@ -63,7 +72,8 @@ def test_chunked_inference_equals_one_pass(rng, monkeypatch):
     ids = rng.integers(0, K, 200).astype(np.int32)
     flat = x.reshape(-1, 2)
     expected = [single.network.inference(flat), array.network.inference(flat, ids), array.network.inference(x)]
-    monkeypatch.setattr(tinn.object, "INFERENCE_CHUNK", 37)
+    monkeypatch.setattr(tinn.object, "INFERENCE_MEMORY", 0)
+    monkeypatch.setattr(tinn.object, "MIN_CHUNK", 37)
     got = [single.network.inference(flat), array.network.inference(flat, ids), array.network.inference(x)]
     for e, g in zip(expected, got):
         assert g.shape == e.shape and g.flags.c_contiguous

@@ -82,6 +82,9 @@ class NetworkWithInputEncoding(DifferentiableObject):
             return x if _device.is_device(x) else _device.put(x)
         return _device.host(x)
 
+    def _floats_per_sample(self, training):
+        return self.encoding._floats_per_sample(training) + self.network._floats_per_sample(training)
+
     def _inference(self, x, routing):
         return self.network._inference(self.encoding._inference(self._encoding_input(x), routing), routing)
 

@@ -8,7 +8,9 @@
   ``backward(ctx, dL_dy) -> dL_dx`` and the second order
   ``backward_backward_input(ctx, dL_ddLdx, dL_dy) -> (dL_ddLdy, dL_dx)``. Public methods check their
   arguments and hand contiguous numpy batches to the private ``_inference`` / ``_forward`` /
-  ``_backward`` / ``_backward_backward_input`` of each component, which work on *padded* output widths.
+  ``_backward`` / ``_backward_backward_input`` of each component, whose outputs are at least
+  ``n_output_dims`` wide (an encoding's own padding included) and whose output gradients are
+  ``n_output_dims`` wide.
 
 Parameter gradients follow tcnn's ``GradientMode``: ``mode="overwrite"``
 (default) replaces them, ``"accumulate"`` adds to them.
@@ -28,9 +30,24 @@ from .routing import Routing
 
 GRADIENT_MODES = ("overwrite", "accumulate")
 
-INFERENCE_CHUNK = 1 << 19
-"""Samples per pass of ``inference``: a larger batch is cut into chunks of this size, so that the
-intermediate arrays stay bounded (about 250 bytes a sample for ``config_hash``) however large the batch."""
+INFERENCE_MEMORY = 128 << 20
+"""Bytes of batch-sized arrays a pass of ``inference`` may hold: a batch that needs more is cut into
+chunks (``config_hash``: about 280 bytes a sample, chunks of about 480,000 samples)."""
+
+TRAINING_MEMORY = 512 << 20
+"""Bytes of batch-sized arrays a training pass (forward, loss, backward) may hold: a larger batch is
+processed in chunks, its gradients accumulated over them (``config_hash``: about 800 bytes a sample)."""
+
+MIN_CHUNK = 1 << 14
+"""The fewest samples a chunk has, whatever the model."""
+
+
+def chunk_samples(model, training: bool) -> int:
+    """Samples per pass of a batch through ``model``: as many as ``TRAINING_MEMORY`` (or
+    ``INFERENCE_MEMORY``) bytes hold at ``model._floats_per_sample(training)`` floats each, at least
+    ``MIN_CHUNK``."""
+    budget = TRAINING_MEMORY if training else INFERENCE_MEMORY
+    return max(MIN_CHUNK, budget // (4 * max(1, model._floats_per_sample(training))))
 
 INIT_CHUNK = 1 << 22
 """Parameters drawn per batch of instances at initialisation (bounds the generator's temporaries)."""
@@ -164,13 +181,14 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
     def inference(self, x, instance=None) -> np.ndarray:
         """Outputs ``(batch, n_output_dims)`` for inputs ``(batch, n_input_dims)``; with a network array,
         ``instance`` ``(batch,)`` int32 routes each sample, or ``x`` is a dense ``(K, B_k, n_input_dims)``.
-        A batch larger than ``INFERENCE_CHUNK`` runs in chunks of that size (bounded memory)."""
+        A batch larger than :func:`chunk_samples` allows runs in chunks (bounded memory)."""
         x, routing = self._prepare(x, instance)
-        if routing.batch <= INFERENCE_CHUNK or is_device(x):       # a device batch is not cut
+        chunk = chunk_samples(self, training=False)
+        if routing.batch <= chunk or is_device(x):       # a device batch is not cut
             return self._finish(self._inference(x, routing), routing, x)
         y = np.empty((routing.batch, self.n_output_dims), np.float32)
-        for lo in range(0, routing.batch, INFERENCE_CHUNK):
-            hi = min(lo + INFERENCE_CHUNK, routing.batch)
+        for lo in range(0, routing.batch, chunk):
+            hi = min(lo + chunk, routing.batch)
             y[lo:hi] = host(self._inference(x[lo:hi], routing.chunk(lo, hi)))[:, : self.n_output_dims]
         return y.reshape(routing.dense + (-1,)) if routing.dense else y
 
@@ -202,7 +220,8 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         return self._dense(ctx, np.ascontiguousarray(dy[:, : self.n_output_dims])), self._dense(ctx, dx)
 
     def _output_gradient(self, ctx: Context, dL_doutput, mode: str) -> np.ndarray:
-        """Check a backward call's context, mode and output gradient; the gradient as ``(batch, padded width)``."""
+        """Check a backward call's context, mode and output gradient; the gradient as ``(batch, n_output_dims)``
+        (the padded outputs get none: components read the first ``n_output_dims`` columns)."""
         self._check_runtime()
         if not isinstance(ctx, Context) or ctx.owner is not self:
             raise ValueError("ctx must be the context returned by this object's forward()")
@@ -215,10 +234,6 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         g = g.reshape(int(np.prod(g.shape[:-1])), self.n_output_dims)      # (batch, 0) has no -1 reshape
         if g.shape[0] != routing.batch:
             raise ValueError(f"dL_doutput has {g.shape[0]} samples, the forward pass had {routing.batch}")
-        if self.padded_output_width != self.n_output_dims:
-            padded = np.zeros((g.shape[0], self.padded_output_width), np.float32)     # faster than np.pad
-            padded[:, : self.n_output_dims] = g
-            g = padded
         return g
 
     def _gradient_mode(self, ctx: Context, mode: str) -> bool:
@@ -235,12 +250,18 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         dense = ctx.routing.dense
         return a.reshape(dense + (-1,)) if dense else a
 
-    # -- implemented by components (numpy in, numpy out; padded output width) --
+    # -- implemented by components (numpy in, numpy out) --
+    def _floats_per_sample(self, training: bool) -> int:
+        """Floats of batch-sized arrays a pass holds per sample (the input, the output and what ``ctx``
+        keeps for backward): what sizes chunks (:func:`chunk_samples`)."""
+        return self.n_input_dims + self.padded_output_width
+
     def _inference(self, x: np.ndarray, routing: Routing) -> np.ndarray:
         return self._forward(x, routing)[0]
 
     def _forward(self, x: np.ndarray, routing: Routing):
-        """``(y, ctx)`` for a checked batch ``x`` routed by ``routing``; ``y`` has the padded width."""
+        """``(y, ctx)`` for a checked batch ``x`` routed by ``routing``; ``y`` has at least ``n_output_dims`` columns
+        (an MLP computes no padded outputs; the caller reads the first ``n_output_dims``)."""
         raise NotImplementedError
 
     def _backward(self, ctx: Context, dL_dy: np.ndarray, input_gradient: bool, overwrite: bool = False):
@@ -249,7 +270,7 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         raise NotImplementedError
 
     def _backward_backward_input(self, ctx: Context, dL_ddLdx: np.ndarray, dL_dy: np.ndarray, overwrite: bool):
-        """For ``L2 = <dL_ddLdx, dL/dx>`` (``dL_ddLdx`` is ``(batch, n_input_dims)``, ``dL_dy`` has the padded
-        width): add (``overwrite``: write) dL2/dparams to the gradients and return ``(dL2/d(dL_dy), dL2/dx)``,
+        """For ``L2 = <dL_ddLdx, dL/dx>`` (``dL_ddLdx`` is ``(batch, n_input_dims)``, ``dL_dy`` is
+        ``(batch, n_output_dims)``): add (``overwrite``: write) dL2/dparams to the gradients and return ``(dL2/d(dL_dy), dL2/dx)``,
         the first at least ``n_output_dims`` wide, the second ``None`` where it is 0."""
         raise NotImplementedError(f"{type(self).__name__} has no second-order backward")

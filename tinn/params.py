@@ -237,14 +237,15 @@ class ParamStore(_Slice):
 
     def rows_view(self, field, offset: int, n: int, rows: np.ndarray) -> np.ndarray | None:
         """``field[rows, offset : offset + n]`` as a numpy view of the field's own memory (``params``,
-        ``grads`` or ``inference_params``), where that is possible and worth it: the x64 backend, every instance in order and at
-        least ``VIEW_MIN`` floats. Else ``None``: copy with :meth:`read_rows` / :meth:`write_rows`."""
+        ``grads`` or ``inference_params``), where that is possible and worth it: the x64 backend, a run of
+        consecutive instances ``rows`` (ascending, as ``Routing.active`` lists them) and at least ``VIEW_MIN``
+        floats. Else ``None``: copy with :meth:`read_rows` / :meth:`write_rows`."""
         self._columns(field, offset, n)
-        if len(rows) != self.n_instances or len(rows) * n < VIEW_MIN or not any(
+        if not len(rows) or rows[-1] - rows[0] != len(rows) - 1 or len(rows) * n < VIEW_MIN or not any(
                 field is f for f in (self.params, self.grads, self.inference_params)):
             return None
         view = self._chunk.view(field)
-        return None if view is None else view[:, offset:offset + n]
+        return None if view is None else view[rows[0]:rows[0] + len(rows), offset:offset + n]
 
     def write_rows(self, field, offset: int, rows: np.ndarray, values: np.ndarray):
         """``field[rows, offset : offset + n] = values`` for distinct instance ids ``rows``."""

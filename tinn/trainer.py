@@ -33,12 +33,8 @@ import numpy as np
 from . import serialization
 from . import _device
 from ._runtime import RuntimeBound, as_batch
-from .object import Context, DifferentiableObject
+from .object import Context, DifferentiableObject, chunk_samples
 from .routing import Routing
-
-TRAINING_CHUNK = 1 << 18
-"""Samples per pass of a training step: a larger batch is processed in chunks of this size (about
-1 KB a sample of intermediate arrays for ``config_hash``), its gradients accumulated over them."""
 
 
 class Trainer(RuntimeBound):
@@ -172,12 +168,13 @@ class Trainer(RuntimeBound):
     def training_step(self, x, target, instance=None, pdf=None, *, per_instance: bool = False):
         """One step; returns the loss, or ``(loss, per-network losses)`` with ``per_instance=True``.
 
-        A batch larger than ``TRAINING_CHUNK`` is processed in chunks of that size (gradients
+        A batch larger than :func:`tinn.object.chunk_samples` allows is processed in chunks (gradients
         accumulated over the chunks, each sample normalised by the whole batch, then one
         optimizer step), so the step's memory stays bounded whatever the batch size.
         """
         x, target, instance, pdf = self._checked(x, target, instance, pdf)
-        if int(np.prod(x.shape[:-1])) <= TRAINING_CHUNK or _device.is_device(x):    # a device batch is not cut
+        if int(np.prod(x.shape[:-1])) <= chunk_samples(self.model, training=True) or _device.is_device(x):
+            # one pass (a device batch is never cut)
             ctx = self._forward(x, target, instance, pdf)
             self.backward(ctx)
             loss, losses, active = ctx.loss, ctx.instance_losses, ctx.routing.active
@@ -192,9 +189,9 @@ class Trainer(RuntimeBound):
         x, whole = Routing.of(x, instance, self.model.n_instances)
         target = target.reshape(whole.batch, -1)
         pdf = None if pdf is None else pdf.reshape(whole.batch, -1)
-        loss, losses = 0.0, 0.0
-        for lo in range(0, whole.batch, TRAINING_CHUNK):
-            hi = min(lo + TRAINING_CHUNK, whole.batch)
+        loss, losses, chunk = 0.0, 0.0, chunk_samples(self.model, training=True)
+        for lo in range(0, whole.batch, chunk):
+            hi = min(lo + chunk, whole.batch)
             part = whole.chunk(lo, hi)
             ctx = self._forward(x[lo:hi], target[lo:hi], part.instance, None if pdf is None else pdf[lo:hi], part)
             self.model.backward(ctx, ctx.dL_doutput, input_gradient=False,

@@ -182,6 +182,9 @@ class CompositeEncoding(Encoding):
             return y, None
         return y, Context(self, x, routing, nested=ctxs, outs=outs if self.reduction == "Product" else None)
 
+    def _floats_per_sample(self, training):
+        return self.padded_output_width + sum(e._floats_per_sample(training) for e in self.nested)
+
     def _inference(self, x, routing):
         return self._run(x, routing, keep=False)[0]
 

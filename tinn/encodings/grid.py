@@ -39,7 +39,7 @@ from .._runtime import is_cpu
 from ..registry import encodings
 from ..keys import OFF, POSITIVE_INT, Key, Options, above, between, one_of, reported
 from ..object import Context
-from ._grid_kernels import grid_kernels
+from ._grid_kernels import OFFSET_MASK, grid_kernels
 from .encoding import Encoding, next_multiple
 
 MAX_BASE = {1: 0xFFFFFFFF, 2: 0xFFFF, 3: 0x659, 4: 0xFF}   # largest res with res^D < 2^32
@@ -195,6 +195,9 @@ class GridEncoding(Encoding):
         offset are arguments); whether they use private gradient tables is part of the config."""
         if self._kernels is None:
             self.store                          # bind before the first kernel call
+            if self._offset + self.n_params > OFFSET_MASK + 1:
+                raise ValueError(f"{type(self).__name__}: {self.n_params} parameters at column {self._offset} of the store: "
+                                 f"the grid kernels address fewer than 2^30 columns")
             cpu = is_cpu()
             n_workers = max(1, ti.lang.impl.current_cfg().cpu_max_num_threads) if cpu else 1
             private = cpu and n_workers * self.n_instances * self.n_params * 4 <= SCRATCH_BUDGET_BYTES

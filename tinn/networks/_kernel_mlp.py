@@ -227,13 +227,9 @@ class KernelMLP:
         host = self.__dict__.setdefault("_host", HostMLP(self.mlp))
         return host, host.run(np.ascontiguousarray(_device.host(ctx.x)), ctx.routing, keep=True)[1]
 
-    def _host_gradient(self, dL_dy):
-        g = _device.host(dL_dy)
-        return np.ascontiguousarray(np.pad(g, ((0, 0), (0, self.mlp.padded_output_width - g.shape[1]))))
-
     def output_adjoints(self, ctx, dL_dy, input_gradient: bool):
         host, host_ctx = self._host_pass(ctx)
-        dx, state = host.output_adjoints(host_ctx, self._host_gradient(dL_dy), input_gradient)
+        dx, state = host.output_adjoints(host_ctx, np.ascontiguousarray(_device.host(dL_dy)), input_gradient)
         return dx, (host, host_ctx, state)
 
     def second_order(self, ctx, state, dL_ddLdx, overwrite: bool):

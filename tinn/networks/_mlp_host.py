@@ -6,9 +6,9 @@ goes through every layer (the activation applied while the block is in cache). W
 every network of a large array, the products read the weights and write the gradients in the
 parameter store's own memory (``ParamStore.rows_view``) instead of copies.
 
-Of the padded rows of ``W_NL`` beyond ``n_output_dims`` only the first
-``next_multiple(n_output_dims, 4)`` are computed (BLAS runs 4 rows faster than 3): the padding
-outputs get no gradient, so the other rows' gradients are zero, as in tcnn.
+Only the first ``n_output_dims`` rows of ``W_NL`` are computed: the padded outputs are no part of
+the result and get no gradient, so their rows' gradients are zero, as in tcnn. Outputs and output
+gradients are then exactly ``(batch, n_output_dims)``, with no copy to cut or pad them.
 """
 from __future__ import annotations
 
@@ -108,10 +108,6 @@ class HostMLP:
             start += rows * cols
         return out
 
-    def _n_computed_outputs(self) -> int:
-        mlp = self.mlp
-        return min(mlp.padded_output_width, -(-mlp.n_output_dims // 4) * 4)
-
     def _weights(self, groups: Groups, field) -> list:
         """One ``(R, rows, cols)`` array per matrix, a row per row block (in the store's memory where it
         allows, else a copy); the last matrix cut to its computed rows."""
@@ -120,7 +116,7 @@ class HostMLP:
         if flat is None:
             flat = mlp.store.read_rows(field, mlp._offset, mlp.n_params, groups.active)
         ws = self._split(groups.per_row(flat))
-        return ws[:-1] + [ws[-1][:, : self._n_computed_outputs()]]
+        return ws[:-1] + [ws[-1][:, : self.mlp.n_output_dims]]
 
     # -- forward ------------------------------------------------------------------------
     def run(self, x: np.ndarray, routing: Routing, keep: bool):
@@ -154,13 +150,14 @@ class HostMLP:
 
     # -- backward -----------------------------------------------------------------------
     def _gradient_buffer(self, ctx, overwrite: bool):
-        """``(flat, per-layer views, target)``: where the blocks put dL/dW. Straight into the store's gradients
-        (``target``) when the batch overwrites them, reached every network once and is not split along samples;
-        else a ``(partials, R, n_params)`` buffer that :meth:`_commit_gradients` sums and writes."""
+        """``(flat, per-layer views, target, accumulate)``: where the blocks put dL/dW and whether they add
+        to it. Straight into the store's gradients (``target``, written or added to) when each network is
+        one row block, the batch is not split along samples and the networks are a run the store can view;
+        else a ``(partials, R, n_params)`` buffer that :meth:`_commit_gradients` sums and writes or adds."""
         mlp, groups, blocks = self.mlp, ctx.groups, ctx.blocks
         store = mlp.store
         target = None
-        if overwrite and not blocks.split_samples and groups.row_group is None:
+        if not blocks.split_samples and groups.row_group is None:
             target = store.rows_view(store.grads, mlp._offset, mlp.n_params, groups.active)
         if target is not None:
             flat = target[None]
@@ -168,8 +165,9 @@ class HostMLP:
             flat = (np.zeros if blocks.split_samples else np.empty)((blocks.n_partials, groups.n_rows, mlp.n_params),
                                                                      np.float32)
         per_layer = self._split(flat)
-        per_layer[-1][:, :, self._n_computed_outputs():] = 0.0
-        return flat, per_layer, target
+        if target is None or overwrite:
+            per_layer[-1][:, :, self.mlp.n_output_dims:] = 0.0      # the padded outputs' rows get no gradient
+        return flat, per_layer, target, blocks.split_samples or (target is not None and not overwrite)
 
     def _commit_gradients(self, ctx, flat, target, overwrite: bool):
         """Sum the partial sums and the row blocks of each network; write or add them to the store."""
@@ -193,7 +191,7 @@ class HostMLP:
         groups, blocks, layers = ctx.groups, ctx.blocks, ctx.layers
         g_all = groups.gather(np.ascontiguousarray(dL_dy[:, : layers[-1].w.shape[1]]))
         dx = np.empty_like(layers[0].x) if input_gradient else None
-        flat, dWs, target = self._gradient_buffer(ctx, overwrite)
+        flat, dWs, target, accumulate = self._gradient_buffer(ctx, overwrite)
 
         def block(partial, index):
             sel = blocks.row_blocks(index)
@@ -202,7 +200,7 @@ class HostMLP:
                 layer = layers[i]
                 activations.host_times_derivative(layer.act, layer.slope_source()[index], g)
                 dW = dWs[i][partial][sel][:, : g.shape[2]]
-                self._add_weight_gradient(dW, g, layer.x[index], blocks.split_samples)
+                self._add_weight_gradient(dW, g, layer.x[index], accumulate)
                 if i > 0 or input_gradient:
                     g = np.matmul(g, layer.w[sel], out=dx[index] if i == 0 else None)
 
@@ -245,7 +243,7 @@ class HostMLP:
         tangent_out = np.empty_like(ybars[-1])
         curved = [layer.act.host_second is not None for layer in layers]
         dx = np.zeros_like(layers[0].x) if any(curved) else None
-        flat, dWs, target = self._gradient_buffer(ctx, overwrite)
+        flat, dWs, target, accumulate = self._gradient_buffer(ctx, overwrite)
 
         def block(partial, index):
             sel = blocks.row_blocks(index)
@@ -266,7 +264,7 @@ class HostMLP:
                     xbar = xbar if slope is None else xbar * slope
                     zbar = xbar if zbar is None else zbar + xbar
                 dW = dWs[i][partial][sel][:, : delta.shape[2]]
-                self._add_weight_gradient(dW, delta, xdot, blocks.split_samples)
+                self._add_weight_gradient(dW, delta, xdot, accumulate)
                 xbar = None
                 if zbar is not None:
                     self._add_weight_gradient(dW, zbar, layer.x[index], True)

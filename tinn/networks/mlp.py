@@ -76,6 +76,16 @@ class MLP(Network):
     def layer_sizes(self):
         return list(self._layers)
 
+    def _floats_per_sample(self, training: bool) -> int:
+        """The host path's batch-sized arrays: the input (gathered per network), the output and, for
+        training, every layer's output (and pre-activation where act' needs it); a pass's blocks are
+        cache-sized."""
+        if not training:
+            return self.n_input_dims + self.n_output_dims
+        widths = [rows for rows, _ in self._layers[:-1]] + [self.n_output_dims]
+        return self.n_input_dims + sum(width * (1 if activations.ACTIVATIONS[self.layer_activation(i)].from_output
+                                                else 2) for i, width in enumerate(widths))
+
     def layer_activation(self, layer: int) -> str:
         """The activation after matrix ``layer`` (the output activation after the last)."""
         return self.output_activation if layer == len(self._layers) - 1 else self.activation
