@@ -30,9 +30,9 @@ from .routing import Routing
 
 GRADIENT_MODES = ("overwrite", "accumulate")
 
-INFERENCE_MEMORY = 128 << 20
+INFERENCE_MEMORY = 256 << 20
 """Bytes of batch-sized arrays a pass of ``inference`` may hold: a batch that needs more is cut into
-chunks (``config_hash``: about 280 bytes a sample, chunks of about 480,000 samples)."""
+chunks (``config_hash``: about 280 bytes a sample, chunks of about 970,000 samples)."""
 
 TRAINING_MEMORY = 512 << 20
 """Bytes of batch-sized arrays a training pass (forward, loss, backward) may hold: a larger batch is
