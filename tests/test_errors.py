@@ -45,6 +45,18 @@ def test_ti_ndarray_inputs_are_accepted(model):
     np.testing.assert_array_equal(out, model.inference(x))
 
 
+def test_torch_tensors_that_require_grad_are_refused_not_detached(model):
+    """The native API takes torch tensors as data; one that requires grad would silently lose its
+    gradients, so it is refused with a pointer to tinn.torch (tinycudann's modules)."""
+    torch = pytest.importorskip("torch")
+    x = torch.rand(5, 2)
+    np.testing.assert_array_equal(model.inference(x), model.inference(x.numpy()))
+    with pytest.raises(TypeError, match="requires grad.*tinn.torch"):
+        model.inference(x.requires_grad_(True))
+    with pytest.raises(TypeError, match="requires grad"):
+        model.forward(torch.rand(5, 2, requires_grad=True))
+
+
 def test_training_inputs_are_checked(model):
     trainer = tinn.Trainer(model, tinn.create_optimizer({}), tinn.create_loss({}))
     x = np.random.rand(8, 2).astype(np.float32)

@@ -228,14 +228,19 @@ def _discard(builder, runtime):
 
 def to_numpy(a, name):
     """A batch as a numpy array: numpy as is, a ``ti.ndarray`` in place on the x64 backend (a copy
-    elsewhere), a torch tensor through ``.numpy()`` (in place for CPU tensors)."""
+    elsewhere), a torch tensor through ``.numpy()`` (in place for CPU tensors; one that requires grad is refused, as its
+    gradients would be lost)."""
     if isinstance(a, np.ndarray):
         return a
     if isinstance(a, ti.Ndarray):
         view = ndarray_view(a)
         return a.to_numpy() if view is None else view
     if type(a).__module__.startswith("torch"):
-        return a.detach().cpu().numpy()
+        if a.requires_grad:
+            raise TypeError(f"{name} is a torch tensor that requires grad: tinn's native API does not record torch's "
+                            f"autograd, so gradients would be lost. Train through the tinn.torch modules (tinycudann's), "
+                            f"or pass {name}.detach()")
+        return a.cpu().numpy()
     raise TypeError(f"{name} must be a numpy array, a ti.ndarray or a torch tensor, not {type(a).__name__}")
 
 
