@@ -36,13 +36,29 @@ def test_inputs_of_the_wrong_type_shape_or_dtype(model):
         model.inference(x, instance=np.zeros(8, np.int64))
 
 
-def test_ti_ndarray_inputs_are_accepted(model):
-    x = np.random.rand(5, 2).astype(np.float32)
-    arr = ti.ndarray(ti.f32, (5, 2))
-    arr.from_numpy(x)
-    out = model.inference(arr)                  # on the device path a ti.ndarray batch stays one
-    out = out.to_numpy() if isinstance(out, ti.Ndarray) else out
-    np.testing.assert_array_equal(out, model.inference(x))
+def ndarray(a):
+    out = ti.ndarray(ti.f32, a.shape)
+    out.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+    return out
+
+
+def test_ti_ndarray_batches_give_ti_ndarray_results(model):
+    """Results have the caller's kind: ti.ndarray in, ti.ndarray out (numpy in, numpy out), same values."""
+    rng = np.random.default_rng(3)
+    x, g, v = (rng.random((5, n), dtype=np.float32) for n in (2, 3, 2))
+    y_np, ctx_np = model.forward(x)
+    dx_np = model.backward(ctx_np, g)
+    second_np = model.backward_backward_input(ctx_np, v, g)
+    loss = tinn.create_loss({"otype": "L2"})
+    _, dL_np = loss.evaluate(y_np, g)
+
+    y, ctx = model.forward(ndarray(x))
+    results = [model.inference(ndarray(x)), y, model.backward(ctx, ndarray(g)),
+               *model.backward_backward_input(ctx, ndarray(v), ndarray(g)), loss.evaluate(y, ndarray(g))[1]]
+    expected = [model.inference(x), y_np, dx_np, *second_np, dL_np]
+    for got, want in zip(results, expected):
+        assert isinstance(want, np.ndarray) and isinstance(got, ti.Ndarray)
+        np.testing.assert_allclose(got.to_numpy(), want, rtol=1e-6, atol=1e-7)
 
 
 def test_torch_tensors_that_require_grad_are_refused_not_detached(model):

@@ -247,6 +247,21 @@ def to_numpy(a, name):
 _HOST_TYPES = {"f32": (ctypes.c_float, np.float32), "i32": (ctypes.c_int32, np.int32)}
 
 
+def callers_kind(a, caller):
+    """A result ``a`` as the kind of array the caller passed (``caller``): the one seam where the host
+    path's numpy results become ``ti.ndarray``s for a caller that passed one (written through a view of
+    the new ndarray's memory on x64, uploaded elsewhere). Device results and numpy callers pass as they are."""
+    if a is None or not isinstance(caller, ti.Ndarray) or isinstance(a, ti.Ndarray):
+        return a
+    out = ti.ndarray(ti.f32, a.shape)
+    view = ndarray_view(out)
+    if view is None:
+        out.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+    else:
+        view[...] = a
+    return out
+
+
 def ndarray_view(a) -> np.ndarray | None:
     """A scalar f32 or i32 ``ti.ndarray``'s own memory as a numpy array (no copy) on the x64 backend,
     where its data lives in host memory; ``None`` elsewhere. The view keeps the ndarray alive."""

@@ -25,7 +25,7 @@ import taichi as ti
 
 from . import _device
 from ._kernels import F32_1D, F32_2D, specialised
-from ._runtime import RuntimeBound, to_numpy, as_batch, as_instances
+from ._runtime import RuntimeBound, to_numpy, as_batch, as_instances, callers_kind
 from .registry import losses
 from .keys import Options
 from .object import Object
@@ -93,7 +93,8 @@ class Loss(Object, RuntimeBound):
 
     def evaluate(self, prediction, target, pdf=None, *, instance=None, n_instances: int | None = None,
                  per_instance: bool = False, loss_scale: float = 1.0, routing: Routing | None = None):
-        """``(loss, dL_dprediction)``: the mean per-element loss and its gradient, shaped like ``prediction``.
+        """``(loss, dL_dprediction)``: the mean per-element loss and its gradient, shaped like ``prediction``
+        (and of its kind: numpy, or ``ti.ndarray``).
 
         For a network array pass the samples' ``instance`` ids, or the ``routing`` of the forward
         pass that made ``prediction`` (``ctx.routing``; dense ``(K, B_k, D)`` batches included):
@@ -122,7 +123,7 @@ class Loss(Object, RuntimeBound):
         flat = (lambda a: a.reshape(routing.batch, a.shape[-1])) if dense else (lambda a: a)
         loss, grad, per_network = self._evaluate(flat(p), flat(t), None if q is None else flat(q), routing,
                                                  loss_scale)
-        grad = grad if _device.is_device(grad) else grad.reshape(p.shape)
+        grad = grad if _device.is_device(grad) else callers_kind(grad.reshape(p.shape), prediction)
         if not per_instance:
             return loss, grad
         return loss, grad, per_network if per_network is not None else np.array([loss])

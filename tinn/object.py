@@ -21,7 +21,7 @@ import numpy as np
 
 from ._device import host, is_device, same_kind
 from ._kernels import fill_columns
-from ._runtime import RuntimeBound, as_batch
+from ._runtime import RuntimeBound, as_batch, callers_kind
 from ._rng import Pcg32
 from ._sample import SampleFuncs
 from .keys import check_int, check_seed
@@ -181,29 +181,33 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
     def inference(self, x, instance=None) -> np.ndarray:
         """Outputs ``(batch, n_output_dims)`` for inputs ``(batch, n_input_dims)``; with a network array,
         ``instance`` ``(batch,)`` int32 routes each sample, or ``x`` is a dense ``(K, B_k, n_input_dims)``.
-        A batch larger than :func:`chunk_samples` allows runs in chunks (bounded memory)."""
+        A batch larger than :func:`chunk_samples` allows runs in chunks (bounded memory). Results have the
+        kind of array the caller passed (numpy, or ``ti.ndarray``), here and in every method below."""
+        caller = x
         x, routing = self._prepare(x, instance)
         chunk = chunk_samples(self, training=False)
         if routing.batch <= chunk or is_device(x):       # a device batch is not cut
-            return self._finish(self._inference(x, routing), routing, x)
+            return callers_kind(self._finish(self._inference(x, routing), routing, x), caller)
         y = np.empty((routing.batch, self.n_output_dims), np.float32)
         for lo in range(0, routing.batch, chunk):
             hi = min(lo + chunk, routing.batch)
             y[lo:hi] = host(self._inference(x[lo:hi], routing.chunk(lo, hi)))[:, : self.n_output_dims]
-        return y.reshape(routing.dense + (-1,)) if routing.dense else y
+        return callers_kind(y.reshape(routing.dense + (-1,)) if routing.dense else y, caller)
 
     def forward(self, x, instance=None):
         """``(output, ctx)``: the output as :meth:`inference` gives it, at the training weights; keep
         ``ctx`` for :meth:`backward` (``ctx.routing`` describes how the batch reached the networks)."""
+        caller = x
         x, routing = self._prepare(x, instance)
         y, ctx = self._forward(x, routing)
-        return self._finish(y, routing, x), ctx
+        return callers_kind(self._finish(y, routing, x), caller), ctx
 
     def backward(self, ctx: Context, dL_doutput, *, input_gradient: bool = True, mode: str = "overwrite"):
-        """Accumulate (or overwrite) parameter gradients; return ``dL/dinput`` unless ``input_gradient=False``."""
+        """Accumulate (or overwrite) parameter gradients; return ``dL/dinput`` unless ``input_gradient=False``
+        (of ``dL_doutput``'s kind)."""
         g = self._output_gradient(ctx, dL_doutput, mode)
         dx = self._backward(ctx, g, input_gradient, self._gradient_mode(ctx, mode))
-        return None if dx is None else self._dense(ctx, same_kind(dx, ctx.x))
+        return None if dx is None else callers_kind(self._dense(ctx, same_kind(dx, ctx.x)), dL_doutput)
 
     def backward_backward_input(self, ctx: Context, dL_ddLdinput, dL_doutput, mode: str = "overwrite"):
         """Second order, tcnn's contract: for ``L2 = <dL_ddLdinput, dL/dinput>``, with ``dL/dinput`` the input
@@ -211,13 +215,14 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         ``(batch, n_output_dims)`` and ``(batch, n_input_dims)`` (``(n_instances, batch, ...)`` for a dense
         batch); dL2/dparams is written to the parameter gradients (``mode="accumulate"``: added)."""
         g = self._output_gradient(ctx, dL_doutput, mode)
-        v = as_batch(dL_ddLdinput, self.n_input_dims, "dL_ddLdinput", allow_dense=ctx.routing.dense is not None)
-        v = v.reshape(-1, self.n_input_dims)
+        v = host(as_batch(dL_ddLdinput, self.n_input_dims, "dL_ddLdinput", allow_dense=ctx.routing.dense is not None))
+        v = v.reshape(-1, self.n_input_dims)           # second order runs on the host, also on the device path
         if v.shape[0] != ctx.x.shape[0]:
             raise ValueError(f"dL_ddLdinput has {v.shape[0]} samples, the forward pass had {ctx.x.shape[0]}")
         dy, dx = self._backward_backward_input(ctx, v, g, self._gradient_mode(ctx, mode))
-        dx = np.zeros_like(ctx.x) if dx is None else dx
-        return self._dense(ctx, np.ascontiguousarray(dy[:, : self.n_output_dims])), self._dense(ctx, dx)
+        dx = np.zeros(tuple(ctx.x.shape), np.float32) if dx is None else dx
+        return (callers_kind(self._dense(ctx, np.ascontiguousarray(dy[:, : self.n_output_dims])), dL_ddLdinput),
+                callers_kind(self._dense(ctx, dx), dL_ddLdinput))
 
     def _output_gradient(self, ctx: Context, dL_doutput, mode: str) -> np.ndarray:
         """Check a backward call's context, mode and output gradient; the gradient as ``(batch, n_output_dims)``

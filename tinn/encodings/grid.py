@@ -173,7 +173,7 @@ class GridEncoding(Encoding):
         dL_ddLdx = np.ascontiguousarray(dL_ddLdx, np.float32)
         k, dL_dy, inst, routed = self._scatter_gradients(ctx, dL_dy, overwrite, dL_ddLdx)
         d_dy = np.empty((ctx.x.shape[0], self.padded_output_width), np.float32)
-        dx = np.empty_like(ctx.x)
+        dx = np.empty(tuple(ctx.x.shape), np.float32)          # host arrays, also for a device batch's ctx.x
         k.backward_backward(self.store.params, self._offset, ctx.x, inst, dL_ddLdx, dL_dy, d_dy, dx, routed)
         return d_dy, dx
 
