@@ -1,16 +1,4 @@
-"""The grid encoding's Taichi kernels and per-sample funcs (see ``grid.py`` for the formulas).
-
-First order and the exact second order (tcnn's non-JIT formulas): for
-``L2 = sum_b <G_b, dL/dx_b>`` and a corner c of level l with slopes
-``s_{c,d} = d weight_c / dx_d = ±scale_l w'_d prod_{d' != d}(...)``::
-
-    dL2/d(dL/dy_{l,f}) = sum_c theta_c,f  sum_d G_d s_{c,d}
-    dL2/dtheta_c,f    += dL/dy_{l,f}      sum_d G_d s_{c,d}
-    dL2/dx_e           = sum_c (sum_f dL/dy_{l,f} theta_c,f) sum_d G_d ds_{c,d}/dx_e
-
-with ``ds_{c,d}/dx_d = ±scale_l^2 w''_d prod_{d' != d}(...)`` (0 unless Smoothstep) and, for e != d,
-``±±scale_l^2 w'_d w'_e prod_{d' != d, e}(...)``. Nearest has no second-order terms.
-"""
+"""The grid encoding's Taichi kernels and per-sample funcs (the formulas, first and second order: ``grid.py``)."""
 import taichi as ti
 
 from .._kernels import F32_2D, I32_1D, specialised

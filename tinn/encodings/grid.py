@@ -23,7 +23,16 @@ count. Those tables take threads x instances x n_params floats, so they are used
 stays within ``SCRATCH_BUDGET_BYTES``; beyond it each level's gradients are owned by one thread,
 which adds the whole batch into them in sample order (no tables, no atomics; up to L threads busy;
 bit-identical whatever the thread count). Other archs add atomically. The input gradient is analytic,
-and so is the second order (``backward_backward_input``, formulas in ``_grid_kernels``).
+and so is the second order (``backward_backward_input``, tcnn's non-JIT formulas): for
+``L2 = sum_b <G_b, dL/dx_b>`` and a corner c of level l with slopes
+``s_{c,d} = d weight_c / dx_d = ±scale_l w'_d prod_{d' != d}(...)``::
+
+    dL2/d(dL/dy_{l,f}) = sum_c theta_c,f  sum_d G_d s_{c,d}
+    dL2/dtheta_c,f    += dL/dy_{l,f}      sum_d G_d s_{c,d}
+    dL2/dx_e           = sum_c (sum_f dL/dy_{l,f} theta_c,f) sum_d G_d ds_{c,d}/dx_e
+
+with ``ds_{c,d}/dx_d = ±scale_l^2 w''_d prod_{d' != d}(...)`` (0 unless Smoothstep) and, for e != d,
+``±±scale_l^2 w'_d w'_e prod_{d' != d, e}(...)``. Nearest has no second-order terms.
 Any finite input is defined: tcnn's unsigned 32-bit index arithmetic wherever scale_l * x + 0.5 fits
 in int32, a position clamped to that range beyond it; every read and write stays in the level's table.
 """
