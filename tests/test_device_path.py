@@ -17,7 +17,7 @@ from taichi.lang.kernel_impl import Kernel
 import tinn
 from tinn import _device
 from tinn.networks import _kernel_mlp
-from tinn.networks._kernel_mlp import TILE, tiles
+from tinn.routing import TILE, Routing
 from reference import assert_close, mlp_backward_ref, mlp_forward_ref, mlp_unflatten, padded, random_weights
 from tinn.networks.activations import NAMES
 
@@ -156,10 +156,15 @@ def test_device_mlp_equals_the_reference(rng, monkeypatch, device_path, mlp_kern
     assert kind == {"kernels": "kernels", "fused": "FusedKernels"}[mlp_kernels]
 
 
-def test_tiles_cover_each_network_once(rng):
+@pytest.mark.parametrize("ids_on_device", [False, True])
+def test_tiles_cover_each_network_once(rng, ids_on_device):
+    """Routing.tiles: every sample in exactly one tile, tiles of at most TILE samples of one network,
+    a network's tiles consecutive; and the counts."""
     inst = np.concatenate([np.full(300, 3), np.full(5, 0), rng.integers(0, 6, 400)]).astype(np.int32)
     rng.shuffle(inst)
-    table, order = tiles(inst, len(inst), 7)
+    routing = Routing(len(inst), 7, _device.put(inst, ti.i32) if ids_on_device else inst)
+    np.testing.assert_array_equal(routing.counts, np.bincount(inst, minlength=7))
+    table, order = (a.to_numpy() for a in routing.tiles)
     assert sorted(order.tolist()) == list(range(len(inst)))
     seen = np.zeros(len(inst), int)
     for start, end, k in table:
@@ -167,16 +172,18 @@ def test_tiles_cover_each_network_once(rng):
         assert (inst[order[start:end]] == k).all()
         seen[order[start:end]] += 1
     assert (seen == 1).all()
-    single, none = tiles(None, 1000, 1)
-    assert none is None and single[-1].tolist() == [1000 - 1000 % TILE, 1000, 0]
+    assert (np.diff(table[:, 2]) >= 0).all() and len(table) == sum(-(-c // TILE) for c in np.bincount(inst))
 
 
 @blas_exists
 @pytest.mark.parametrize("loss", ["RelativeL2", "L1"])
 def test_device_training_equals_host_training(rng, monkeypatch, loss):
-    """config_hash's model (hash grid, 64-wide MLP) trained for a few steps on both paths."""
+    """config_hash's model (hash grid, 64-wide MLP) trained for a few steps on both paths, with SGD (Adam's
+    first steps move every weight by about the learning rate whatever its gradient's size, so a gradient
+    near 0 that rounds to the other sign on the other path would move its weight 2e-2 the other way)."""
     config = tinn.load_config("data/config_hash.json")
     config["loss"] = {"otype": loss}
+    config["optimizer"] = {"otype": "SGD", "learning_rate": 1.0}
     host, device = pair(lambda: tinn.create_from_config(2, 3, config), monkeypatch)
     for _ in range(4):
         x = rng.random((1000, 2), dtype=np.float32)
@@ -240,6 +247,64 @@ def test_a_training_step_on_the_device_stays_there(rng, monkeypatch, device_path
     losses = [model.trainer.training_step(x, t) for _ in range(3)]
     assert seam.products == [] and seam.downloads == [] and seam.host_arguments == []
     assert isinstance(losses[-1], float) and losses[-1] < first
+
+
+ARRAY_CONFIG = {"encoding": {"otype": "HashGrid", "n_levels": 4, "log2_hashmap_size": 12},
+                "network": {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 2},
+                "loss": {"otype": "RelativeL2"}, "optimizer": {"otype": "SGD", "learning_rate": 1.0}}
+
+
+@blas_exists
+def test_device_array_training_equals_host_training(rng, monkeypatch):
+    """A routed network array trained on both paths, its ids on the device for the device path: the
+    per-network losses and the parameters of every network agree (networks 5 and 7 get no samples)."""
+    K, B = 8, 3000
+    host, device = pair(lambda: tinn.create_from_config(2, 3, ARRAY_CONFIG, n_instances=K), monkeypatch)
+    for _ in range(3):
+        x = rng.random((B, 2), dtype=np.float32)
+        t = rng.random((B, 3), dtype=np.float32)
+        inst = rng.choice([0, 1, 2, 3, 4, 6], B, p=[0.5, 0.2, 0.1, 0.1, 0.05, 0.05]).astype(np.int32)
+        with path(False):
+            loss_h, per_h = host.trainer.training_step(x, t, inst, per_instance=True)
+        with path(True):
+            loss_d, per_d = device.trainer.training_step(_device.put(x), _device.put(t), _device.put(inst, ti.i32),
+                                                         per_instance=True)
+        assert loss_d == pytest.approx(loss_h, rel=1e-4)
+        np.testing.assert_allclose(per_d, per_h, rtol=1e-4)
+        assert per_h[5] == per_h[7] == 0
+    np.testing.assert_allclose(device.network.params(), host.network.params(), rtol=1e-3, atol=1e-5)
+
+
+def test_a_network_array_step_on_the_device_stays_there(rng, monkeypatch, device_path):
+    """A routed network array's step with its batch and ids on the device: no host BLAS, nothing
+    batch-sized read back or handed to a kernel as numpy; only the loss and per-network figures (K values)
+    come back. Its result equals a step of the same batch with the ids from the host."""
+    K, B = 16, 1 << 15
+    models = [tinn.create_from_config(2, 3, ARRAY_CONFIG, n_instances=K) for _ in range(2)]
+    x, t = _device.put(rng.random((B, 2), dtype=np.float32)), _device.put(rng.random((B, 3), dtype=np.float32))
+    inst = rng.integers(0, K - 1, B).astype(np.int32)                      # the last network gets no samples
+    ids = _device.put(inst, ti.i32)
+    first = models[0].trainer.training_step(x, t, ids)                   # compiles outside the instrumented steps
+    assert first == pytest.approx(models[1].trainer.training_step(x, t, inst), rel=1e-5)
+    seam = _Seam(monkeypatch, B)
+    losses = [models[0].trainer.training_step(x, t, ids, per_instance=True) for _ in range(3)]
+    assert seam.products == [] and seam.downloads == [] and seam.host_arguments == []
+    loss, per_network = losses[-1]
+    assert loss < first and per_network[K - 1] == 0 and (per_network[:-1] > 0).all()
+
+
+@pytest.mark.parametrize("bad, error", [(np.float32, TypeError), ("short", ValueError), ("negative", ValueError),
+                                        ("large", ValueError)])
+def test_device_ids_are_checked_before_any_kernel_runs(rng, device_path, bad, error):
+    model = tinn.create_from_config(2, 3, ARRAY_CONFIG, n_instances=4)
+    before = model.network.params().copy()
+    x, t = _device.put(rng.random((64, 2), dtype=np.float32)), _device.put(rng.random((64, 3), dtype=np.float32))
+    ids = {np.float32: _device.put(np.zeros(64, np.float32)), "short": _device.put(np.zeros(63, np.int32), ti.i32),
+           "negative": _device.put(np.full(64, -1, np.int32), ti.i32),
+           "large": _device.put(np.full(64, 4, np.int32), ti.i32)}[bad]
+    with pytest.raises(error, match="instance"):
+        model.trainer.training_step(x, t, ids)
+    np.testing.assert_array_equal(model.network.params(), before)
 
 
 def test_pool_reuses_a_buffer_once_its_owner_is_gone():

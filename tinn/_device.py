@@ -137,6 +137,11 @@ def same_kind(a, like):
     return a if is_device(like) or not is_device(a) else a.to_numpy()
 
 
+def zeros_i32():
+    """A one-element int32 ``ti.ndarray`` holding 0 (kept: the ids kernels take for a single network's batch)."""
+    return _kept("zero ids", lambda: put(np.zeros(1, np.int32), ti.i32))
+
+
 def full(n: int, value: float):
     """A length-``n`` float32 ``ti.ndarray`` of ``value`` (kept: callers only read it)."""
     def make():
@@ -155,6 +160,39 @@ def _partial_sums(a: ti.types.ndarray(dtype=ti.f32, ndim=1), chunk: ti.i32,
         for j in range(i * chunk, ti.min((i + 1) * chunk, a.shape[0])):
             s += ti.cast(a[j], ti.f64)
         out[i] = ti.cast(s, ti.f32)
+
+
+@ti.kernel
+def _tile_sums(values: ti.types.ndarray(dtype=ti.f32, ndim=1), tiles: ti.types.ndarray(dtype=ti.i32, ndim=2),
+               order: ti.types.ndarray(dtype=ti.i32, ndim=1), out: ti.types.ndarray(dtype=ti.f32, ndim=1)):
+    for t in range(tiles.shape[0]):
+        acc = 0.0
+        for j in range(tiles[t, 0], tiles[t, 1]):
+            acc += values[order[j]]
+        ti.atomic_add(out[tiles[t, 2]], acc)
+
+
+def network_sums(values, tiles: tuple, n_instances: int) -> np.ndarray:
+    """Per network, the sum of a ``(batch,)`` ``ti.ndarray`` over its samples (``tiles``: ``Routing.tiles``),
+    summed tile by tile on the device; ``(n_instances,)`` float64 read back."""
+    out = buffer((n_instances,))
+    out.fill(0.0)
+    _tile_sums(values, *tiles, out)
+    return out.to_numpy().astype(np.float64)
+
+
+@ti.kernel
+def _gather(values: ti.types.ndarray(dtype=ti.f32, ndim=1), ids: ti.types.ndarray(dtype=ti.i32, ndim=1),
+            out: ti.types.ndarray(dtype=ti.f32, ndim=1)):
+    for b in range(out.shape[0]):
+        out[b] = values[ids[b]]
+
+
+def gather(values: np.ndarray, ids):
+    """``values[ids]`` as a ``ti.ndarray``: per-network ``values`` (uploaded) picked per sample on the device."""
+    out = buffer((ids.shape[0],))
+    _gather(put(np.ascontiguousarray(values, np.float32)), ids, out)
+    return out
 
 
 def total(a) -> float:

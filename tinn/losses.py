@@ -29,7 +29,7 @@ from ._runtime import RuntimeBound, to_numpy, as_batch, as_instances, callers_ki
 from .registry import losses
 from .keys import Options
 from .object import Object
-from .routing import Routing
+from .routing import Routing, device_ids
 
 _ONE = np.ones((1, 1), np.float32)         # the pdf argument of an unweighted evaluation (never read)
 
@@ -115,6 +115,9 @@ class Loss(Object, RuntimeBound):
             raise ValueError(f"pdf must have the target's shape {t.shape}, got {q.shape}")
         if routing is None and instance is None:
             routing = Routing(p.shape[0])
+        elif routing is None and _device.is_device(instance) and _device.is_device(p):
+            ids, n_instances = device_ids(instance, p.shape[0], n_instances)
+            routing = Routing(p.shape[0], n_instances, ids)
         elif routing is None:
             n_instances = n_instances or int(np.max(to_numpy(instance, "instance"))) + 1
             routing = Routing(p.shape[0], n_instances, as_instances(instance, p.shape[0], n_instances))
@@ -140,26 +143,31 @@ class Loss(Object, RuntimeBound):
         """
         B, D = t.shape
         K, dense, whole = routing.n_instances, routing.dense is not None, routing.whole
-        on_device = _device.is_device(p)        # the device path: every batch array there, one float back
+        on_device = _device.is_device(p)        # the device path: every batch array there, K floats back
         if not routing.routed or dense:
             inv = 1.0 / (whole.batch // K * D)
             inv_n = _device.full(B, inv) if on_device else np.full(B, inv, np.float32)
         else:
-            inv_n = (1.0 / (whole.counts[routing.instance] * D)).astype(np.float32)
+            with np.errstate(divide="ignore"):
+                inv_network = (1.0 / (whole.counts * D)).astype(np.float32)       # inf only where never read
+            inv_n = _device.gather(inv_network, routing.ids) if on_device else inv_network[routing.instance]
         weighted = q is not None
         q = q if weighted else _ONE
         if on_device:
-            t, q, inv_n = (a if _device.is_device(a) or a.size == 1 else _device.put(a) for a in (t, q, inv_n))
+            t, q = (a if _device.is_device(a) or a.size == 1 else _device.put(a) for a in (t, q))
         grad = _device.empty_like(p)
         rows = _device.empty_like(p, (B,))
         _kernel(type(self))(p, t, q, weighted, inv_n, float(loss_scale), grad, rows)
         if not routing.routed:
             return _device.total(rows), grad, None
-        rows = _device.host(rows)
-        if dense:
+        if on_device:
+            per_network = _device.network_sums(rows, routing.tiles, K)
+        elif dense:
             per_network = rows.reshape(K, -1).sum(axis=1, dtype=np.float64)
+        else:
+            per_network = np.bincount(routing.instance, weights=rows, minlength=K)
+        if dense:
             return float(per_network.mean()), grad, per_network
-        per_network = np.bincount(routing.instance, weights=rows, minlength=K)
         return float(per_network.sum() / np.count_nonzero(whole.counts)), grad, per_network
 
 

@@ -19,6 +19,15 @@ so the stack stays within a small multiple of the batch whatever the routing.
 Padding rows are zero and contribute nothing to weight gradients. The sort itself and the
 row copies are small Taichi kernels (a serial pass of counters; parallel copies), several
 times faster than numpy's stable argsort and fancy indexing.
+
+On the device path (``tinn._device``) a routed batch stays on the device: ``Routing.ids`` are the
+ids as an int32 ``ti.ndarray`` (the caller's own, or uploaded once), ``counts`` are counted there
+(``n_instances`` integers read back: the optimizer steps only networks that got samples), and
+``Routing.tiles`` sorts the samples by network into *tiles* of at most ``TILE`` samples of one
+network each, by kernels over the ids; the MLP reduces weight gradients and the loss sums
+per-network losses one tile at a time. Within a network the order of the samples is that of the
+device's atomic counters, so sums over them are not bit-identical run to run there (the device
+path's gradient adds are atomic anyway).
 """
 
 import functools
@@ -26,9 +35,13 @@ import functools
 import numpy as np
 import taichi as ti
 
-from ._kernels import F32_2D, I32_1D, I64_1D
+from . import _device
+from ._kernels import F32_2D, I32_1D, I32_2D, I64_1D
 from ._runtime import as_instances
 
+
+TILE = 128
+"""Samples per tile on the device path (a weight gradient is summed over a tile, then added once)."""
 
 BLOCK_COST = 32
 """The fixed cost of one more row block (a product call per layer, a copy of its weights), counted in
@@ -64,6 +77,63 @@ def _copy_rows(source: F32_2D, slots: I64_1D, target: F32_2D, into_stack: ti.tem
                 target[b, j] = source[s, j]
 
 
+@ti.kernel
+def _count_ids(ids: I32_1D, counts: I32_1D):
+    for b in range(ids.shape[0]):
+        ti.atomic_add(counts[ids[b]], 1)
+
+
+@ti.kernel
+def _sort_ids(ids: I32_1D, first: I32_1D, cursor: I32_1D, order: I32_1D):
+    """``order[first[k] + p] = b`` for the p-th sample b of network k to take a place (atomic counters)."""
+    for b in range(ids.shape[0]):
+        k = ids[b]
+        order[first[k] + ti.atomic_add(cursor[k], 1)] = b
+
+
+@ti.kernel
+def _tile_table(first: I32_1D, first_tile: I32_1D, tiles: I32_2D):
+    """Tile t: ``(start, end, k)`` in the sorted order, k found by bisecting ``first_tile`` (tiles of
+    network k are ``first_tile[k] .. first_tile[k + 1] - 1``; ``first`` has the end of the batch last)."""
+    for t in range(tiles.shape[0]):
+        lo, hi = 0, first_tile.shape[0] - 1          # first_tile[lo] <= t < first_tile[hi]
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if first_tile[mid] <= t:
+                lo = mid
+            else:
+                hi = mid
+        start = first[lo] + (t - first_tile[lo]) * TILE
+        tiles[t, 0] = start
+        tiles[t, 1] = ti.min(start + TILE, first[lo + 1])
+        tiles[t, 2] = lo
+
+
+@ti.kernel
+def _id_range(ids: I32_1D, out: I32_1D):
+    for b in range(ids.shape[0]):
+        ti.atomic_min(out[0], ids[b])
+        ti.atomic_max(out[1], ids[b])
+
+
+def device_ids(instance, batch: int, n_instances: int | None):
+    """A device batch's ``(batch,)`` int32 ``ti.ndarray`` of ids checked as :func:`~tinn._runtime.as_instances`
+    checks numpy ones (their range found on the device: two integers read back); ``n_instances=None``
+    takes the largest id + 1. Returns ``(ids, n_instances)``."""
+    if instance.dtype != ti.i32:
+        raise TypeError(f"instance must have dtype int32, got {instance.dtype}")
+    if tuple(instance.shape) != (batch,):
+        raise ValueError(f"instance must have shape ({batch},), got {tuple(instance.shape)}")
+    span = _device.buffer((2,), ti.i32)
+    span.from_numpy(np.array([2 ** 31 - 1, -2 ** 31], np.int32))
+    _id_range(instance, span)
+    lo, hi = (int(v) for v in span.to_numpy())
+    n_instances = hi + 1 if n_instances is None else n_instances
+    if lo < 0 or hi >= n_instances:
+        raise ValueError(f"instance ids must lie in [0, {n_instances}), got values in [{lo}, {hi}]")
+    return instance, n_instances
+
+
 def _block_size(counts: np.ndarray) -> int:
     """The rows per block that minimise ``padded rows + BLOCK_COST * blocks`` over the largest count
     and the powers of two below it."""
@@ -76,8 +146,8 @@ def _block_size(counts: np.ndarray) -> int:
 class Routing:
     """The networks a batch of ``batch`` samples reaches, built once per batch.
 
-    ``instance``: the ``(batch,)`` int32 network id of every sample, or ``None`` for a
-    single network; ``dense``: ``(K, B_k)`` when the batch came as ``(K, B_k, dims)``
+    ``instance``: the ``(batch,)`` int32 network id of every sample (numpy, or on the device path
+    a ``ti.ndarray``), or ``None`` for a single network; ``dense``: ``(K, B_k)`` when the batch came as ``(K, B_k, dims)``
     (then ``instance`` is ``k`` repeated ``B_k`` times). The derived facts are computed on
     first use and kept: ``counts`` (samples per network), ``active`` (the networks that got
     samples, ``None`` for all of them) and ``groups`` (the batch sorted by network).
@@ -86,7 +156,7 @@ class Routing:
     in chunks, and the loss normalises every chunk's samples by the whole batch's counts.
     """
 
-    def __init__(self, batch: int, n_instances: int = 1, instance: np.ndarray | None = None, dense=None,
+    def __init__(self, batch: int, n_instances: int = 1, instance=None, dense=None,
                  whole: "Routing | None" = None):
         self.batch, self.n_instances, self.instance, self.dense = batch, n_instances, instance, dense
         self._whole = whole
@@ -101,6 +171,8 @@ class Routing:
         """A checked batch ``x`` as ``(batch, dims)`` and its routing: ``instance`` ids (checked here), or
         none for a dense ``(n_instances, B_k, dims)`` batch, which is flattened network by network."""
         if len(x.shape) == 2:                   # a numpy array or a ti.ndarray
+            if _device.is_device(instance) and _device.is_device(x):
+                return x, cls(x.shape[0], n_instances, device_ids(instance, x.shape[0], n_instances)[0])
             return x, cls(x.shape[0], n_instances, as_instances(instance, x.shape[0], n_instances))
         if x.shape[0] != n_instances:
             raise ValueError(f"a dense batch needs shape ({n_instances}, batch, {x.shape[-1]}), got {x.shape}")
@@ -125,6 +197,11 @@ class Routing:
             return np.array([self.batch], np.int64)
         if self.dense is not None:
             return np.full(self.n_instances, self.dense[1], np.int64)
+        if _device.is_device(self.instance):
+            counts = _device.buffer((self.n_instances,), ti.i32)
+            counts.fill(0)
+            _count_ids(self.instance, counts)
+            return counts.to_numpy().astype(np.int64)
         return np.bincount(self.instance, minlength=self.n_instances)
 
     @functools.cached_property
@@ -133,6 +210,37 @@ class Routing:
         if self.dense is not None or self.n_instances == 1 or self.counts.all():
             return None
         return np.flatnonzero(self.counts).astype(np.int32)
+
+    @functools.cached_property
+    def ids(self):
+        """The ids as an int32 ``ti.ndarray`` (the device path): the caller's own, or uploaded once."""
+        return self.instance if _device.is_device(self.instance) else _device.put(self.instance, ti.i32)
+
+    def kernel_ids(self, x):
+        """``(ids, routed)`` for a kernel over the batch ``x``: of ``x``'s kind (``ti.ndarray`` for a device
+        batch), a one-element placeholder for a single network's batch."""
+        if self.instance is None:
+            return (_device.zeros_i32() if _device.is_device(x) else np.zeros(1, np.int32)), False
+        return (self.ids if _device.is_device(x) else self.instance), True
+
+    @functools.cached_property
+    def tiles(self) -> tuple:
+        """``(table, order)`` on the device: ``order`` ``(batch,)`` the samples sorted by network, ``table``
+        ``(n_tiles, 3)`` int32 rows ``(start, end, k)``: samples ``order[start:end]`` of network k, at most
+        ``TILE`` of them (a network's tiles are consecutive). Built from the ids by kernels; the per-network
+        offsets (``n_instances`` integers) are uploaded."""
+        counts = self.counts
+        per = -(-counts // TILE)
+        first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+        first_tile = np.concatenate([[0], np.cumsum(per)]).astype(np.int32)
+        first_d, first_tile_d = _device.put(first, ti.i32), _device.put(first_tile, ti.i32)
+        cursor = _device.buffer((self.n_instances,), ti.i32)
+        cursor.fill(0)
+        order = _device.buffer((self.batch,), ti.i32)
+        _sort_ids(self.ids, first_d, cursor, order)
+        table = _device.buffer((int(first_tile[-1]), 3), ti.i32)
+        _tile_table(first_d, first_tile_d, table)
+        return table, order
 
     @functools.cached_property
     def groups(self) -> "Groups":

@@ -157,16 +157,17 @@ class GridEncoding(Encoding):
         return (rng.uniform_fill(self.n_params) * np.float32(2) - np.float32(1)) * np.float32(1e-4)
 
     # -- batch API ---------------------------------------------------------------
-    def _encode(self, weights, x, instance):
+    def _encode(self, weights, x, routing):
         y = _device.empty_like(x, (x.shape[0], self.padded_output_width))     # on the device for a device x
-        self._get_kernels().forward(weights, self._offset, x, _routing(instance), y, instance is not None)
+        ids, routed = routing.kernel_ids(x)
+        self._get_kernels().forward(weights, self._offset, x, ids, y, routed)
         return y
 
     def _inference(self, x, routing):
-        return self._encode(self.store.inference_params, x, routing.instance)
+        return self._encode(self.store.inference_params, x, routing)
 
     def _forward(self, x, routing):
-        return self._encode(self.store.params, x, routing.instance), Context(self, x, routing)
+        return self._encode(self.store.params, x, routing), Context(self, x, routing)
 
     def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
         k, dL_dy, inst, routed = self._scatter_gradients(ctx, dL_dy, overwrite)
@@ -194,8 +195,7 @@ class GridEncoding(Encoding):
             self._zero_gradients()
             overwrite = False
         dL_dy = dL_dy if _device.is_device(dL_dy) else np.ascontiguousarray(dL_dy)
-        instance = ctx.routing.instance
-        inst, routed = _routing(instance), instance is not None
+        inst, routed = ctx.routing.kernel_ids(ctx.x)
         k.backward_params(self.store.grads, self._offset, ctx.x, inst, dL_dy, routed, overwrite, dL_ddLdx)
         return k, dL_dy, inst, routed
 
@@ -222,6 +222,3 @@ class GridEncoding(Encoding):
     def _sample_funcs(self, weights, grads):
         return self._get_kernels().sample_funcs(weights, grads, self._offset)
 
-
-def _routing(instance):
-    return instance if instance is not None else np.zeros(1, np.int32)

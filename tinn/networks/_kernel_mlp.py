@@ -24,12 +24,10 @@ from taichi.lang import impl
 from .. import _device
 from .._kernels import fill_columns
 from ..object import Context
+from ..routing import TILE
 from . import activations
 from ._fused_mlp import FusedKernels, fits
 from ._mlp_host import HostMLP
-
-TILE = 128
-"""Samples per weight-gradient tile."""
 
 FUSED_TILE = {ti.cuda: 64, ti.vulkan: 32}
 """Samples per block of the fused kernels, by arch (Vulkan's software driver has 32 KiB of shared memory)."""
@@ -106,23 +104,6 @@ def _weight_grad(G: ti.template(), off: ti.i32, delta: _f32_2d, h: _f32_2d, tile
         ti.atomic_add(G[tiles[t, 2], off + r * cols + c], acc)
 
 
-def tiles(instance: np.ndarray | None, batch: int, n_instances: int, counts: np.ndarray | None = None):
-    """``(tiles, order)``: tiles of up to TILE samples of one network each (``(n, 3)`` int32 rows of
-    start, end, network) over the samples in ``order`` (sorted by network; ``None``: batch order).
-    ``counts``: the samples per network, if known (the batch's routing counted them)."""
-    if instance is None:
-        starts = np.arange(0, batch, TILE, dtype=np.int32)
-        return np.stack([starts, np.minimum(starts + TILE, batch), np.zeros_like(starts)], axis=1), None
-    order = np.argsort(instance, kind="stable").astype(np.int32)
-    counts = np.bincount(instance, minlength=n_instances) if counts is None else counts
-    first = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    per = -(-counts // TILE)                                      # tiles per network
-    k = np.repeat(np.arange(n_instances), per).astype(np.int32)
-    starts = (first[k] + (np.arange(per.sum()) - np.repeat(np.cumsum(per) - per, per)) * TILE).astype(np.int32)
-    ends = np.minimum(starts + TILE, first[k] + counts[k]).astype(np.int32)
-    return np.stack([starts, ends, k], axis=1), order
-
-
 class KernelMLP:
     """Forward and backward of one :class:`~tinn.networks.mlp.MLP` as kernels over ``ti.ndarray``s."""
 
@@ -132,7 +113,6 @@ class KernelMLP:
         self._starts = [sum(r * c for r, c in sizes[:i]) for i in range(len(sizes))]
         self.rows = [r for r, _ in sizes[:-1]] + [mlp.n_output_dims]      # output padding rows not computed
         self.acts = [mlp.layer_activation(i) for i in range(len(sizes))]
-        self._unrouted = _device.put(np.zeros(1, np.int32), ti.i32)
         self._tiles = {}
         self._fused = None
         self._none3 = _device.buffer((1, 1, 1))
@@ -142,11 +122,6 @@ class KernelMLP:
     def offsets(self):
         """Where each matrix starts in the store (the MLP may be bound to a new offset at any time)."""
         return [self.mlp._offset + s for s in self._starts]
-
-    def _routing(self, instance):
-        if instance is None:
-            return self._unrouted, False
-        return _device.put(instance, ti.i32), True
 
     def _fused_kernels(self, instance):
         """The fused kernels where they apply (a single network's batch on a fused arch), else ``None``."""
@@ -169,7 +144,7 @@ class KernelMLP:
         fused = self._fused_kernels(instance)
         if fused is not None:
             return self._run_fused(fused, weights, x, h, routing, keep)
-        inst, routed = self._routing(instance)
+        inst, routed = routing.kernel_ids(h)
         hs, zs, offsets = [h], [], self.offsets
         for i, rows in enumerate(self.rows):
             out = _device.buffer((B, rows))
@@ -237,11 +212,12 @@ class KernelMLP:
         return host.second_order(host_ctx, state, np.ascontiguousarray(_device.host(dL_ddLdx)), overwrite)
 
     def _tile_tables(self, routing, batch):
-        instance = routing.instance
-        if instance is None and batch in self._tiles:
-            return self._tiles[batch]
-        table, order = tiles(instance, batch, self.mlp.n_instances, None if instance is None else routing.counts)
-        result = (_device.put(table, ti.i32), self._unrouted if order is None else _device.put(order, ti.i32))
-        if instance is None:
-            self._tiles = {batch: result}
-        return result
+        """``(table, order)`` of the batch's tiles (``Routing.tiles``); a single network's batch is tiled in
+        order (its table kept per batch size, ``order`` a placeholder)."""
+        if routing.routed:
+            return routing.tiles
+        if batch not in self._tiles:
+            starts = np.arange(0, batch, TILE, dtype=np.int32)
+            table = np.stack([starts, np.minimum(starts + TILE, batch), np.zeros_like(starts)], axis=1)
+            self._tiles = {batch: (_device.put(table, ti.i32), _device.zeros_i32())}
+        return self._tiles[batch]
