@@ -183,3 +183,22 @@ def test_use_after_reinit_raises_instead_of_crashing():
     """)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("RESET") == 3
+
+
+@pytest.mark.parametrize("kind", ["numpy", "ndarray"])
+def test_a_batch_checked_by_a_step_is_checked_again_afterwards(kind):
+    """A trainer checks a step's batch once for all the public calls it composes; after the step the same
+    arrays, changed in place, are checked again by every call."""
+    trainer = tinn.create_from_config(2, 3, {"encoding": ENC, "network": NET}).trainer
+    x, t = np.random.rand(64, 2).astype(np.float32), np.random.rand(64, 3).astype(np.float32)
+    if kind == "ndarray":
+        x, t = ndarray(x), ndarray(t)
+    trainer.training_step(x, t)
+    if kind == "ndarray":
+        x.fill(float("nan"))
+    else:
+        x[5, 1] = np.nan
+    with pytest.raises(ValueError, match="x must be finite"):
+        trainer.model.forward(x)
+    with pytest.raises(ValueError, match="x must be finite"):
+        trainer.training_step(x, t)

@@ -8,6 +8,7 @@ Batches cross the public API as row-major ``(batch, dims)`` float32 arrays:
 numpy arrays, ``ti.ndarray``s or torch tensors. :func:`as_batch` checks and
 converts them to contiguous numpy arrays *before* any kernel runs.
 """
+import contextlib
 import ctypes
 import math
 import os
@@ -253,7 +254,7 @@ def callers_kind(a, caller):
     the new ndarray's memory on x64, uploaded elsewhere). Device results and numpy callers pass as they are."""
     if a is None or not isinstance(caller, ti.Ndarray) or isinstance(a, ti.Ndarray):
         return a
-    out = ti.ndarray(ti.f32, a.shape)
+    out = _device.buffer(a.shape)
     view = ndarray_view(out)
     if view is None:
         out.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
@@ -274,6 +275,22 @@ def ndarray_view(a) -> np.ndarray | None:
     return np.frombuffer(buffer, types[1]).reshape(a.shape)
 
 
+_VALUES_CHECKED: set = set()
+
+
+@contextlib.contextmanager
+def values_checked(*arrays):
+    """Within the block, :func:`as_batch` does not check these arrays' values again: a trainer checks a
+    step's batch once, then composes public calls that would each check it (on the device a read-back
+    each)."""
+    ids = {id(a) for a in arrays if a is not None} - _VALUES_CHECKED
+    _VALUES_CHECKED.update(ids)
+    try:
+        yield
+    finally:
+        _VALUES_CHECKED.difference_update(ids)
+
+
 def as_batch(a, n_dims, name: str = "x", *, dtype=np.float32, allow_dense: bool = False, finite: bool = False,
              positive: bool = False) -> np.ndarray:
     """Check a ``(batch, n_dims)`` array and return it as a contiguous numpy array.
@@ -281,8 +298,11 @@ def as_batch(a, n_dims, name: str = "x", *, dtype=np.float32, allow_dense: bool 
     ``n_dims=None`` accepts any width.
     With ``allow_dense`` a ``(K, batch_k, n_dims)`` array is accepted too and
     returned unchanged in shape (the caller flattens it). ``finite`` rejects NaN and
-    ±Inf, ``positive`` also values <= 0 (see :func:`check_values`).
+    ±Inf, ``positive`` also values <= 0 (see :func:`check_values`), unless the array's values were
+    checked already (:func:`values_checked`).
     """
+    if id(a) in _VALUES_CHECKED:
+        finite = positive = False
     if isinstance(a, ti.Ndarray) and len(a.shape) == 2 and _device.active():
         # the device path computes on it where it is; a bad batch is searched on the host for its row
         if _device.check(a, n_dims, name, dtype, finite=finite, positive=positive):

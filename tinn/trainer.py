@@ -32,7 +32,7 @@ import numpy as np
 
 from . import serialization
 from . import _device
-from ._runtime import RuntimeBound, as_batch
+from ._runtime import RuntimeBound, as_batch, values_checked
 from .object import Context, DifferentiableObject, chunk_samples
 from .routing import Routing
 
@@ -124,7 +124,9 @@ class Trainer(RuntimeBound):
     def forward(self, x, target, instance=None, pdf=None) -> Context:
         """Model forward and loss: the model's context, with ``loss``, ``dL_doutput`` and
         ``instance_losses`` (per network, ``(n_instances,)``) added."""
-        return self._forward(*self._checked(x, target, instance, pdf))
+        x, target, instance, pdf = self._checked(x, target, instance, pdf)
+        with values_checked(x, target, pdf):
+            return self._forward(x, target, instance, pdf)
 
     def _checked(self, x, target, instance, pdf) -> tuple:
         """The arguments of a step, checked (shapes, dtypes, finite values) before anything runs."""
@@ -173,13 +175,14 @@ class Trainer(RuntimeBound):
         optimizer step), so the step's memory stays bounded whatever the batch size.
         """
         x, target, instance, pdf = self._checked(x, target, instance, pdf)
-        if int(np.prod(x.shape[:-1])) <= chunk_samples(self.model, training=True) or _device.is_device(x):
-            # one pass (a device batch is never cut)
-            ctx = self._forward(x, target, instance, pdf)
-            self.backward(ctx)
-            loss, losses, active = ctx.loss, ctx.instance_losses, ctx.routing.active
-        else:
-            loss, losses, active = self._chunked_gradients(x, target, instance, pdf)
+        with values_checked(x, target, pdf):
+            if int(np.prod(x.shape[:-1])) <= chunk_samples(self.model, training=True) or _device.is_device(x):
+                # one pass (a device batch is never cut)
+                ctx = self._forward(x, target, instance, pdf)
+                self.backward(ctx)
+                loss, losses, active = ctx.loss, ctx.instance_losses, ctx.routing.active
+            else:
+                loss, losses, active = self._chunked_gradients(x, target, instance, pdf)
         self.optimizer_step(active)
         return (loss, losses) if per_instance else loss
 

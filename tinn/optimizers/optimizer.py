@@ -32,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 import taichi as ti
 
+from .. import _device
 from .._kernels import F32_1D, F32_2D, F32_3D, I32_1D, I32_2D  # noqa: F401 (the optimizers' aliases)
 from .._runtime import RuntimeBound, current_program
 from ..keys import NON_NEGATIVE, UNIT_INTERVAL, Key, Options
@@ -43,9 +44,7 @@ from ..params import ParamStore
 
 def zeros(shape, dtype):
     """A zeroed ``ti.ndarray``: optimizer state that no model kernel reads (no per-array recompiles)."""
-    a = ti.ndarray(dtype, shape)
-    a.fill(0)
-    return a
+    return _device.buffer(shape, dtype)
 
 
 class Slot:
