@@ -786,6 +786,21 @@ def mlp_backward_ref(Ws, zs, hs, dL_dy, act, out_act):
     return dWs, g
 
 
+def mlp_second_order_ref(x, flat_params, shapes, dL_dy, v, act, out_act, n_out):
+    """(dL2/d(dL_dy), dL2/dx, dL2/dparams) of one network by finite differences of the reference backward."""
+    P = shapes[-1][0]
+
+    def input_grad(params, z, dy):
+        Ws = mlp_unflatten(params, shapes)
+        _, zs, hs = mlp_forward_ref(z, Ws, act, out_act)
+        return mlp_backward_ref(Ws, zs, hs, padded(dy, P, 0.0), act, out_act)[1]
+
+    params = flat_params.astype(np.float64)
+    d_dy, d_x = second_order_fd(lambda z, dy: input_grad(params, z, dy), x, dL_dy, v, 1e-6)
+    d_params = fd_gradient(lambda p: (v * input_grad(p, x.astype(np.float64), dL_dy)).sum(), params, 1e-6)
+    return d_dy, d_x, d_params
+
+
 def random_weights(shapes, rng, gain=1.0):
     """Xavier-scaled random matrices (flat, float32) for set_params."""
     return np.concatenate([rng.uniform(-1, 1, r * c) * gain * np.sqrt(6 / (r + c)) for r, c in shapes]

@@ -1,9 +1,9 @@
 """The device path (``tinn._device``): the MLP as Taichi kernels on ``ti.ndarray`` buffers.
 
 On the CPU it is forced (``tinn._device.FORCE``) and checked against the host BLAS path for every
-activation, width and depth the suite uses, forward and backward, network arrays included; on any
-other arch it is what runs, and a training step is checked to call no host BLAS and to move no
-batch-sized array to the host.
+activation, width and depth the suite uses, forward, backward and second order, network arrays
+included; on any other arch it is what runs, and a training step and a second order are checked to
+call no host BLAS and to move no batch-sized array to the host.
 """
 import contextlib
 
@@ -18,7 +18,8 @@ import tinn
 from tinn import _device
 from tinn.networks import _kernel_mlp
 from tinn.routing import TILE, Routing
-from reference import assert_close, mlp_backward_ref, mlp_forward_ref, mlp_unflatten, padded, random_weights
+from reference import (assert_close, mlp_backward_ref, mlp_forward_ref, mlp_second_order_ref, mlp_shapes,
+                       mlp_unflatten, padded, random_weights)
 from tinn.networks.activations import NAMES
 
 on_cpu = impl.current_cfg().arch in (ti.x64, ti.arm64)
@@ -196,6 +197,118 @@ def test_device_training_equals_host_training(rng, monkeypatch, loss):
     np.testing.assert_allclose(device.network.params(), host.network.params(), rtol=1e-3, atol=1e-5)
 
 
+def compare_second_order(host, device, x, v, dy, instance=None, tol=1e-4):
+    """``backward_backward_input`` on both paths: dL2/d(dL_dy), dL2/dx and dL2/dparams agree (to ``tol`` of the
+    largest value); the parameter gradients are not all 0."""
+    results = []
+    for model, on_device in ((host, False), (device, True)):
+        with path(on_device):
+            _, ctx = model.forward(x, instance)
+            d_dy, d_x = model.backward_backward_input(ctx, v, dy)
+            results.append((_device.host(d_dy), _device.host(d_x), model.gradients()))
+    for got, want in zip(results[1], results[0]):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * max(np.abs(want).max(), 1e-6))
+    assert np.abs(results[0][2]).max() > 0
+
+
+@blas_exists
+@pytest.mark.parametrize("activation", NAMES)
+@pytest.mark.parametrize("output_activation", ["None", "Sigmoid", "Sine"])
+def test_kernel_second_order_equals_blas_for_every_activation(rng, monkeypatch, activation, output_activation):
+    cfg = {"otype": "CutlassMLP", "n_neurons": 16, "n_hidden_layers": 2, "activation": activation,
+           "output_activation": output_activation}
+    host, device = pair(lambda: tinn.create_network(6, 3, cfg), monkeypatch)
+    scale = 0.3 if activation == "Exponential" else 1.0
+    compare_second_order(host, device, (scale * rng.normal(size=(300, 6))).astype(np.float32),
+                         rng.normal(size=(300, 6)).astype(np.float32), rng.normal(size=(300, 3)).astype(np.float32))
+
+
+@blas_exists
+@pytest.mark.parametrize("n_in, n_out, width, depth", [MLPS[i] for i in (0, 1, 3, 5, 7)])
+def test_kernel_second_order_equals_blas_for_widths_and_depths(rng, monkeypatch, n_in, n_out, width, depth):
+    cfg = {"otype": "FullyFusedMLP", "n_neurons": width, "n_hidden_layers": depth, "activation": "Softplus",
+           "output_activation": "Tanh"}
+    host, device = pair(lambda: tinn.create_network(n_in, n_out, cfg), monkeypatch)
+    B = 3 * TILE + 17
+    compare_second_order(host, device, rng.normal(size=(B, n_in)).astype(np.float32),
+                         rng.normal(size=(B, n_in)).astype(np.float32), rng.normal(size=(B, n_out)).astype(np.float32))
+
+
+@blas_exists
+@pytest.mark.parametrize("routing", ["shuffled", "skewed", "dense"])
+def test_kernel_second_order_equals_blas_for_network_arrays(rng, monkeypatch, routing):
+    K, B = 5, 700
+    cfg = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 2, "activation": "SiLU",
+           "output_activation": "Sigmoid"}
+    host, device = pair(lambda: tinn.create_network(4, 3, cfg, n_instances=K), monkeypatch)
+    if routing == "dense":
+        shape = (K, B // K)
+        compare_second_order(host, device, rng.normal(size=shape + (4,)).astype(np.float32),
+                             rng.normal(size=shape + (4,)).astype(np.float32),
+                             rng.normal(size=shape + (3,)).astype(np.float32))
+        return
+    inst = rng.integers(0, K, B).astype(np.int32)
+    if routing == "skewed":                        # one network with many tiles, one with none
+        inst = np.where(rng.random(B) < 0.8, 2, inst % 4).astype(np.int32)
+    compare_second_order(host, device, rng.normal(size=(B, 4)).astype(np.float32),
+                         rng.normal(size=(B, 4)).astype(np.float32), rng.normal(size=(B, 3)).astype(np.float32), inst)
+
+
+@blas_exists
+def test_kernel_second_order_through_a_hash_grid_equals_blas(rng, monkeypatch):
+    """NetworkWithInputEncoding: the MLP's two halves around the grid's second order, on device batches."""
+    enc = {"otype": "HashGrid", "n_levels": 4, "log2_hashmap_size": 12, "base_resolution": 4}
+    net = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 2, "activation": "Tanh",
+           "output_activation": "Softplus"}
+    host, device = pair(lambda: tinn.NetworkWithInputEncoding(3, 2, enc, net), monkeypatch)
+    B = 2 * TILE + 5
+    x, v, dy = (rng.random((B, 3), dtype=np.float32), rng.normal(size=(B, 3)).astype(np.float32),
+                rng.normal(size=(B, 2)).astype(np.float32))
+    with path(True):
+        _, ctx = device.forward(_device.put(x))
+        results = device.backward_backward_input(ctx, _device.put(v), _device.put(dy))
+    assert all(isinstance(r, ti.Ndarray) for r in results)
+    compare_second_order(host, device, x, v, dy, tol=2e-4)
+
+
+@pytest.mark.parametrize("mlp_kernels, n_instances", [("kernels", 1), ("kernels", 3), ("fused", 1)])
+def test_device_second_order_equals_the_reference(monkeypatch, device_path, mlp_kernels, n_instances):
+    """dL2/d(dL_dy), dL2/dx and dL2/dW of the device path (per-layer kernels, routed over an array, or after
+    a pass of the fused kernels) against float64 NumPy (finite differences of the reference backward)."""
+    if mlp_kernels == "fused":
+        arch = impl.current_cfg().arch
+        if arch in (ti.x64, ti.arm64):
+            pytest.skip("the fused kernels need shared memory, which the x64 backend has not")
+        monkeypatch.setattr(_kernel_mlp, "FUSED_ARCHS", (arch,))
+        monkeypatch.setitem(_kernel_mlp.FUSED_TILE, arch, _kernel_mlp.FUSED_TILE.get(arch, 32))
+    else:
+        monkeypatch.setattr(_kernel_mlp, "FUSED_ARCHS", ())
+    rng = np.random.default_rng(7)
+    n_in, n_out, width, depth, act, out_act, B = 4, 3, 8, 2, "Tanh", "Sigmoid", 2 * 32 + 9
+    net = tinn.create_network(n_in, n_out, {"otype": "FullyFusedMLP", "n_neurons": width, "n_hidden_layers": depth,
+                                            "activation": act, "output_activation": out_act},
+                              n_instances=n_instances)
+    shapes = mlp_shapes(n_in, width, depth, n_out)
+    params = np.stack([random_weights(shapes, rng) for _ in range(n_instances)])
+    net.set_params(params if n_instances > 1 else params[0])
+    x = rng.uniform(-1, 1, (B, n_in)).astype(np.float32)
+    instance = rng.integers(0, n_instances, B).astype(np.int32) if n_instances > 1 else None
+    dy, v = rng.normal(size=(B, n_out)).astype(np.float32), rng.normal(size=(B, n_in)).astype(np.float32)
+    _, ctx = net.forward(x, instance)
+    d_dy, d_x = net.backward_backward_input(ctx, v, dy)
+    grads = net.gradients().reshape(n_instances, -1)
+    kind = type(ctx.fused).__name__ if getattr(ctx, "fused", None) is not None else "kernels"
+    assert kind == {"kernels": "kernels", "fused": "FusedKernels"}[mlp_kernels]
+    ids = np.zeros(B, np.int32) if instance is None else instance
+    for k in range(n_instances):
+        rows = ids == k
+        r_dy, r_x, r_params = mlp_second_order_ref(x[rows], params[k], shapes, dy[rows], v[rows], act, out_act, n_out)
+        assert_close(d_dy[rows], r_dy, rtol=2e-3, atol_rel=2e-4, atol=1e-6)
+        assert_close(d_x[rows], r_x, rtol=2e-3, atol_rel=2e-4, atol=1e-6)
+        assert_close(grads[k], r_params, rtol=2e-3, atol_rel=2e-4, atol=1e-6)
+
+
 class _Seam:
     """Records what crosses to the host: numpy products and batch-sized arrays read back or handed to
     kernels (a numpy kernel argument is copied to the device and back on every launch)."""
@@ -305,6 +418,25 @@ def test_device_ids_are_checked_before_any_kernel_runs(rng, device_path, bad, er
     with pytest.raises(error, match="instance"):
         model.trainer.training_step(x, t, ids)
     np.testing.assert_array_equal(model.network.params(), before)
+
+
+def test_a_second_order_on_the_device_stays_there(rng, monkeypatch, device_path):
+    """On the device path backward_backward_input of an MLP (curved layers: both adjoints) on ti.ndarray
+    batches calls no host BLAS, reads nothing batch-sized back and hands no batch-sized numpy array to a
+    kernel; its results are ti.ndarrays."""
+    B = 1 << 15
+    net = tinn.create_network(2, 3, {"otype": "CutlassMLP", "n_neurons": 32, "n_hidden_layers": 3,
+                                     "activation": "Softplus", "output_activation": "Sigmoid"})
+    x, v = _device.put(rng.random((B, 2), dtype=np.float32)), _device.put(rng.normal(size=(B, 2)).astype(np.float32))
+    dy = _device.put(rng.normal(size=(B, 3)).astype(np.float32))
+    _, ctx = net.forward(x)
+    net.backward_backward_input(ctx, v, dy)                      # compiles outside the instrumented call
+    seam = _Seam(monkeypatch, B)
+    _, ctx = net.forward(x)
+    d_dy, d_x = net.backward_backward_input(ctx, v, dy)
+    assert seam.products == [] and seam.downloads == [] and seam.host_arguments == []
+    assert isinstance(d_dy, ti.Ndarray) and isinstance(d_x, ti.Ndarray)
+    assert d_dy.shape == (B, 3) and d_x.shape == (B, 2)
 
 
 def test_pool_reuses_a_buffer_once_its_owner_is_gone():

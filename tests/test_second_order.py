@@ -14,8 +14,8 @@ import taichi as ti
 import tinn
 from tinn.networks import activations
 from reference import (ACTIVATIONS, EncodingRef, act_grad_ref, act_ref, act_second_ref, assert_close,
-                       fd_gradient, fd_input_gradient, mlp_backward_ref, mlp_forward_ref, mlp_shapes, mlp_unflatten,
-                       padded, random_weights, second_order_fd, smooth_points)
+                       fd_gradient, fd_input_gradient, mlp_backward_ref, mlp_forward_ref, mlp_second_order_ref,
+                       mlp_shapes, mlp_unflatten, padded, random_weights, second_order_fd, smooth_points)
 
 RTOL, ATOL_REL = 2e-3, 2e-4
 
@@ -58,21 +58,6 @@ def test_activation_second_derivative(name):
 # ---------------------------------------------------------------------------------------------
 # MLP
 # ---------------------------------------------------------------------------------------------
-
-def mlp_second_order_ref(x, flat_params, shapes, dL_dy, v, act, out_act, n_out):
-    """(dL2/d(dL_dy), dL2/dx, dL2/dparams) of one network by finite differences of the reference backward."""
-    P = shapes[-1][0]
-
-    def input_grad(params, z, dy):
-        Ws = mlp_unflatten(params, shapes)
-        _, zs, hs = mlp_forward_ref(z, Ws, act, out_act)
-        return mlp_backward_ref(Ws, zs, hs, padded(dy, P, 0.0), act, out_act)[1]
-
-    params = flat_params.astype(np.float64)
-    d_dy, d_x = second_order_fd(lambda z, dy: input_grad(params, z, dy), x, dL_dy, v, 1e-6)
-    d_params = fd_gradient(lambda p: (v * input_grad(p, x.astype(np.float64), dL_dy)).sum(), params, 1e-6)
-    return d_dy, d_x, d_params
-
 
 def check_mlp_second_order(n_in, n_out, n_neurons, n_hidden_layers, act, out_act, batch, n_instances=1, seed=0):
     rng = np.random.default_rng(seed)

@@ -112,5 +112,5 @@ class NetworkWithInputEncoding(DifferentiableObject):
         d_dy, d_e = net._second_order_end(ctx.net_ctx, state, e_dot, overwrite)
         if d_e is not None:
             through = self.encoding._backward(ctx.enc_ctx, d_e, True, overwrite=False)
-            dx = through if dx is None else dx + through
+            dx = through if dx is None else _device.add(dx, through)
         return d_dy, dx

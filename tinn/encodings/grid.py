@@ -180,10 +180,10 @@ class GridEncoding(Encoding):
     def _backward_backward_input(self, ctx, dL_ddLdx, dL_dy, overwrite):
         """tcnn's exact second order (every interpolation and dimension): dL2/dθ to the gradients, and
         ``(dL2/d(dL_dy), dL2/dx)``; padded columns of the first are 0, Nearest gives 0 throughout."""
-        dL_ddLdx = np.ascontiguousarray(dL_ddLdx, np.float32)
+        dL_ddLdx = dL_ddLdx if _device.is_device(dL_ddLdx) else np.ascontiguousarray(dL_ddLdx, np.float32)
         k, dL_dy, inst, routed = self._scatter_gradients(ctx, dL_dy, overwrite, dL_ddLdx)
-        d_dy = np.empty((ctx.x.shape[0], self.padded_output_width), np.float32)
-        dx = np.empty(tuple(ctx.x.shape), np.float32)          # host arrays, also for a device batch's ctx.x
+        d_dy = _device.empty_like(ctx.x, (ctx.x.shape[0], self.padded_output_width))     # of ctx.x's kind
+        dx = _device.empty_like(ctx.x)
         k.backward_backward(self.store.params, self._offset, ctx.x, inst, dL_ddLdx, dL_dy, d_dy, dx, routed)
         return d_dy, dx
 

@@ -11,10 +11,16 @@ Same math as the host path (no biases, activations differentiated from the pre-a
 are outputs are computed (the padding rows get zero gradients, as in tcnn). Weights and gradients are
 read and written in the parameter store's fields; activations live in ``ti.ndarray``s.
 
+Second order (``backward_backward_input``, the formulas of ``HostMLP.second_order``) runs on the same
+kernels: its products are the forward's (``zdot_i = xdot_i W_i^T``), the backward's input gradient
+(``ybar_{i-1} = delta_i W_i``, ``xbar_i = zbar_i W_i``) and weight gradient (``delta_i^T xdot_i``,
+``zbar_i^T h_i``); two element-wise kernels apply act' and act''. Nothing batch-sized leaves the device.
+
 Weight gradients are reduced per tile: a tile is up to ``TILE`` consecutive samples of one network
 (samples sorted by network for an array), one thread sums a weight's products over its tile, and a
 tile adds its sum to the gradient once. On CUDA the fused kernels of ``_fused_mlp.py`` take a single
-network's batches (layers up to 64 wide) instead.
+network's batches (layers up to 64 wide) instead; the second order of such a pass recomputes its layers
+with the per-layer kernels (the fused kernels keep them in a layout of their own).
 """
 import numpy as np
 import taichi as ti
@@ -27,7 +33,6 @@ from ..object import Context
 from ..routing import TILE
 from . import activations
 from ._fused_mlp import FusedKernels, fits
-from ._mlp_host import HostMLP
 
 FUSED_TILE = {ti.cuda: 64, ti.vulkan: 32}
 """Samples per block of the fused kernels, by arch (Vulkan's software driver has 32 KiB of shared memory)."""
@@ -67,10 +72,29 @@ def _layer_forward(W: ti.template(), off: ti.i32, h: _f32_2d, inst: _i32_1d, rou
 
 
 @ti.kernel
-def _output_delta(dy: _f32_2d, z: _f32_2d, act: ti.template(), delta: _f32_2d):
-    """``delta = out_act'(z) * dL/dy`` over the computed output columns."""
-    for b, r in ti.ndrange(delta.shape[0], delta.shape[1]):
-        delta[b, r] = dy[b, r] * activations.derivative(act, z[b, r])
+def _times_derivative(g: _f32_2d, z: _f32_2d, act: ti.template(), out: _f32_2d):
+    """``out = act'(z) * g`` element-wise (the output delta ``out_act'(z) * dL/dy``, a tangent ``act'(z) * zdot``)."""
+    for b, r in ti.ndrange(out.shape[0], out.shape[1]):
+        out[b, r] = g[b, r] * activations.derivative(act, z[b, r])
+
+
+@ti.kernel
+def _curvature(z: _f32_2d, zdot: _f32_2d, ybar: _f32_2d, act: ti.template(), add: ti.template(), zbar: _f32_2d):
+    """``zbar = act''(z) * zdot * ybar``, plus the ``zbar`` already there if ``add`` (all ``(batch, rows)``)."""
+    for b, r in ti.ndrange(zbar.shape[0], zbar.shape[1]):
+        t = activations.second_derivative(act, z[b, r]) * zdot[b, r] * ybar[b, r]
+        if ti.static(add):
+            t += zbar[b, r]
+        zbar[b, r] = t
+
+
+def _slope_times(g, z, act: str):
+    """``act'(z) * g`` as a new buffer (``g`` itself for the identity)."""
+    if act == "None":
+        return g
+    out = _device.empty_like(g)
+    _times_derivative(g, z, act, out)
+    return out
 
 
 @ti.kernel
@@ -139,12 +163,20 @@ class KernelMLP:
         instance = routing.instance
         store = self.mlp.store
         weights = store.params if keep else store.inference_params
-        B = x.shape[0]
-        h = x if _device.is_device(x) else _device.put(x)          # one upload, not one per kernel
+        h = _device.on_device(x)                                   # one upload, not one per kernel
         fused = self._fused_kernels(instance)
         if fused is not None:
             return self._run_fused(fused, weights, x, h, routing, keep)
         inst, routed = routing.kernel_ids(h)
+        hs, zs = self._layers(weights, h, inst, routed, keep)
+        ctx = Context(self.mlp, x, routing, hs=hs, zs=zs, inst=inst, routed=routed) if keep else None
+        return hs[-1], ctx
+
+    def _layers(self, weights, h, inst, routed, keep: bool):
+        """``(hs, zs)``: the per-layer kernels' pass over a device batch ``h`` ``(batch, n_input_dims)``; ``hs`` is
+        ``h`` then each layer's output ``(batch, rows_i)``, ``zs`` each pre-activation (the outputs again unless
+        ``keep``)."""
+        B = h.shape[0]
         hs, zs, offsets = [h], [], self.offsets
         for i, rows in enumerate(self.rows):
             out = _device.buffer((B, rows))
@@ -153,8 +185,7 @@ class KernelMLP:
             hs.append(out)
             zs.append(z)
             h = out
-        ctx = Context(self.mlp, x, routing, hs=hs, zs=zs, inst=inst, routed=routed) if keep else None
-        return h, ctx
+        return hs, zs
 
     def _run_fused(self, fused, weights, x, h, routing, keep):
         B, T, L = x.shape[0], fused.T, fused.n_layers
@@ -185,7 +216,7 @@ class KernelMLP:
         tile_table, order = self._tile_tables(ctx.routing, ctx.x.shape[0])
         offsets = self.offsets
         delta = _device.empty_like(ctx.hs[-1])
-        _output_delta(dL_dy, ctx.zs[-1], self.acts[-1], delta)
+        _times_derivative(dL_dy, ctx.zs[-1], self.acts[-1], delta)
         for i in reversed(range(len(self.rows))):
             _weight_grad(store.grads, offsets[i], delta, ctx.hs[i], tile_table, order, ctx.routed)
             if i == 0 and not input_gradient:
@@ -196,20 +227,71 @@ class KernelMLP:
             delta = below
         return _device.same_kind(delta, ctx.x)
 
-    # -- second order runs on the host (numpy's BLAS), from the forward pass's inputs --------------
-    def _host_pass(self, ctx):
-        """The host path and its forward context for the inputs of the kernel forward ``ctx``."""
-        host = self.__dict__.setdefault("_host", HostMLP(self.mlp))
-        return host, host.run(np.ascontiguousarray(_device.host(ctx.x)), ctx.routing, keep=True)[1]
+    # -- second order: the formulas of HostMLP.output_adjoints / second_order, on the kernels above ------
+    def _per_layer(self, ctx):
+        """``(hs, zs, inst, routed)`` of a forward pass: the per-layer kernels' own, or for a pass of the fused
+        kernels (a single network's batch, their own layout) recomputed by the per-layer kernels from its input."""
+        if getattr(ctx, "fused", None) is None:
+            return ctx.hs, ctx.zs, ctx.inst, ctx.routed
+        inst, routed = ctx.routing.kernel_ids(ctx.h)
+        return (*self._layers(self.mlp.store.params, ctx.h, inst, routed, keep=True), inst, routed)
 
     def output_adjoints(self, ctx, dL_dy, input_gradient: bool):
-        host, host_ctx = self._host_pass(ctx)
-        dx, state = host.output_adjoints(host_ctx, np.ascontiguousarray(_device.host(dL_dy)), input_gradient)
-        return dx, (host, host_ctx, state)
+        """The first half of the second order: the first-order backward without parameter gradients,
+        ``ybar_NL = dL_dy``, ``delta_i = act_i'(z_i) * ybar_i``, ``ybar_{i-1} = delta_i W_i`` (all ``(batch, rows)``).
+        Returns ``(dL/dx = delta_0 W_0`` ``(batch, n_input_dims)`` or ``None, state)``; the state keeps every
+        ``delta_i`` and, for the curved layers (act'' != 0), ``ybar_i``."""
+        hs, zs, inst, routed = self._per_layer(ctx)
+        weights, offsets, n = self.mlp.store.params, self.offsets, len(self.rows)
+        curved = [activations.ACTIVATIONS[act].host_second is not None for act in self.acts]
+        deltas, ybars = [None] * n, [None] * n
+        ybar = _device.on_device(dL_dy)
+        for i in reversed(range(n)):
+            deltas[i] = _slope_times(ybar, zs[i], self.acts[i])
+            ybars[i] = ybar if curved[i] else None
+            if i == 0 and not input_gradient:
+                break
+            ybar = _device.buffer((ybar.shape[0], hs[i].shape[1]))
+            _input_grad(weights, offsets[i], deltas[i], inst, routed, ybar, "None", ybar)
+        dx = _device.same_kind(ybar, ctx.x) if input_gradient else None
+        return dx, (hs, zs, inst, routed, deltas, ybars)
 
     def second_order(self, ctx, state, dL_ddLdx, overwrite: bool):
-        host, host_ctx, state = state
-        return host.second_order(host_ctx, state, np.ascontiguousarray(_device.host(dL_ddLdx)), overwrite)
+        """The second half, for ``L2 = <v, dL/dx>`` with ``v = dL_ddLdx`` ``(batch, n_input_dims)``: the tangent pass
+        ``xdot_0 = v``, ``zdot_i = xdot_i W_i^T``, ``xdot_{i+1} = act_i'(z_i) * zdot_i``, then the reverse pass of the
+        value adjoint from ``xbar_NL+1 = 0``: ``zbar_i = act_i''(z_i) * zdot_i * ybar_i + act_i'(z_i) * xbar_{i+1}``,
+        ``xbar_i = zbar_i W_i``; with it::
+
+            dL2/dW_i += delta_i^T xdot_i + zbar_i^T h_i,   dL2/d(dL_dy) = xdot_NL+1,   dL2/dx = xbar_0
+
+        (``overwrite``: this MLP's gradients are zeroed first). ``zbar`` is 0 below no curved layer and is not
+        computed there; without any, dL2/dx is ``None``. Returns ``(dL2/d(dL_dy)`` ``(batch, n_output_dims)``,
+        ``dL2/dx`` ``(batch, n_input_dims)`` or ``None)``, of ``ctx.x``'s kind."""
+        hs, zs, inst, routed, deltas, ybars = state
+        store, mlp, offsets = self.mlp.store, self.mlp, self.offsets
+        if overwrite:
+            fill_columns(store.grads, mlp._offset, mlp.n_params, mlp.n_instances, 0.0)
+        tile_table, order = self._tile_tables(ctx.routing, ctx.x.shape[0])
+        xdots, zdots = [_device.on_device(dL_ddLdx)], []
+        for i, rows in enumerate(self.rows):
+            zdot = _device.buffer((xdots[i].shape[0], rows))
+            _layer_forward(store.params, offsets[i], xdots[i], inst, routed, "None", False, zdot, zdot)
+            zdots.append(zdot)
+            xdots.append(_slope_times(zdot, zs[i], self.acts[i]))
+        below = None                        # act_i'(z_i) * xbar_{i+1} on the way down, xbar_0 at the end
+        for i in reversed(range(len(self.rows))):
+            _weight_grad(store.grads, offsets[i], deltas[i], xdots[i], tile_table, order, routed)
+            zbar = below
+            if ybars[i] is not None:
+                zbar = _device.empty_like(zdots[i]) if below is None else below
+                _curvature(zs[i], zdots[i], ybars[i], self.acts[i], below is not None, zbar)
+            if zbar is None:
+                continue
+            _weight_grad(store.grads, offsets[i], zbar, hs[i], tile_table, order, routed)
+            below = _device.empty_like(zbar, (zbar.shape[0], hs[i].shape[1]))
+            z, act = (zs[i - 1], self.acts[i - 1]) if i > 0 else (below, "None")
+            _input_grad(store.params, offsets[i], zbar, inst, routed, z, act, below)
+        return _device.same_kind(xdots[-1], ctx.x), None if below is None else _device.same_kind(below, ctx.x)
 
     def _tile_tables(self, routing, batch):
         """``(table, order)`` of the batch's tiles (``Routing.tiles``); a single network's batch is tiled in
