@@ -111,6 +111,6 @@ class NetworkWithInputEncoding(DifferentiableObject):
         e_dot, dx = self.encoding._backward_backward_input(ctx.enc_ctx, dL_ddLdx, ebar, overwrite)
         d_dy, d_e = net._second_order_end(ctx.net_ctx, state, e_dot, overwrite)
         if d_e is not None:
-            through = self.encoding._backward(ctx.enc_ctx, d_e, True, overwrite=False)
-            dx = through if dx is None else dx + through
+            through = _device.host(self.encoding._backward(ctx.enc_ctx, d_e, True, overwrite=False))
+            dx = through if dx is None else dx + through          # second order runs on the host
         return d_dy, dx
