@@ -12,6 +12,7 @@ import pytest
 import taichi as ti
 
 import tinn
+from tinn import _device
 from tinn.networks import activations
 from reference import (ACTIVATIONS, EncodingRef, act_grad_ref, act_ref, act_second_ref, assert_close,
                        fd_gradient, fd_input_gradient, mlp_backward_ref, mlp_forward_ref, mlp_second_order_ref,
@@ -307,3 +308,26 @@ def test_networks_a_batch_does_not_reach_get_zero_gradients():
     net.backward_backward_input(ctx, v, g)
     np.testing.assert_array_equal(net.gradients()[1], 0.0)
     assert np.abs(net.gradients()[[0, 2]]).max() > 0
+
+
+@pytest.mark.x64_only("the host path to compare with runs only on the CPU")
+def test_grid_model_on_the_device_path_equals_the_host_path(monkeypatch):
+    """A hash grid under an MLP: the grid's first-order backward of dL2/de runs on the device path, and its
+    result joins the host second order; numpy and ti.ndarray batches give the host path's results."""
+    cfg = ({"otype": "HashGrid", "n_levels": 4, "n_features_per_level": 2, "log2_hashmap_size": 10,
+            "base_resolution": 4, "per_level_scale": 1.5},
+           {"n_neurons": 16, "n_hidden_layers": 2, "activation": "Tanh"})
+    rng = np.random.default_rng(14)
+    x, v = rng.random((50, 3), dtype=np.float32), rng.normal(size=(50, 3)).astype(np.float32)
+    g = rng.normal(size=(50, 2)).astype(np.float32)
+    results = {}
+    for kind, device_path in (("host", False), ("numpy", True), ("ti.ndarray", True)):
+        monkeypatch.setattr(_device, "FORCE", device_path)
+        model = tinn.NetworkWithInputEncoding(3, 2, *cfg, seed=3)
+        put = _device.put if kind == "ti.ndarray" else np.asarray
+        _, ctx = model.forward(put(x))
+        d_dy, d_x = model.backward_backward_input(ctx, put(v), put(g))
+        results[kind] = [_device.host(d_dy), _device.host(d_x), model.gradients()]
+    for kind in ("numpy", "ti.ndarray"):
+        for got, want in zip(results[kind], results["host"]):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())

@@ -6,28 +6,21 @@ native ``backward``, whose own backward is the native ``backward_backward_input`
 ``L2 = <dL2/d(dL/dx), dL/dx>`` it gives ``dL2/d(dL/dy)``, ``dL2/dx`` and ``dL2/dparams`` (an Eikonal loss on
 an input gradient reaches the parameters and the inputs).
 
-Both functions run on contiguous float32 CPU tensors (the module converts around them, so torch
-differentiates the conversions); numpy views of those tensors reach tinn's kernels without copies, and
-results come back as tensors over tinn's own arrays. Each forward keeps its own native context, so
-several forwards may precede their backwards. Parameter gradients are read from the native store
-right after each native call, so calls never see each other's gradients.
+Both functions run on contiguous float32 tensors on the device :mod:`tinn.torch._tensors` names for
+Taichi's arch (the module converts around them, so torch differentiates the conversions), and every
+tensor crosses to the native calls and back there: numpy views without copies on the CPU's own path,
+one copy kernel per tensor into and out of ``ti.ndarray``s on the device path (CUDA tensors with Taichi
+on CUDA: nothing passes through the host), numpy and one upload where torch cannot hold Taichi's memory
+(Vulkan, Metal). Each forward keeps its own native context, so several forwards may precede their
+backwards. Parameter gradients are read from the native store right after each native call, so calls
+never see each other's gradients.
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from ._store import read_gradients
-
-
-def _numpy(t: torch.Tensor) -> np.ndarray:
-    """A float32 CPU tensor as a numpy array over the same memory (copied only if not contiguous)."""
-    return t.detach().contiguous().numpy()
-
-
-def _params_grad(native, params: torch.Tensor) -> torch.Tensor:
-    """The native store's parameter gradients as a tensor shaped, typed and placed as ``params``."""
-    return torch.from_numpy(read_gradients(native)).reshape(params.shape).to(params.device, params.dtype)
+from ._tensors import from_tinn, to_tinn
 
 
 def _none_if_empty(t):
@@ -38,10 +31,10 @@ class _ModuleFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, native, x, params, instance):
         ctx.set_materialize_grads(False)
-        y, native_ctx = native.forward(_numpy(x), instance)
+        y, native_ctx = native.forward(to_tinn(x), instance)
         ctx.native, ctx.native_ctx = native, native_ctx
         ctx.save_for_backward(x, params)
-        return torch.from_numpy(y)
+        return from_tinn(y)
 
     @staticmethod
     def backward(ctx, dy):
@@ -60,9 +53,9 @@ class _ModuleFunctionBackward(torch.autograd.Function):
         ctx.save_for_backward(dy, x, params)
         native = fwd.native
         want_dx, want_dparams = fwd.needs_input_grad[1], fwd.needs_input_grad[2]
-        dx = native.backward(fwd.native_ctx, _numpy(dy), input_gradient=want_dx)
-        dx = torch.from_numpy(dx) if want_dx else torch.empty(())
-        dparams = _params_grad(native, params) if want_dparams else torch.empty(())
+        dx = native.backward(fwd.native_ctx, to_tinn(dy), input_gradient=want_dx)
+        dx = from_tinn(dx) if want_dx else torch.empty(())
+        dparams = read_gradients(native, params) if want_dparams else torch.empty(())
         return dx, dparams
 
     @staticmethod
@@ -75,8 +68,8 @@ class _ModuleFunctionBackward(torch.autograd.Function):
         dy, x, params = ctx.saved_tensors
         fwd = ctx.fwd
         native = fwd.native
-        d_dy, dx = native.backward_backward_input(fwd.native_ctx, _numpy(d_dx.to(torch.float32)), _numpy(dy))
-        d_dy = torch.from_numpy(d_dy) if ctx.needs_input_grad[1] else None
-        dx = torch.from_numpy(dx) if ctx.needs_input_grad[2] else None
-        dparams = _params_grad(native, params) if ctx.needs_input_grad[3] else None
+        d_dy, dx = native.backward_backward_input(fwd.native_ctx, to_tinn(d_dx), to_tinn(dy))
+        d_dy = from_tinn(d_dy) if ctx.needs_input_grad[1] else None
+        dx = from_tinn(dx) if ctx.needs_input_grad[2] else None
+        dparams = read_gradients(native, params) if ctx.needs_input_grad[3] else None
         return None, d_dy, dx, dparams

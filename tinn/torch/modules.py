@@ -12,6 +12,12 @@ Its initial values are the native object's for the same ``seed`` (tcnn's ``initi
 ``x``, through tinn's hand-written backward; second derivatives of a loss on ``dL/dx`` go through
 ``backward_backward_input``.
 
+Where tensors are computed on follows Taichi's arch (:mod:`tinn.torch._tensors`): inputs are converted
+to float32 on the device tinn reads directly (CUDA tensors when Taichi runs on CUDA, CPU tensors
+otherwise) and outputs moved back to ``x``'s device and dtype, so CUDA tensors with Taichi on CUDA stay
+on the GPU; on the CPU, numpy views of the tensors reach tinn without copies; on Vulkan or Metal, CPU
+tensors are uploaded and read back once per call.
+
 ``params`` is owned by torch (optimizers, ``load_state_dict``, ``DistributedDataParallel`` write it in
 place); the native store is brought up to date before a forward only when ``params``' version counter or
 storage changed since the last one, so an ordinary step costs one copy of the parameters, not one per
@@ -34,6 +40,7 @@ from taichi.lang import impl
 from .. import NetworkWithInputEncoding as _NativeNetworkWithInputEncoding
 from .. import _runtime
 from ..config import create_encoding, create_network
+from . import _tensors
 from ._autograd import _ModuleFunction
 from ._store import publish_inference, write_params
 
@@ -97,7 +104,7 @@ class Module(torch.nn.Module):
         inference weights too before an inference call)."""
         key = self._params_key()
         if key != self._synced:
-            write_params(self.native_tcnn_module, self.params.detach().to("cpu", torch.float32).numpy())
+            write_params(self.native_tcnn_module, self.params)
             self._synced = key
         if inference and key != self._published:
             publish_inference(self.native_tcnn_module)
@@ -110,32 +117,18 @@ class Module(torch.nn.Module):
         if not x.is_floating_point():
             raise TypeError(f"x must have a floating-point dtype, got {x.dtype}")
         self.native_tcnn_module._check_runtime()
-        inst = self._instances(instance)
+        inst = _tensors.instances(instance)
         train = torch.is_grad_enabled() and (x.requires_grad or self.params.requires_grad)
         self._sync_params(inference=not train)
-        x32 = x.to("cpu", torch.float32).contiguous()
+        x32 = x.to(_tensors.device(), torch.float32).contiguous()
         if train:
             y = _ModuleFunction.apply(self.native_tcnn_module, x32, self.params, inst)
         else:
-            y = torch.from_numpy(self.native_tcnn_module.inference(x32.numpy(), inst))
+            y = _tensors.from_tinn(self.native_tcnn_module.inference(_tensors.to_tinn(x32), inst))
         return y.to(x.device, self._output_dtype(x))
 
     def _output_dtype(self, x):
         return x.dtype
-
-    @staticmethod
-    def _instances(instance):
-        """Routing ids as the int32 numpy array tinn takes (tinn checks their shape and range)."""
-        if instance is None:
-            return None
-        if isinstance(instance, torch.Tensor):
-            if instance.is_floating_point() or instance.is_complex() or instance.dtype == torch.bool:
-                raise TypeError(f"instance must hold integers, got {instance.dtype}")
-            return instance.detach().to("cpu", torch.int32).contiguous().numpy()
-        arr = np.asarray(instance)
-        if not np.issubdtype(arr.dtype, np.integer):
-            raise TypeError(f"instance must hold integers, got {arr.dtype}")
-        return arr.astype(np.int32, copy=False)
 
     # -- pickling and copies (tcnn's __getstate__): the native object is rebuilt, params carried -------
     def __getstate__(self):
