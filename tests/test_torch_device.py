@@ -170,19 +170,28 @@ class _HostSeam(_Seam):
 
 
 @pytest.mark.x64_only("the device path is forced on the CPU, whose tensors Taichi's kernels address")
-def test_a_torch_training_step_on_the_device_path_stays_there(rng, monkeypatch):
-    """Forward, loss, backward and a ``torch.optim.Adam`` step of a HashGrid + MLP model: no tensor passes
-    through numpy or the host, no ndarray is read back, no host BLAS; only the loss comes back."""
+@pytest.mark.parametrize("routed", [False, True])
+@pytest.mark.parametrize("eikonal", [False, True])
+def test_a_torch_training_step_on_the_device_path_stays_there(rng, monkeypatch, routed, eikonal):
+    """Forward, loss (with ``eikonal``: plus an Eikonal term through ``backward_backward_input``), backward
+    and a ``torch.optim.Adam`` step of a HashGrid + MLP model or a routed array of them: no tensor passes
+    through numpy or the host, no ndarray is read back, no host BLAS; only the loss (and for the array the
+    per-network sample counts) comes back."""
     monkeypatch.setattr(_device, "FORCE", True)
     B = 1 << 14
-    model = build(routed=False)
+    model = build(routed=routed)
     assert model.n_params < B
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    x = torch.from_numpy(rng.random((B, 3), dtype=np.float32))
+    x = torch.from_numpy(rng.random((B, 3), dtype=np.float32)).requires_grad_(eikonal)
     target = torch.from_numpy(rng.random((B, 2), dtype=np.float32))
+    ids = torch.from_numpy(rng.integers(0, K, B).astype(np.int32)) if routed else None
 
     def step():
-        loss = (model(x) - target).square().mean()
+        y = model(x, instance=ids) if routed else model(x)
+        loss = (y - target).square().mean()
+        if eikonal:
+            dx, = torch.autograd.grad(y[:, 0].sum(), x, create_graph=True)
+            loss = loss + 1e-3 * (dx.norm(dim=1) - 1).square().mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
