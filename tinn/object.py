@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._device import host, is_device, same_kind
+from ._device import full_like, host, is_device, same_kind
 from ._kernels import fill_columns
 from ._runtime import RuntimeBound, as_batch, callers_kind
 from ._rng import Pcg32
@@ -215,13 +215,14 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         ``(batch, n_output_dims)`` and ``(batch, n_input_dims)`` (``(n_instances, batch, ...)`` for a dense
         batch); dL2/dparams is written to the parameter gradients (``mode="accumulate"``: added)."""
         g = self._output_gradient(ctx, dL_doutput, mode)
-        v = host(as_batch(dL_ddLdinput, self.n_input_dims, "dL_ddLdinput", allow_dense=ctx.routing.dense is not None))
-        v = v.reshape(-1, self.n_input_dims)           # second order runs on the host, also on the device path
+        v = as_batch(dL_ddLdinput, self.n_input_dims, "dL_ddLdinput", allow_dense=ctx.routing.dense is not None)
+        if not is_device(v):                           # a ti.ndarray (the device path) is a (batch, n) batch
+            v = v.reshape(-1, self.n_input_dims)
         if v.shape[0] != ctx.x.shape[0]:
             raise ValueError(f"dL_ddLdinput has {v.shape[0]} samples, the forward pass had {ctx.x.shape[0]}")
         dy, dx = self._backward_backward_input(ctx, v, g, self._gradient_mode(ctx, mode))
-        dx = np.zeros(tuple(ctx.x.shape), np.float32) if dx is None else dx
-        return (callers_kind(self._dense(ctx, np.ascontiguousarray(dy[:, : self.n_output_dims])), dL_ddLdinput),
+        dx = full_like(ctx.x, 0.0) if dx is None else same_kind(dx, ctx.x)
+        return (callers_kind(self._finish(dy, ctx.routing, v), dL_ddLdinput),
                 callers_kind(self._dense(ctx, dx), dL_ddLdinput))
 
     def _output_gradient(self, ctx: Context, dL_doutput, mode: str) -> np.ndarray:
