@@ -2,8 +2,10 @@
 
 On the CPU it is forced (``tinn._device.FORCE``) and checked against the host BLAS path for every
 activation, width and depth the suite uses, forward, backward and second order, network arrays
-included; on any other arch it is what runs, and a training step and a second order are checked to
-call no host BLAS and to move no batch-sized array to the host.
+included, and against the host path of every encoding, second order included; on any other arch it is
+what runs, and a training step (a single network with a grid, per-dim or Composite encoding, or a
+routed network array), a second order and an encoding's pass of a ti.ndarray batch are checked to call
+no host BLAS and to move no batch-sized array to the host.
 """
 import contextlib
 
@@ -345,16 +347,11 @@ class _Seam:
         return wrapped
 
 
-@pytest.mark.parametrize("config", ["config_hash.json", "config.json"])
-def test_a_training_step_on_the_device_stays_there(rng, monkeypatch, device_path, config):
-    """On the device path a step of a ti.ndarray batch calls no host BLAS, reads nothing batch-sized
-    back and hands no batch-sized numpy array to a kernel; only the loss comes back."""
+def assert_steps_stay_on_the_device(model, n_in, rng, monkeypatch):
+    """Three training steps of ``model`` on one ti.ndarray batch call no host BLAS, read nothing batch-sized
+    back and hand no batch-sized numpy array to a kernel; only the loss comes back, and it falls."""
     B = 1 << 15                                                   # more than the model has parameter rows
-    model = tinn.create_from_config(2, 3, f"data/{config}") if config == "config_hash.json" else \
-        tinn.create_from_config(2, 3, {"encoding": {"otype": "HashGrid", "n_levels": 4},
-                                       "network": {"otype": "CutlassMLP", "n_neurons": 32, "n_hidden_layers": 3},
-                                       "loss": {"otype": "L2"}})
-    x, t = _device.put(rng.random((B, 2), dtype=np.float32)), _device.put(rng.random((B, 3), dtype=np.float32))
+    x, t = _device.put(rng.random((B, n_in), dtype=np.float32)), _device.put(rng.random((B, 3), dtype=np.float32))
     first = model.trainer.training_step(x, t)                     # compiles outside the instrumented steps
     seam = _Seam(monkeypatch, B)
     losses = [model.trainer.training_step(x, t) for _ in range(3)]
@@ -437,6 +434,129 @@ def test_a_second_order_on_the_device_stays_there(rng, monkeypatch, device_path)
     assert seam.products == [] and seam.downloads == [] and seam.host_arguments == []
     assert isinstance(d_dy, ti.Ndarray) and isinstance(d_x, ti.Ndarray)
     assert d_dy.shape == (B, 3) and d_x.shape == (B, 2)
+@pytest.mark.parametrize("config", ["config_hash.json", "config.json"])
+def test_a_training_step_on_the_device_stays_there(rng, monkeypatch, device_path, config):
+    """On the device path a step of a ti.ndarray batch calls no host BLAS, reads nothing batch-sized
+    back and hands no batch-sized numpy array to a kernel; only the loss comes back."""
+    model = tinn.create_from_config(2, 3, f"data/{config}") if config == "config_hash.json" else \
+        tinn.create_from_config(2, 3, {"encoding": {"otype": "HashGrid", "n_levels": 4},
+                                       "network": {"otype": "CutlassMLP", "n_neurons": 32, "n_hidden_layers": 3},
+                                       "loss": {"otype": "L2"}})
+    assert_steps_stay_on_the_device(model, 2, rng, monkeypatch)
+
+
+STEP_ENCODINGS = {
+    "Frequency": (2, {"otype": "Frequency", "n_frequencies": 4}),
+    "OneBlob": (2, {"otype": "OneBlob", "n_bins": 16}),
+    "Composite": (4, {"otype": "Composite", "nested": [
+        {"otype": "HashGrid", "n_levels": 4, "n_dims_to_encode": 2},
+        {"otype": "OneBlob", "n_bins": 8, "n_dims_to_encode": 1},
+        {"otype": "Frequency", "n_frequencies": 4}]}),
+}
+
+
+@pytest.mark.parametrize("name", list(STEP_ENCODINGS))
+def test_a_training_step_with_any_encoding_stays_on_the_device(rng, monkeypatch, device_path, name):
+    """As above, for models whose encoding is not a grid alone: per-dim encodings and a Composite (its
+    slices, concatenation and nested grid) keep the batch on the device too."""
+    n_in, encoding = STEP_ENCODINGS[name]
+    model = tinn.create_from_config(n_in, 3, {"encoding": encoding, "loss": {"otype": "L2"},
+                                              "network": {"otype": "CutlassMLP", "n_neurons": 32,
+                                                          "n_hidden_layers": 2}})
+    assert_steps_stay_on_the_device(model, n_in, rng, monkeypatch)
+
+
+GRID = {"otype": "HashGrid", "n_levels": 2, "n_features_per_level": 2, "log2_hashmap_size": 6, "base_resolution": 4,
+        "per_level_scale": 2.0}
+
+ENCODINGS = {
+    # name: (n_input_dims, config, alignment), one per otype (test_encodings, test_composite, test_second_order)
+    "Identity": (3, {"otype": "Identity", "scale": 2.5, "offset": -0.75}, 16),
+    "Frequency": (2, {"otype": "Frequency", "n_frequencies": 5}, 0),
+    "OneBlob": (2, {"otype": "OneBlob", "n_bins": 8}, 0),
+    "SphericalHarmonics": (3, {"otype": "SphericalHarmonics", "degree": 5}, 32),
+    "TriangleWave": (2, {"otype": "TriangleWave", "n_frequencies": 4}, 0),
+    "Empty": (2, {"otype": "Empty"}, 16),
+    "HashGrid": (2, {**GRID, "interpolation": "Smoothstep"}, 0),
+    "Concatenation": (5, {"otype": "Composite", "nested": [           # the Empty entry has no columns
+        {"otype": "Frequency", "n_frequencies": 2, "n_dims_to_encode": 2},
+        {"otype": "OneBlob", "n_bins": 4, "n_dims_to_encode": 1},
+        {"otype": "Empty", "n_dims_to_encode": 1},
+        {"otype": "Identity", "scale": 2.0}]}, 16),
+    "Sum": (3, {"otype": "Composite", "reduction": "Sum", "nested": [
+        {**GRID, "n_dims_to_encode": 2}, {"otype": "OneBlob", "n_bins": 4}]}, 0),
+    "Product": (4, {"otype": "Composite", "reduction": "Product", "nested": [
+        {**GRID, "n_dims_to_encode": 2}, {"otype": "OneBlob", "n_bins": 4, "n_dims_to_encode": 1},
+        {"otype": "Frequency", "n_frequencies": 2}]}, 0),
+    "NRC": (9, {"otype": "NRC", "n_frequencies": 3, "n_bins": 4}, 16),
+}
+PASSES = ("forward", "inference", "dL/dx", "dL/dparams", "dL2/d(dL/dy)", "dL2/dx", "dL2/dparams")
+
+
+def encoding_and_batch(name, B):
+    """The encoding ``name`` (parameters uniform in [-1, 1], so that products and gradients are not tiny) and
+    a batch ``(x, dL/dy, dL2/d(dL/dx))`` of B samples."""
+    n_in, cfg, alignment = ENCODINGS[name]
+    enc = tinn.create_encoding(n_in, cfg, alignment=alignment)
+    if not enc.n_output_dims:                   # Empty: padding only (without, it has no columns, as in Concatenation)
+        enc.set_padded_output_width(alignment)
+    rng = np.random.default_rng(len(name))
+    if enc.n_params:
+        enc.set_params(rng.uniform(-1.0, 1.0, enc.n_params).astype(np.float32))
+    return enc, (rng.random((B, n_in), dtype=np.float32), rng.normal(size=(B, enc.n_output_dims)).astype(np.float32),
+                 rng.normal(size=(B, n_in)).astype(np.float32))
+
+
+def encoding_passes(enc, x, dy, v) -> dict:
+    """Every batch pass of ``enc`` on ``(x, dL/dy, dL2/d(dL/dx))``, by name (:data:`PASSES`)."""
+    y, ctx = enc.forward(x)
+    out = {"forward": y, "inference": enc.inference(x), "dL/dx": enc.backward(ctx, dy),
+           "dL/dparams": enc.gradients()}
+    out["dL2/d(dL/dy)"], out["dL2/dx"] = enc.backward_backward_input(ctx, v, dy)
+    out["dL2/dparams"] = enc.gradients()
+    return out
+
+
+@pytest.mark.parametrize("name", list(ENCODINGS))
+def test_an_encoding_keeps_a_device_batch_on_the_device(monkeypatch, device_path, name):
+    """Forward, inference, backward and second order of a ti.ndarray batch answer in ti.ndarrays, read
+    nothing batch-sized back and hand no batch-sized numpy array to a kernel."""
+    B = 1 << 12                                               # more than any of these has parameters
+    enc, batch = encoding_and_batch(name, B)
+    x, dy, v = (_device.put(a) for a in batch)
+    encoding_passes(enc, x, dy, v)                            # compiles outside the instrumented passes
+    seam = _Seam(monkeypatch, B)
+    out = encoding_passes(enc, x, dy, v)
+    assert seam.downloads == [] and seam.host_arguments == []
+    for p in PASSES:
+        if "params" not in p:
+            assert isinstance(out[p], Ndarray), p
+
+
+@blas_exists
+@pytest.mark.parametrize("name", list(ENCODINGS))
+def test_an_encoding_on_the_device_path_equals_the_host_path(name):
+    """Every pass of a ti.ndarray batch on the device path (FORCE) against the same numpy batch on the
+    host path: outputs, input and parameter gradients, and second order."""
+    enc, batch = encoding_and_batch(name, 333)
+    with path(False):
+        host = encoding_passes(enc, *batch)
+    with path(True):
+        device = encoding_passes(enc, *(_device.put(a) for a in batch))
+    for p in PASSES:
+        h, d = host[p], _device.host(device[p])
+        assert d.shape == h.shape, p
+        np.testing.assert_allclose(d, h, rtol=2e-5, atol=2e-5 * max(1.0, np.abs(h).max(initial=0.0)), err_msg=p)
+
+
+@blas_exists
+def test_a_model_with_a_composite_encoding_on_the_device_path_equals_the_host_path(rng, monkeypatch):
+    """NetworkWithInputEncoding with a Composite encoding (nested grid): forward, inference, backward and
+    parameter gradients on both paths; the device path hands the encoding the ti.ndarray batch."""
+    cfg = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1}
+    host, device = pair(lambda: tinn.NetworkWithInputEncoding(4, 3, ENCODINGS["Product"][1], cfg), monkeypatch)
+    x = rng.random((300, 4), dtype=np.float32)
+    compare(host, device, x, rng.normal(size=(300, 3)).astype(np.float32), tol=1e-4)
 
 
 def test_pool_reuses_a_buffer_once_its_owner_is_gone():

@@ -6,6 +6,13 @@ step, so there the MLP runs as Taichi kernels (``networks/_kernel_mlp.py``) on `
 buffers that the encoding, loss and optimizer kernels read and write directly; a ``ti.ndarray``
 batch passed to the public API stays on the device, and a training step reads back one float.
 
+Every encoding takes ``ti.ndarray`` batches and answers in kind (outputs, input gradients and second
+order: their kernels take ndarray arguments, and the buffers come from :func:`empty_like`). The
+column arithmetic of a Composite encoding is here: :func:`columns` (a slice ``a[:, begin:begin + n]``),
+:func:`concatenate`, :func:`add_to_columns`, :func:`add`, :func:`multiply` and :func:`fold`
+(element-wise sums and products), each numpy's own operation for numpy operands and one small
+parallel kernel per operand on the device.
+
 :func:`active` is the one place that chooses; tests set :data:`FORCE` to run the device path on
 the CPU, where it is checked against the BLAS path.
 """
@@ -84,8 +91,12 @@ class _Buffer(ScalarNdarray):
 
 
 def buffer(shape, dtype=ti.f32):
-    """A new zero-filled ``ti.ndarray`` of ``shape``."""
-    return _Buffer(dtype, tuple(int(n) for n in shape))
+    """A new zero-filled ``ti.ndarray`` of ``shape``; a numpy one for a shape with a 0 (Taichi has no empty
+    ndarray, and an empty array has nothing to move: an ``Empty`` encoding's output without padding)."""
+    shape = tuple(int(n) for n in shape)
+    if 0 in shape:
+        return np.zeros(shape, {ti.f32: np.float32, ti.i32: np.int32}[dtype])
+    return _Buffer(dtype, shape)
 
 
 def put(a: np.ndarray, dtype=ti.f32):
@@ -98,11 +109,6 @@ def put(a: np.ndarray, dtype=ti.f32):
 def on_device(a):
     """``a`` as a ``ti.ndarray``: itself, or a host array uploaded once (kernels then read it where it is)."""
     return a if is_device(a) else put(np.ascontiguousarray(a, np.float32))
-
-
-def zeros(shape, like):
-    """A float32 array of zeros of ``like``'s kind (``ti.ndarray`` or numpy)."""
-    return buffer(shape) if is_device(like) else np.zeros(shape, np.float32)
 
 
 @ti.kernel
@@ -166,6 +172,21 @@ def empty_like(a, shape=None):
     """A new float32 buffer of ``a``'s kind (``ti.ndarray`` or numpy), of ``a``'s shape or ``shape``."""
     shape = a.shape if shape is None else shape
     return buffer(shape) if is_device(a) else np.empty(shape, np.float32)
+
+
+def full_like(a, value: float, shape=None):
+    """A new float32 batch of ``a``'s kind, of ``a``'s shape or ``shape``, every element ``value``."""
+    shape = a.shape if shape is None else shape
+    if not is_device(a):
+        return np.full(shape, value, np.float32)
+    out = buffer(shape)
+    out.fill(value)
+    return out
+
+
+def contiguous(a):
+    """``a`` as a kernel argument: a ``ti.ndarray`` as it is, a numpy array C-contiguous."""
+    return a if is_device(a) else np.ascontiguousarray(a)
 
 
 def host(a) -> np.ndarray:
@@ -247,3 +268,82 @@ def total(a) -> float:
     one = _kept("one", lambda: buffer((1,)))
     _partial_sums(parts, parts.shape[0], one)
     return float(one.to_numpy()[0])
+
+
+# -- column arithmetic on batches (Composite's slices, concatenations and reductions) ------------------
+_COPY, _ADD, _MULTIPLY = 0, 1, 2
+
+
+@ti.kernel
+def _columns(src: ti.types.ndarray(dtype=ti.f32, ndim=2), src_col: ti.i32,
+             dst: ti.types.ndarray(dtype=ti.f32, ndim=2), dst_col: ti.i32, n: ti.i32, op: ti.template()):
+    """``dst[b, dst_col + j] = src[b, src_col + j]`` (``_COPY``), ``dst[..] + src[..]`` (``_ADD``) or
+    ``dst[..] * src[..]`` (``_MULTIPLY``) for every row b and j < n: one parallel loop over (b, j)."""
+    for b, j in ti.ndrange(dst.shape[0], n):
+        v = src[b, src_col + j]
+        if ti.static(op == _ADD):
+            v = dst[b, dst_col + j] + v
+        elif ti.static(op == _MULTIPLY):
+            v = dst[b, dst_col + j] * v
+        dst[b, dst_col + j] = v
+
+
+def _any_device(arrays) -> bool:
+    return any(is_device(a) for a in arrays)
+
+
+def columns(a, begin: int, n: int):
+    """``a[:, begin:begin + n]``, ``(batch, n)``, as a new contiguous batch of ``a``'s kind."""
+    if not is_device(a):
+        return np.ascontiguousarray(a[:, begin:begin + n])
+    out = buffer((a.shape[0], n))
+    if n:
+        _columns(a, begin, out, 0, n, _COPY)
+    return out
+
+
+def add_to_columns(dst, begin: int, src):
+    """``dst[:, begin:begin + n] += src`` for a ``(batch, n)`` ``src``, in place; ``dst`` of either kind,
+    ``src`` of ``dst``'s kind or numpy."""
+    if not is_device(dst):
+        dst[:, begin:begin + src.shape[1]] += src
+    elif src.shape[1]:
+        _columns(src, 0, dst, begin, src.shape[1], _ADD)
+
+
+def concatenate(parts: list):
+    """``[p_0 | p_1 | ...]``, ``(batch, sum of widths)``: numpy for numpy parts, else a ``ti.ndarray``."""
+    if not _any_device(parts):
+        return np.concatenate(parts, axis=1)
+    out, column = buffer((parts[0].shape[0], sum(p.shape[1] for p in parts))), 0
+    for p in parts:
+        if p.shape[1]:
+            _columns(p, 0, out, column, p.shape[1], _COPY)
+        column += p.shape[1]
+    return out
+
+
+def add(a, b):
+    """``a + b`` of two batches of one shape: numpy for numpy operands, else a ``ti.ndarray``."""
+    return fold([a, b], "+") if _any_device((a, b)) else a + b
+
+
+def multiply(a, b):
+    """``a * b`` element-wise, of two batches of one shape: numpy for numpy operands, else a ``ti.ndarray``."""
+    return fold([a, b], "*") if _any_device((a, b)) else a * b
+
+
+def fold(arrays: list, op: str):
+    """``a_0 + a_1 + ...`` (``op`` "+") or ``a_0 * a_1 * ...`` ("*") element-wise in float32, left to right,
+    of one or more batches of one shape: numpy for numpy operands, else a ``ti.ndarray``."""
+    if not _any_device(arrays):                 # in place into a copy: np.sum / np.prod's values, no stacking
+        out = np.array(arrays[0], np.float32)
+        accumulate = np.add if op == "+" else np.multiply
+        for a in arrays[1:]:
+            accumulate(out, a, out=out)
+        return out
+    out = buffer(arrays[0].shape)
+    for i, a in enumerate(arrays):
+        if a.shape[1]:
+            _columns(a, 0, out, 0, a.shape[1], _COPY if i == 0 else _ADD if op == "+" else _MULTIPLY)
+    return out

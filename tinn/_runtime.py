@@ -252,8 +252,8 @@ def callers_kind(a, caller):
     """A result ``a`` as the kind of array the caller passed (``caller``): the one seam where the host
     path's numpy results become ``ti.ndarray``s for a caller that passed one (written through a view of
     the new ndarray's memory on x64, uploaded elsewhere). Device results and numpy callers pass as they are."""
-    if a is None or not isinstance(caller, ti.Ndarray) or isinstance(a, ti.Ndarray):
-        return a
+    if a is None or not isinstance(caller, ti.Ndarray) or isinstance(a, ti.Ndarray) or not a.size:
+        return a                                  # (an empty result stays numpy: Taichi has no empty ndarray)
     out = _device.buffer(a.shape)
     view = ndarray_view(out)
     if view is None:

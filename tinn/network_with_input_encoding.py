@@ -76,11 +76,11 @@ class NetworkWithInputEncoding(DifferentiableObject):
         return forward, vjp
 
     def _encoding_input(self, x):
-        """On the device path an encoding that computes on ``ti.ndarray``s gets the batch there (uploaded
-        once if it came as numpy); the others get numpy."""
-        if _device.active() and getattr(self.encoding, "device_batches", False):
-            return x if _device.is_device(x) else _device.put(x)
-        return _device.host(x)
+        """On the device path the encoding gets the batch on the device (uploaded once if it came as numpy);
+        on the host path, the numpy batch."""
+        if _device.active() and not _device.is_device(x):
+            return _device.put(x)
+        return x
 
     def _floats_per_sample(self, training):
         return self.encoding._floats_per_sample(training) + self.network._floats_per_sample(training)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._device import host, is_device, same_kind, zeros
+from ._device import full_like, host, is_device, same_kind
 from ._kernels import fill_columns
 from ._runtime import RuntimeBound, as_batch, callers_kind
 from ._rng import Pcg32
@@ -221,7 +221,7 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         if v.shape[0] != ctx.x.shape[0]:
             raise ValueError(f"dL_ddLdinput has {v.shape[0]} samples, the forward pass had {ctx.x.shape[0]}")
         dy, dx = self._backward_backward_input(ctx, v, g, self._gradient_mode(ctx, mode))
-        dx = zeros(tuple(ctx.x.shape), ctx.x) if dx is None else same_kind(dx, ctx.x)
+        dx = full_like(ctx.x, 0.0) if dx is None else same_kind(dx, ctx.x)
         return (callers_kind(self._finish(same_kind(dy, ctx.x), ctx.routing, ctx.x), dL_ddLdinput),
                 callers_kind(self._dense(ctx, dx), dL_ddLdinput))
 

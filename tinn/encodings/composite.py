@@ -26,6 +26,9 @@ Backward: every nested encoding adds its ``dL/dx`` slice into ``dL/dx``. Where s
 overlap (explicit ``dims_to_encode_begin``) tinn *sums* them, which is the true gradient;
 tcnn lets the later slice overwrite the earlier. Input dims no entry reads get 0.
 
+Batches are numpy arrays or ``ti.ndarray``s (the device path): the slices, concatenations and
+element-wise sums and products are ``tinn._device``'s, which keep a ``ti.ndarray`` on the device.
+
 ``hyperparams()`` lists every nested entry with its resolved ``n_dims_to_encode`` and
 ``dims_to_encode_begin`` (tcnn drops them), so a composite rebuilds from it exactly.
 
@@ -40,6 +43,8 @@ from math import lcm
 import numpy as np
 import taichi as ti
 
+from .. import _device
+from .._device import add_to_columns, columns, concatenate, fold, multiply
 from .._kernels import static_chunks
 from ..registry import create_encoding, encodings
 from ..keys import NON_NEGATIVE, POWER_OF_TWO, REQUIRED, Key, between, reported
@@ -165,7 +170,7 @@ class CompositeEncoding(Encoding):
             self.store                           # bind the nested encodings before they touch parameters
         outs, ctxs = [], []
         for e, (begin, n) in zip(self.nested, self.slices):
-            xi = np.ascontiguousarray(x[:, begin:begin + n])
+            xi = columns(x, begin, n)
             if keep:
                 y, c = e._forward(xi, routing)
                 ctxs.append(c)
@@ -173,11 +178,9 @@ class CompositeEncoding(Encoding):
                 y = e._inference(xi, routing)
             outs.append(y)
         if self.reduction == "Concatenation":
-            y = np.concatenate(outs, axis=1)
-        elif self.reduction == "Sum":
-            y = np.sum(outs, axis=0, dtype=np.float32)
+            y = concatenate(outs)
         else:
-            y = np.prod(outs, axis=0, dtype=np.float32)
+            y = fold(outs, "+" if self.reduction == "Sum" else "*")
         if not keep:
             return y, None
         return y, Context(self, x, routing, nested=ctxs, outs=outs if self.reduction == "Product" else None)
@@ -257,22 +260,22 @@ class CompositeEncoding(Encoding):
         for k, (e, (begin, n)) in enumerate(zip(self.nested, self.slices)):
             width = e.padded_output_width
             if self.reduction == "Concatenation":
-                g = dL_dy[:, column:column + width]
+                g = columns(dL_dy, column, width)
                 column += width
             elif self.reduction == "Sum":
-                g = dL_dy
+                g = _device.contiguous(dL_dy)
             else:
-                g = dL_dy * _product(ctx.outs, k)
-            yield k, e, begin, n, np.ascontiguousarray(g)
+                g = _times_others(dL_dy, ctx.outs, k)
+            yield k, e, begin, n, g
 
     def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
-        dx = np.zeros_like(ctx.x) if input_gradient else None
+        dx = _device.full_like(ctx.x, 0.0) if input_gradient else None
         for k, e, begin, n, g in self._nested_gradients(ctx, dL_dy):
             if not (input_gradient or e.n_params):
                 continue
             dxi = e._backward(ctx.nested[k], g, input_gradient, overwrite)
             if input_gradient:
-                dx[:, begin:begin + n] += dxi
+                add_to_columns(dx, begin, dxi)
         return dx
 
     def _backward_backward_input(self, ctx, dL_ddLdx, dL_dy, overwrite):
@@ -281,32 +284,30 @@ class CompositeEncoding(Encoding):
         dL2/d(dL_dy) concatenates or sums the ``t_k``. Product: ``g_k = dL_dy prod_(j != k) y_j``, so
         dL2/d(dL_dy) = ``sum_k t_k prod_(j != k) y_j``, and factor j also gets the first-order backward of
         ``dL_dy sum_(k != j) t_k prod_(i != j, k) y_i`` (its parameters' and inputs' share through the others)."""
-        dx, ts = np.zeros_like(ctx.x), []
+        dx, ts = _device.full_like(ctx.x, 0.0), []
         for k, e, begin, n, g in self._nested_gradients(ctx, dL_dy):
-            t, dxi = e._backward_backward_input(ctx.nested[k], np.ascontiguousarray(dL_ddLdx[:, begin:begin + n]), g,
-                                                overwrite)
+            t, dxi = e._backward_backward_input(ctx.nested[k], columns(dL_ddLdx, begin, n), g, overwrite)
             ts.append(t)
             if dxi is not None:
-                dx[:, begin:begin + n] += dxi
+                add_to_columns(dx, begin, dxi)
         if self.reduction == "Concatenation":
-            return np.concatenate(ts, axis=1), dx
+            return concatenate(ts), dx
         if self.reduction == "Sum":
-            return np.sum(ts, axis=0, dtype=np.float32), dx
+            return fold(ts, "+"), dx
         outs = ctx.outs
-        d_dy = np.sum([t * _product(outs, k) for k, t in enumerate(ts)], axis=0, dtype=np.float32)
+        d_dy = fold([_times_others(t, outs, k) for k, t in enumerate(ts)], "+")
         for j, (e, (begin, n)) in enumerate(zip(self.nested, self.slices)):
-            through = np.sum([t * _product(outs, j, k) for k, t in enumerate(ts) if k != j], axis=0, dtype=np.float32)
-            dx[:, begin:begin + n] += e._backward(ctx.nested[j], np.ascontiguousarray(dL_dy * through), True, False)
+            others = [_times_others(t, outs, j, k) for k, t in enumerate(ts) if k != j]
+            if others:                               # a single factor has no share through the others
+                add_to_columns(dx, begin, e._backward(ctx.nested[j], multiply(dL_dy, fold(others, "+")), True, False))
         return d_dy, dx
 
 
-def _product(factors: list, *skip: int) -> np.ndarray:
-    """The element-wise product of ``factors`` but those at the indices ``skip`` (1 if none is left)."""
-    out = np.float32(1.0)
-    for i, f in enumerate(factors):
-        if i not in skip:
-            out = out * f
-    return out
+def _times_others(a, factors: list, *skip: int):
+    """``a`` times the element-wise product of ``factors`` but those at the indices ``skip`` (``a`` itself,
+    contiguous, if none is left)."""
+    rest = [f for i, f in enumerate(factors) if i not in skip]
+    return multiply(a, fold(rest, "*")) if rest else _device.contiguous(a)
 
 
 @encodings.register("NRC", "OneBlobFrequency")

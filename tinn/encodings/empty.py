@@ -5,9 +5,9 @@ normal path; its JIT path fills 0). Backward: ``dL/dx = 0``; so is everything of
 the second order.
 Typical use is inside a ``Composite``, to drop input dims.
 """
-import numpy as np
 import taichi as ti
 
+from .. import _device
 from ..registry import encodings
 from ..object import Context
 from .encoding import Encoding
@@ -36,10 +36,10 @@ class EmptyEncoding(Encoding):
         return forward, vjp
 
     def _forward(self, x, routing):
-        return np.full((x.shape[0], self.padded_output_width), self.fill_value, np.float32), Context(self, x, routing)
+        return _device.full_like(x, self.fill_value, (x.shape[0], self.padded_output_width)), Context(self, x, routing)
 
     def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
-        return np.zeros_like(ctx.x) if input_gradient else None
+        return _device.full_like(ctx.x, 0.0) if input_gradient else None
 
     def _backward_backward_input(self, ctx, dL_ddLdx, dL_dy, overwrite):
-        return np.zeros((ctx.x.shape[0], self.padded_output_width), np.float32), None
+        return _device.full_like(ctx.x, 0.0, (ctx.x.shape[0], self.padded_output_width)), None

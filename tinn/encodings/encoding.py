@@ -10,8 +10,7 @@ from __future__ import annotations
 from math import lcm
 from typing import Any, NamedTuple
 
-import numpy as np
-
+from .. import _device
 from .._runtime import next_multiple
 from ..keys import Options, reported
 from ..object import Context, DifferentiableObject
@@ -75,7 +74,8 @@ class Kernels(NamedTuple):
 
 
 class KernelEncoding(Encoding):
-    """A parameter-free encoding run by the :class:`Kernels` from ``_kernels()``."""
+    """A parameter-free encoding run by the :class:`Kernels` from ``_kernels()``. Batches are numpy arrays
+    or ``ti.ndarray``s (the device path, ``tinn._device``); results are of the kind of the forward input."""
 
     def _kernels(self) -> Kernels:
         raise NotImplementedError
@@ -85,19 +85,19 @@ class KernelEncoding(Encoding):
         return kernels.func, kernels.backward_func
 
     def _forward(self, x, routing):
-        y = np.empty((x.shape[0], self.padded_output_width), np.float32)
+        y = _device.empty_like(x, (x.shape[0], self.padded_output_width))
         self._kernels().forward(x, y)
         return y, Context(self, x, routing)
 
     def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
         if not input_gradient:
             return None
-        dx = np.empty_like(ctx.x)
-        self._kernels().backward(ctx.x, np.ascontiguousarray(dL_dy), dx)
+        dx = _device.empty_like(ctx.x)
+        self._kernels().backward(ctx.x, _device.contiguous(dL_dy), dx)
         return dx
 
     def _backward_backward_input(self, ctx, dL_ddLdx, dL_dy, overwrite):
-        dy = np.empty((ctx.x.shape[0], self.padded_output_width), np.float32)
-        dx = np.empty_like(ctx.x)
-        self._kernels().backward_backward(ctx.x, np.ascontiguousarray(dL_ddLdx), np.ascontiguousarray(dL_dy), dy, dx)
+        dy = _device.empty_like(ctx.x, (ctx.x.shape[0], self.padded_output_width))
+        dx = _device.empty_like(ctx.x)
+        self._kernels().backward_backward(ctx.x, _device.contiguous(dL_ddLdx), _device.contiguous(dL_dy), dy, dx)
         return dy, dx

@@ -5,12 +5,13 @@ Key: ``n_frequencies`` F (12). For input dim d and frequency f < F the outputs
 (sin, then cos). Backward: ``dy/dx_d = 2^f * pi * cos(2^f * pi * x_d + s * pi/2)``; second
 derivative ``-(2^f * pi)^2 * sin(2^f * pi * x_d + s * pi/2)``.
 
-The batch forward on the CPU takes sin and cos of the phase every ``RESTART`` octaves from
+The batch forward of a numpy batch on the CPU takes sin and cos of the phase every ``RESTART`` octaves from
 numpy (whose float32 ``sin``/``cos`` are SIMD, several times faster than the scalar calls of
 Taichi's CPU code) and the octaves between from the double-angle formulas
 ``sin 2a = 2 sin a cos a``, ``cos 2a = (cos a - sin a)(cos a + sin a)`` in a kernel that
 writes the encoding row by row. Each doubling at most doubles the error: a few float32 ulps
-in all, below the rounding of the phase itself.
+in all, below the rounding of the phase itself. A ``ti.ndarray`` batch (the device path) and every
+other arch evaluate ``sin`` in the kernel, as the other per-dim encodings.
 """
 import math
 
@@ -18,7 +19,7 @@ import numpy as np
 import taichi as ti
 
 from .._kernels import specialised
-from .. import _blas
+from .. import _blas, _device
 from .._runtime import is_cpu
 from ..registry import encodings
 from ..keys import Key, between
@@ -89,7 +90,7 @@ class FrequencyEncoding(PerDimEncoding):
         return value, slope, curvature
 
     def _forward(self, x, routing):
-        if not is_cpu():
+        if _device.is_device(x) or not is_cpu():
             return super()._forward(x, routing)
         theta = np.multiply(np.float32(math.pi), x.T, order="C")      # phase() at octave 0, (D, B)
         n_restarts = -(-self.n_frequencies // RESTART)

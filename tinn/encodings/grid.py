@@ -82,7 +82,6 @@ def level_geometry(n_dims, grid_type, n_levels, log2_hashmap_size, base_resoluti
 @encodings.register("HashGrid", "Grid", "DenseGrid", "TiledGrid")
 class GridEncoding(Encoding):
     fill_value = 0.0
-    device_batches = True                   # takes ti.ndarray batches and answers in kind (tinn._device)
     hash = "CoherentPrime"
     KEYS = {
         "type": Key("Hash", choices=GRID_TYPES + ("Tile",), doc="DenseGrid: Dense, TiledGrid: Tiled"),
@@ -180,7 +179,7 @@ class GridEncoding(Encoding):
     def _backward_backward_input(self, ctx, dL_ddLdx, dL_dy, overwrite):
         """tcnn's exact second order (every interpolation and dimension): dL2/dθ to the gradients, and
         ``(dL2/d(dL_dy), dL2/dx)``; padded columns of the first are 0, Nearest gives 0 throughout."""
-        dL_ddLdx = dL_ddLdx if _device.is_device(dL_ddLdx) else np.ascontiguousarray(dL_ddLdx, np.float32)
+        dL_ddLdx = _device.contiguous(dL_ddLdx)
         k, dL_dy, inst, routed = self._scatter_gradients(ctx, dL_dy, overwrite, dL_ddLdx)
         d_dy = _device.empty_like(ctx.x, (ctx.x.shape[0], self.padded_output_width))     # of ctx.x's kind
         dx = _device.empty_like(ctx.x)
@@ -194,7 +193,7 @@ class GridEncoding(Encoding):
         if overwrite and not k.cpu:                 # atomic adds need zeros underneath
             self._zero_gradients()
             overwrite = False
-        dL_dy = dL_dy if _device.is_device(dL_dy) else np.ascontiguousarray(dL_dy)
+        dL_dy = _device.contiguous(dL_dy)
         inst, routed = ctx.routing.kernel_ids(ctx.x)
         k.backward_params(self.store.grads, self._offset, ctx.x, inst, dL_dy, routed, overwrite, dL_ddLdx)
         return k, dL_dy, inst, routed
