@@ -96,8 +96,7 @@ class PerSamplePath:
         m = self.marcher = Marcher(net, rays, samples, cells)
         m.gain[None] = 1.0
         f, bf, dt, routed = net.forward_func, net.backward_func, 2 * HALF / samples, cells > 1
-        pts, inst, inside, raw, tau, pixel, target, gain = (m.pts, m.instance, m.inside, m.raw, m.tau, m.pixel,
-                                                            m.target, m.gain)
+        pts, inst, inside, raw, tau, target, gain = m.pts, m.instance, m.inside, m.raw, m.tau, m.target, m.gain
 
         @ti.kernel
         def forward():

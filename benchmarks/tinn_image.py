@@ -68,22 +68,22 @@ def main():
     img, desc = C.load_image(args.image)
     H, W, _ = img.shape
     model = tinn.create_from_config(2, 3, args.config, seed=args.seed)
-    rng = np.random.default_rng(args.seed)
-    xy = np.empty((args.batch, 2), np.float32)
-    target = np.empty((args.batch, 3), np.float32)
-
-    def train_step():
-        rng.random(out=xy, dtype=np.float32)
-        bilinear_lookup(img, xy, target)
-        return model.trainer.training_step(xy, target)
-
     if on_device:
-        img_d, xy_d, target_d = ti.ndarray(ti.f32, img.shape), ti.ndarray(ti.f32, xy.shape), ti.ndarray(ti.f32, target.shape)
+        img_d, xy_d, target_d = ti.ndarray(ti.f32, img.shape), ti.ndarray(ti.f32, (args.batch, 2)), ti.ndarray(ti.f32, (args.batch, 3))
         img_d.from_numpy(img)
 
         def train_step():
             draw_batch(img_d, xy_d, target_d)
             return model.trainer.training_step(xy_d, target_d)
+    else:
+        rng = np.random.default_rng(args.seed)
+        xy = np.empty((args.batch, 2), np.float32)
+        target = np.empty((args.batch, 3), np.float32)
+
+        def train_step():
+            rng.random(out=xy, dtype=np.float32)
+            bilinear_lookup(img, xy, target)
+            return model.trainer.training_step(xy, target)
 
     t = time.perf_counter()
     for i in range(args.warmup):

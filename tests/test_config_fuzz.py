@@ -25,9 +25,7 @@ import subprocess
 import sys
 import time
 
-import pytest
-
-from tinn.config import encodings, losses, networks, optimizers
+from tinn.config import encodings, losses, networks
 from tinn.networks.activations import NAMES as ACTIVATIONS
 
 SEED, N_CASES, N_WORKERS = 20261124, 300, 2

@@ -454,7 +454,7 @@ def layout_probe(enc, levels, case, level, p):
 def test_grid_layout_2d_hash_example(grid):
     """The hashed level of a 2-D grid reads entry hash(5,7) mod T = 1401181138 mod 256 at p = (5, 7)."""
     enc, levels, case = grid("hash-2d-nearest")
-    L, F = case.n_levels, case.F
+    F = case.F
     assert levels[3].hashed and levels[3].entries == 256
     x, y = layout_probe(enc, levels, case, 3, [5, 7])
     expected_entry = 1401181138 % 256

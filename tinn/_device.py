@@ -111,20 +111,6 @@ def on_device(a):
     return a if is_device(a) else put(np.ascontiguousarray(a, np.float32))
 
 
-@ti.kernel
-def _add_to(a: ti.types.ndarray(dtype=ti.f32, ndim=2), b: ti.types.ndarray(dtype=ti.f32, ndim=2)):
-    for i, j in ti.ndrange(a.shape[0], a.shape[1]):
-        a[i, j] += b[i, j]
-
-
-def add(a, b):
-    """``a + b`` of two ``(batch, n)`` arrays of one kind; two ``ti.ndarray``s are added on the device, into ``a``."""
-    if is_device(a):
-        _add_to(a, b)
-        return a
-    return a + b
-
-
 _scratch = {}
 
 

@@ -30,7 +30,6 @@ Stepping numpy arrays is the free function :func:`step_arrays`.
 from __future__ import annotations
 
 import numpy as np
-import taichi as ti
 
 from .. import _device
 from .._kernels import F32_1D, F32_2D, F32_3D, I32_1D, I32_2D  # noqa: F401 (the optimizers' aliases)
