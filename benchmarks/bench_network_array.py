@@ -3,7 +3,8 @@
 
 Workload: K networks (Frequency encoding with 4 frequencies, MLP 32 x 2 hidden layers,
 ReLU, 3 outputs, RelativeL2, Adam), S samples per network per step, given as a dense
-(K, S, 2) batch. Implementations, each in its own process:
+(K, S, 2) batch (off the CPU a ``ti.ndarray`` on the device, as PyTorch's tensors are on the GPU).
+Implementations, each in its own process:
 
 * ``tinn``: one tinn object with ``n_instances=K``;
 * ``torch``: PyTorch as a competent user writes it: the K weight matrices stacked into
@@ -64,8 +65,10 @@ def run_tinn(k, s, steps, loop_models, arch="cpu"):
         model = tinn.create_from_config(2, N_OUT, CONFIG, n_instances=k)
         x = rng.random((k, s, 2), dtype=np.float32)
         y = rng.random((k, s, N_OUT), dtype=np.float32)
+        if arch != "cpu":                      # on a GPU the batches live there, as the PyTorch peer's do
+            x, y = tinn._device.put(x), tinn._device.put(y)
         train = timed(lambda: model.trainer.training_step(x, y), steps)
-        infer = timed(lambda: model.network.inference(x), steps)
+        infer = timed(lambda: (model.network.inference(x), ti.sync()), steps)
         n = k * s
     return {"train_samples_per_s": n / train, "infer_samples_per_s": n / infer}
 

@@ -396,6 +396,62 @@ def test_a_network_array_step_on_the_device_stays_there(rng, monkeypatch, device
     assert loss < first and per_network[K - 1] == 0 and (per_network[:-1] > 0).all()
 
 
+@blas_exists
+def test_dense_device_array_equals_host_array(rng, monkeypatch):
+    """A dense ``(K, S, n)`` batch as ti.ndarrays on the device path and as numpy on the host path: the
+    losses, outputs, input gradients, second order (all ``(K, S, n)``) and the trained parameters agree."""
+    K, S = 6, 700
+    host, device = pair(lambda: tinn.create_from_config(2, 3, ARRAY_CONFIG, n_instances=K), monkeypatch)
+    x, t = rng.random((K, S, 2), dtype=np.float32), rng.random((K, S, 3), dtype=np.float32)
+    dy, v = rng.normal(size=(K, S, 3)).astype(np.float32), rng.normal(size=(K, S, 2)).astype(np.float32)
+    for _ in range(3):
+        with path(False):
+            loss_h, per_h = host.trainer.training_step(x, t, per_instance=True)
+        with path(True):
+            loss_d, per_d = device.trainer.training_step(_device.put(x), _device.put(t), per_instance=True)
+        assert loss_d == pytest.approx(loss_h, rel=1e-4)
+        np.testing.assert_allclose(per_d, per_h, rtol=1e-4)
+    np.testing.assert_allclose(device.network.params(), host.network.params(), rtol=1e-3, atol=1e-5)
+    with path(False):
+        y_h, ctx = host.network.forward(x)
+        dx_h = host.network.backward(ctx, dy)
+        second_h = host.network.backward_backward_input(ctx, v, dy)
+    with path(True):
+        y_d, ctx = device.network.forward(_device.put(x))
+        dx_d = device.network.backward(ctx, _device.put(dy))
+        second_d = device.network.backward_backward_input(ctx, _device.put(v), _device.put(dy))
+    for d, h in [(y_d, y_h), (dx_d, dx_h), *zip(second_d, second_h)]:
+        assert isinstance(d, ti.Ndarray) and d.shape == h.shape
+        assert_close(d.to_numpy(), h, rtol=2e-3, atol_rel=2e-4, atol=1e-6)
+
+
+def test_a_dense_network_array_step_on_the_device_stays_there(rng, monkeypatch, device_path):
+    """A dense ``(K, S, n)`` ti.ndarray batch's step: no host BLAS, nothing batch-sized read back or handed to
+    a kernel as numpy (the batch is flattened and its ids made on the device), the loss falls."""
+    K, S = 16, 1 << 11
+    model = tinn.create_from_config(2, 3, ARRAY_CONFIG, n_instances=K)
+    x, t = _device.put(rng.random((K, S, 2), dtype=np.float32)), _device.put(rng.random((K, S, 3), dtype=np.float32))
+    first = model.trainer.training_step(x, t)                   # compiles outside the instrumented steps
+    seam = _Seam(monkeypatch, K * S)
+    losses = [model.trainer.training_step(x, t) for _ in range(3)]
+    y = model.network.inference(x)
+    assert seam.products == [] and seam.downloads == [] and seam.host_arguments == []
+    assert losses[-1] < first and isinstance(y, ti.Ndarray) and y.shape == (K, S, 3)
+
+
+def test_a_device_output_gradient_of_another_batch_is_refused(rng, device_path):
+    """backward with a ti.ndarray dL_doutput whose batch is not the forward pass's raises before any kernel
+    runs (a kernel would read past its end); the gradients stay as they were."""
+    net = tinn.create_network(2, 3, {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1})
+    _, ctx = net.forward(_device.put(rng.random((256, 2), dtype=np.float32)))
+    net.backward(ctx, _device.put(rng.random((256, 3), dtype=np.float32)))
+    before = net.gradients().copy()
+    for rows in (128, 257):
+        with pytest.raises(ValueError, match="dL_doutput has"):
+            net.backward(ctx, _device.put(np.ones((rows, 3), np.float32)))
+    np.testing.assert_array_equal(net.gradients(), before)
+
+
 @pytest.mark.parametrize("bad, error", [(np.float32, TypeError), ("short", ValueError), ("negative", ValueError),
                                         ("large", ValueError)])
 def test_device_ids_are_checked_before_any_kernel_runs(rng, device_path, bad, error):

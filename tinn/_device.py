@@ -46,11 +46,10 @@ def is_device(a) -> bool:
 
 
 @ti.kernel
-def _count_bad(a: ti.types.ndarray(dtype=ti.f32, ndim=2), positive: ti.i32,
-               out: ti.types.ndarray(dtype=ti.i32, ndim=1)):
-    """Elements that are NaN or +-Inf (or, with ``positive``, <= 0)."""
-    for i, j in ti.ndrange(a.shape[0], a.shape[1]):
-        v = a[i, j]
+def _count_bad(a: ti.types.ndarray(dtype=ti.f32), positive: ti.i32, out: ti.types.ndarray(dtype=ti.i32, ndim=1)):
+    """Elements that are NaN or +-Inf (or, with ``positive``, <= 0), of a batch of any shape."""
+    for I in ti.grouped(a):
+        v = a[I]
         bad = not (ti.abs(v) <= 3.4028234663852886e38)          # NaN and +-Inf fail the comparison
         if positive and not (v > 0.0):
             bad = True
@@ -58,18 +57,19 @@ def _count_bad(a: ti.types.ndarray(dtype=ti.f32, ndim=2), positive: ti.i32,
             ti.atomic_add(out[0], 1)
 
 
-def check(a, n_dims, name, dtype, *, finite=False, positive=False) -> bool:
-    """Check a 2-D ``ti.ndarray`` batch's dtype and shape as ``_runtime.as_batch`` checks numpy ones; with
-    ``finite`` / ``positive``, whether it holds NaN or +-Inf (or values <= 0): counted on the device, one
-    integer read back."""
+def check(a, n_dims, name, dtype, *, dense=False, finite=False, positive=False) -> bool:
+    """Check a ``(batch, n_dims)`` ``ti.ndarray`` (with ``dense``, or ``(K, batch_k, n_dims)``) as
+    ``_runtime.as_batch`` checks numpy ones; with ``finite`` / ``positive``, whether it holds NaN or +-Inf
+    (or values <= 0): counted on the device, one integer read back."""
     want = {np.float32: ti.f32, np.int32: ti.i32}[np.dtype(dtype).type]
     if a.dtype != want:
         raise TypeError(f"{name} must have dtype {np.dtype(dtype).name}, got {a.dtype}")
-    if n_dims is not None and a.shape[1] != n_dims:
-        raise ValueError(f"{name} must have shape (batch, {n_dims}), got {tuple(a.shape)}")
-    if a.shape[0] == 0:
+    if len(a.shape) not in ((2, 3) if dense else (2,)) or (n_dims is not None and a.shape[-1] != n_dims):
+        want = f"(batch, {n_dims or 'dims'})" + (f" or (n_instances, batch, {n_dims or 'dims'})" if dense else "")
+        raise ValueError(f"{name} must have shape {want}, got {tuple(a.shape)}")
+    if 0 in a.shape[:-1]:
         raise ValueError(f"{name} is an empty batch; a batch needs at least one sample")
-    if (finite or positive) and a.shape[1]:
+    if (finite or positive) and a.shape[-1]:
         count = _kept("count", lambda: buffer((1,), ti.i32))
         count.fill(0)
         _count_bad(a, int(positive), count)
@@ -183,6 +183,53 @@ def host(a) -> np.ndarray:
 def same_kind(a, like):
     """``a`` as the kind of array ``like`` is (a device output handed back to a host caller)."""
     return a if is_device(like) or not is_device(a) else a.to_numpy()
+
+
+@ti.kernel
+def _regroup(flat: ti.types.ndarray(dtype=ti.f32, ndim=2), dense: ti.types.ndarray(dtype=ti.f32, ndim=3),
+             to_dense: ti.template()):
+    """``dense[k, b, j]`` is ``flat[k * B + b, j]`` (``B = dense.shape[1]``), copied one way or the other."""
+    for k, b, j in ti.ndrange(dense.shape[0], dense.shape[1], dense.shape[2]):
+        if ti.static(to_dense):
+            dense[k, b, j] = flat[k * dense.shape[1] + b, j]
+        else:
+            flat[k * dense.shape[1] + b, j] = dense[k, b, j]
+
+
+def flatten(a):
+    """A dense ``(K, B, n)`` batch as ``(K * B, n)``, of ``a``'s kind (a copy on the device)."""
+    k, b, n = a.shape
+    if not is_device(a):
+        return a.reshape(k * b, n)
+    out = buffer((k * b, n))
+    if n:
+        _regroup(out, a, False)
+    return out
+
+
+def unflatten(a, dense: tuple):
+    """A ``(K * B, n)`` batch as dense ``(K, B, n)`` (``dense = (K, B)``), of ``a``'s kind (a copy on the device)."""
+    if not is_device(a):
+        return a.reshape(tuple(dense) + (-1,))
+    out = buffer(tuple(dense) + (a.shape[1],))
+    if a.shape[1]:
+        _regroup(a, out, True)
+    return out
+
+
+@ti.kernel
+def _fill_dense_ids(ids: ti.types.ndarray(dtype=ti.i32, ndim=1), per_network: ti.i32):
+    for b in range(ids.shape[0]):
+        ids[b] = b // per_network
+
+
+def dense_ids(k: int, b: int):
+    """The ids of a dense ``(k, b, n)`` batch, ``k`` repeated ``b`` times, ``(k * b,)`` int32 (kept)."""
+    def make():
+        ids = buffer((k * b,), ti.i32)
+        _fill_dense_ids(ids, b)
+        return ids
+    return _kept(("dense ids", k, b), make)
 
 
 def zeros_i32():

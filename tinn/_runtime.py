@@ -303,9 +303,9 @@ def as_batch(a, n_dims, name: str = "x", *, dtype=np.float32, allow_dense: bool 
     """
     if id(a) in _VALUES_CHECKED:
         finite = positive = False
-    if isinstance(a, ti.Ndarray) and len(a.shape) == 2 and _device.active():
+    if isinstance(a, ti.Ndarray) and len(a.shape) in (2, 3) and _device.active():
         # the device path computes on it where it is; a bad batch is searched on the host for its row
-        if _device.check(a, n_dims, name, dtype, finite=finite, positive=positive):
+        if _device.check(a, n_dims, name, dtype, dense=allow_dense, finite=finite, positive=positive):
             check_values(a.to_numpy(), name, positive=positive)
         return a
     arr = to_numpy(a, name)

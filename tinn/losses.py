@@ -123,10 +123,10 @@ class Loss(Object, RuntimeBound):
             routing = Routing(p.shape[0], n_instances, as_instances(instance, p.shape[0], n_instances))
         elif routing.batch != int(np.prod(p.shape[:-1])):
             raise ValueError(f"prediction has {int(np.prod(p.shape[:-1]))} samples, its routing {routing.batch}")
-        flat = (lambda a: a.reshape(routing.batch, a.shape[-1])) if dense else (lambda a: a)
+        flat = _device.flatten if dense and len(p.shape) == 3 else (lambda a: a)
         loss, grad, per_network = self._evaluate(flat(p), flat(t), None if q is None else flat(q), routing,
                                                  loss_scale)
-        grad = grad if _device.is_device(grad) else callers_kind(grad.reshape(p.shape), prediction)
+        grad = callers_kind(_device.unflatten(grad, p.shape[:2]) if len(p.shape) == 3 else grad, prediction)
         if not per_instance:
             return loss, grad
         return loss, grad, per_network if per_network is not None else np.array([loss])

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._device import full_like, host, is_device, same_kind
+from ._device import flatten, full_like, host, is_device, same_kind, unflatten
 from ._kernels import fill_columns
 from ._runtime import RuntimeBound, as_batch, callers_kind
 from ._rng import Pcg32
@@ -174,7 +174,7 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
 
     def _finish(self, y: np.ndarray, routing: Routing, like=None):
         if is_device(y) and is_device(like) and y.shape[1] == self.n_output_dims:
-            return y                            # a device batch's output stays on the device (tinn._device)
+            return unflatten(y, routing.dense) if routing.dense else y  # a device batch's output stays there
         y = np.ascontiguousarray(host(y)[:, : self.n_output_dims])
         return y.reshape(routing.dense + (-1,)) if routing.dense else y
 
@@ -218,6 +218,8 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         v = as_batch(dL_ddLdinput, self.n_input_dims, "dL_ddLdinput", allow_dense=ctx.routing.dense is not None)
         if not (is_device(v) and is_device(ctx.x)):     # a device batch's v stays on the device
             v = host(v).reshape(-1, self.n_input_dims)
+        elif len(v.shape) == 3:
+            v = flatten(v)
         if v.shape[0] != ctx.x.shape[0]:
             raise ValueError(f"dL_ddLdinput has {v.shape[0]} samples, the forward pass had {ctx.x.shape[0]}")
         dy, dx = self._backward_backward_input(ctx, v, g, self._gradient_mode(ctx, mode))
@@ -235,9 +237,10 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
             raise ValueError(f"mode must be one of {GRADIENT_MODES}, got {mode!r}")
         routing = ctx.routing
         g = as_batch(dL_doutput, self.n_output_dims, "dL_doutput", allow_dense=routing.dense is not None)
-        if is_device(g):                        # the device path's components read the first n_output_dims
-            return g
-        g = g.reshape(int(np.prod(g.shape[:-1])), self.n_output_dims)      # (batch, 0) has no -1 reshape
+        if len(g.shape) == 3:
+            g = flatten(g)
+        elif not is_device(g):                  # (batch, 0) has no -1 reshape
+            g = g.reshape(int(np.prod(g.shape[:-1])), self.n_output_dims)
         if g.shape[0] != routing.batch:
             raise ValueError(f"dL_doutput has {g.shape[0]} samples, the forward pass had {routing.batch}")
         return g
@@ -254,7 +257,7 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
     def _dense(ctx: Context, a: np.ndarray) -> np.ndarray:
         """A per-sample result in the batch's own layout (``(n_instances, batch, n)`` for a dense batch)."""
         dense = ctx.routing.dense
-        return a.reshape(dense + (-1,)) if dense else a
+        return unflatten(a, dense) if dense else a
 
     # -- implemented by components (numpy in, numpy out) --
     def _floats_per_sample(self, training: bool) -> int:

@@ -6,7 +6,7 @@ read by every component, the loss (per-network normalisation), the backward pass
 networks' gradients a batch overwrites) and the optimizer (which networks step). A batch
 is one of three kinds: for a single network (no ids), *routed* (a ``(B,)`` int32
 ``instance`` id per sample, in any order) or *dense* (``(K, B_k, dims)``: network k owns
-the k-th run of ``B_k`` samples).
+the k-th run of ``B_k`` samples; a dense ``ti.ndarray`` is flattened by a copy on the device).
 
 ``Groups`` is a counting sort of the per-sample ``instance`` ids. It gathers a
 ``(batch, n)`` array into a zero-padded ``(R, S, n)`` stack of row blocks, so a
@@ -177,8 +177,8 @@ class Routing:
         if x.shape[0] != n_instances:
             raise ValueError(f"a dense batch needs shape ({n_instances}, batch, {x.shape[-1]}), got {x.shape}")
         k, b = x.shape[:2]
-        ids = np.repeat(np.arange(k, dtype=np.int32), b)
-        return x.reshape(k * b, -1), cls(k * b, k, ids, (k, b))
+        ids = _device.dense_ids(k, b) if _device.is_device(x) else np.repeat(np.arange(k, dtype=np.int32), b)
+        return _device.flatten(x), cls(k * b, k, ids, (k, b))
 
     def chunk(self, lo: int, hi: int) -> "Routing":
         """Samples ``lo:hi`` of this batch, as a routed batch of their own that is part of this one."""
@@ -213,8 +213,11 @@ class Routing:
 
     @functools.cached_property
     def ids(self):
-        """The ids as an int32 ``ti.ndarray`` (the device path): the caller's own, or uploaded once."""
-        return self.instance if _device.is_device(self.instance) else _device.put(self.instance, ti.i32)
+        """The ids as an int32 ``ti.ndarray`` (the device path): the caller's own, a dense batch's (made on the
+        device once per shape), or uploaded once."""
+        if _device.is_device(self.instance):
+            return self.instance
+        return _device.dense_ids(*self.dense) if self.dense else _device.put(self.instance, ti.i32)
 
     def kernel_ids(self, x):
         """``(ids, routed)`` for a kernel over the batch ``x``: of ``x``'s kind (``ti.ndarray`` for a device

@@ -139,7 +139,7 @@ class Trainer(RuntimeBound):
             raise ValueError(f"target has {_samples(target)} samples, x has {_samples(x)}")
         if pdf is not None:
             pdf = as_batch(pdf, model.n_output_dims, "pdf", allow_dense=dense, positive=True)
-        if _device.active() and not dense:          # the device path: one upload each, then nothing comes back
+        if _device.active():                        # the device path: one upload each, then nothing comes back
             x, target, pdf = (a if a is None or _device.is_device(a) else _device.put(a) for a in (x, target, pdf))
         return x, target, instance, pdf
 
