@@ -185,6 +185,35 @@ def test_use_after_reinit_raises_instead_of_crashing():
     assert result.stdout.count("RESET") == 3
 
 
+@pytest.mark.parametrize("arch", ["cpu", "device path"])
+def test_a_ti_ndarray_from_before_reinit_raises_instead_of_crashing(arch):
+    """A batch or ids held in a ti.ndarray made before ti.init was called again (its memory freed) is
+    refused with RuntimeResetError naming it, by a model built afterwards, on the CPU path and the device path."""
+    result = _run(f"""
+        import numpy as np, taichi as ti, tinn
+        ti.init(arch=ti.cpu, log_level=ti.WARN)
+        tinn._device.FORCE = {arch == "device path"}
+        x = ti.ndarray(ti.f32, (8, 2))
+        ids = ti.ndarray(ti.i32, (8,))
+        ti.init(arch=ti.cpu, log_level=ti.WARN)
+        model = tinn.create_from_config(2, 3, {{"encoding": {{"otype": "Identity"}},
+                                                "network": {{"n_neurons": 16, "n_hidden_layers": 1}}}}, n_instances=2)
+        fresh = ti.ndarray(ti.f32, (8, 2))
+        target = ti.ndarray(ti.f32, (8, 3))
+        before = model.network.params().copy()
+        for call in (lambda: model.network.inference(x, np.zeros(8, np.int32)), lambda: model.network.inference(fresh, ids),
+                     lambda: model.trainer.training_step(x, target, np.zeros(8, np.int32))):
+            try:
+                call()
+            except tinn.RuntimeResetError as e:
+                print("RESET", e)
+        assert (model.network.params() == before).all()
+    """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("RESET") == 3 and result.stdout.count("before ti.init was called again") == 3
+    assert "ti.ndarray x" in result.stdout and "ti.ndarray instance" in result.stdout
+
+
 @pytest.mark.parametrize("kind", ["numpy", "ndarray"])
 def test_a_batch_checked_by_a_step_is_checked_again_afterwards(kind):
     """A trainer checks a step's batch once for all the public calls it composes; after the step the same

@@ -16,6 +16,7 @@ import os
 import numpy as np
 import taichi as ti
 from taichi.lang import impl
+from taichi.lang._ndarray import Ndarray
 from taichi.lang.exception import TaichiCompilationError
 
 from . import _device
@@ -227,6 +228,32 @@ def _discard(builder, runtime):
     runtime.global_vars[:] = [v for v in runtime.global_vars if v.ptr.snode() is not None]
 
 
+def _tag_ndarrays():
+    """Make every ``ti.ndarray`` remember the Taichi program it was made in (``_tinn_program``). ``ti.init`` frees
+    the ndarrays of the program before, and Taichi cannot tell: a freed one's allocation id may name a live
+    ndarray of the new program, whose memory it would then read."""
+    made = Ndarray.__init__
+    if getattr(made, "remembers_program", False):
+        return
+
+    def __init__(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        self._tinn_program = impl.get_runtime().prog
+    __init__.remembers_program = True
+    Ndarray.__init__ = __init__
+
+
+_tag_ndarrays()
+
+
+def check_live(a, name: str):
+    """:class:`RuntimeResetError` for a ``ti.ndarray`` made before ``ti.init`` was called again."""
+    program = getattr(a, "_tinn_program", None)
+    if program is not None and program is not impl.get_runtime().prog:
+        raise RuntimeResetError(f"the ti.ndarray {name} was made before ti.init was called again, which freed it; "
+                                "make it anew after ti.init")
+
+
 def to_numpy(a, name):
     """A batch as a numpy array: numpy as is, a ``ti.ndarray`` in place on the x64 backend (a copy
     elsewhere), a torch tensor through ``.numpy()`` (in place for CPU tensors; one that requires grad is refused, as its
@@ -234,6 +261,7 @@ def to_numpy(a, name):
     if isinstance(a, np.ndarray):
         return a
     if isinstance(a, ti.Ndarray):
+        check_live(a, name)
         view = ndarray_view(a)
         return a.to_numpy() if view is None else view
     if type(a).__module__.startswith("torch"):
@@ -305,6 +333,7 @@ def as_batch(a, n_dims, name: str = "x", *, dtype=np.float32, allow_dense: bool 
         finite = positive = False
     if isinstance(a, ti.Ndarray) and len(a.shape) in (2, 3) and _device.active():
         # the device path computes on it where it is; a bad batch is searched on the host for its row
+        check_live(a, name)
         if _device.check(a, n_dims, name, dtype, dense=allow_dense, finite=finite, positive=positive):
             check_values(a.to_numpy(), name, positive=positive)
         return a

@@ -37,7 +37,7 @@ import taichi as ti
 
 from . import _device
 from ._kernels import F32_2D, I32_1D, I32_2D, I64_1D
-from ._runtime import as_instances
+from ._runtime import as_instances, check_live
 
 
 TILE = 128
@@ -120,6 +120,7 @@ def device_ids(instance, batch: int, n_instances: int | None):
     """A device batch's ``(batch,)`` int32 ``ti.ndarray`` of ids checked as :func:`~tinn._runtime.as_instances`
     checks numpy ones (their range found on the device: two integers read back); ``n_instances=None``
     takes the largest id + 1. Returns ``(ids, n_instances)``."""
+    check_live(instance, "instance")
     if instance.dtype != ti.i32:
         raise TypeError(f"instance must have dtype int32, got {instance.dtype}")
     if tuple(instance.shape) != (batch,):
