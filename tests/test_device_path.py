@@ -187,6 +187,35 @@ def test_device_training_equals_host_training(rng, monkeypatch, loss):
     np.testing.assert_allclose(device.network.params(), host.network.params(), rtol=1e-3, atol=1e-5)
 
 
+@pytest.mark.parametrize("otype, extra", [("Adam", {}), ("Adam", {"adabound": True}), ("SGD", {})])
+def test_optimizer_arrays_on_the_device_follow_their_changes(rng, otype, extra):
+    """The optimizer's small arrays (which networks step, learning rates, Adam's bias table and step counts)
+    are device copies on the device path, uploaded only when they change: three networks stepped under
+    changing masks, with the learning rate lowered halfway, end bit-identical to the CPU's own path, step
+    counts included."""
+    K, n = 3, 40
+    start = rng.normal(size=(K, n)).astype(np.float32)
+    grads = [rng.normal(size=(K, n)).astype(np.float32) for _ in range(6)]
+    masks = [None, [1], [0, 2], [0, 2], None, [2]]
+    results = []
+    for device in (False, True):
+        with path(device):
+            opt = tinn.create_optimizer({"otype": otype, "learning_rate": 1e-2, **extra})
+            params = start.copy()
+            for i, (g, active) in enumerate(zip(grads, masks)):
+                if i == 3:
+                    opt.learning_rate = 1e-3
+                opt.step(params, g, active=active)
+            results.append((params, opt.state_dict()))
+    (p_host, state_host), (p_device, state_device) = results
+    assert not np.array_equal(p_host, start)
+    np.testing.assert_array_equal(p_device, p_host)
+    assert state_device.keys() == state_host.keys()
+    for key in state_host:
+        np.testing.assert_array_equal(state_device[key], state_host[key], err_msg=key)
+    np.testing.assert_array_equal(state_host["current_step"], [4, 3, 5])
+
+
 def compare_second_order(host, device, x, v, dy, instance=None, tol=1e-4):
     """``backward_backward_input`` on both paths: dL2/d(dL_dy), dL2/dx and dL2/dparams agree (to ``tol`` of the
     largest value); the parameter gradients are not all 0."""
@@ -305,11 +334,14 @@ def test_device_second_order_equals_the_reference(monkeypatch, device_path, mlp_
 
 
 class _Seam:
-    """Records what crosses to the host: numpy products and batch-sized arrays read back or handed to
-    kernels (a numpy kernel argument is copied to the device and back on every launch)."""
+    """Records what crosses to the host: numpy products, batch-sized arrays read back or handed to
+    kernels, and tinn's kernels that get any numpy argument (on CUDA each such launch allocates, copies
+    to the device and back, and waits for the device twice)."""
+
+    COPY_KERNELS = ("ndarray_to_ext_arr", "ext_arr_to_ndarray")        # Taichi's own to_numpy / from_numpy
 
     def __init__(self, monkeypatch, batch):
-        self.products, self.downloads, self.host_arguments = [], [], []
+        self.products, self.downloads, self.host_arguments, self.numpy_launches = [], [], [], []
         for name in ("matmul", "dot", "einsum"):
             real = getattr(np, name)
             monkeypatch.setattr(np, name, self._wrap(real, name))
@@ -324,9 +356,12 @@ class _Seam:
             return read
 
         def call(kernel, *args, **kwargs):
+            name = kernel.func.__name__
             for a in list(args) + list(kwargs.values()):
                 if isinstance(a, np.ndarray) and a.size >= batch:
-                    seam.host_arguments.append((kernel.func.__name__, a.shape))
+                    seam.host_arguments.append((name, a.shape))
+                if isinstance(a, np.ndarray) and name not in seam.COPY_KERNELS:
+                    seam.numpy_launches.append((name, a.shape))
             return real_call(kernel, *args, **kwargs)
 
         for name in ("_ndarray_to_numpy", "_ndarray_matrix_to_numpy"):        # every ndarray's to_numpy
@@ -342,13 +377,15 @@ class _Seam:
 
 def assert_steps_stay_on_the_device(model, n_in, rng, monkeypatch):
     """Three training steps of ``model`` on one ti.ndarray batch call no host BLAS, read nothing batch-sized
-    back and hand no batch-sized numpy array to a kernel; only the loss comes back, and it falls."""
+    back and hand no numpy array to any of tinn's kernels (the optimizer's masks, rates and tables are
+    device copies kept between steps); only the loss comes back, and it falls."""
     B = 1 << 15                                                   # more than the model has parameter rows
     x, t = _device.put(rng.random((B, n_in), dtype=np.float32)), _device.put(rng.random((B, 3), dtype=np.float32))
     first = model.trainer.training_step(x, t)                     # compiles outside the instrumented steps
     seam = _Seam(monkeypatch, B)
     losses = [model.trainer.training_step(x, t) for _ in range(3)]
     assert seam.products == [] and seam.downloads == [] and seam.host_arguments == []
+    assert seam.numpy_launches == []
     assert isinstance(losses[-1], float) and losses[-1] < first
 
 
@@ -483,14 +520,16 @@ def test_a_second_order_on_the_device_stays_there(rng, monkeypatch, device_path)
     assert seam.products == [] and seam.downloads == [] and seam.host_arguments == []
     assert isinstance(d_dy, ti.Ndarray) and isinstance(d_x, ti.Ndarray)
     assert d_dy.shape == (B, 3) and d_x.shape == (B, 2)
+
+
 @pytest.mark.parametrize("config", ["config_hash.json", "config.json"])
 def test_a_training_step_on_the_device_stays_there(rng, monkeypatch, device_path, config):
     """On the device path a step of a ti.ndarray batch calls no host BLAS, reads nothing batch-sized
-    back and hands no batch-sized numpy array to a kernel; only the loss comes back."""
+    back and hands no numpy array to tinn's kernels (Adam, and SGD); only the loss comes back."""
     model = tinn.create_from_config(2, 3, f"data/{config}") if config == "config_hash.json" else \
         tinn.create_from_config(2, 3, {"encoding": {"otype": "HashGrid", "n_levels": 4},
                                        "network": {"otype": "CutlassMLP", "n_neurons": 32, "n_hidden_layers": 3},
-                                       "loss": {"otype": "L2"}})
+                                       "loss": {"otype": "L2"}, "optimizer": {"otype": "SGD", "learning_rate": 0.1}})
     assert_steps_stay_on_the_device(model, 2, rng, monkeypatch)
 
 

@@ -154,6 +154,26 @@ class Pool:
             self._free[shape].append(buf)
 
 
+class Mirror:
+    """A small host array that kernels only read (a mask of networks, a learning rate per network, a
+    table), as a kernel argument: on the device path a ``ti.ndarray`` uploaded again only when its values
+    change, on the CPU the host array itself. (On CUDA a numpy kernel argument costs a device allocation,
+    two copies and two waits for the whole device at every launch.)"""
+
+    def __init__(self):
+        self._values = self._array = self._program = None
+
+    def __call__(self, values: np.ndarray):
+        if not active():
+            return values
+        program = impl.get_runtime().prog
+        if (program is not self._program or self._values is None or self._values.shape != values.shape
+                or self._values.dtype != values.dtype or not np.array_equal(self._values, values)):
+            self._array = put(values, ti.i32 if values.dtype == np.int32 else ti.f32)
+            self._values, self._program = values.copy(), program
+        return self._array
+
+
 def empty_like(a, shape=None):
     """A new float32 buffer of ``a``'s kind (``ti.ndarray`` or numpy), of ``a``'s shape or ``shape``."""
     shape = a.shape if shape is None else shape
@@ -230,6 +250,11 @@ def dense_ids(k: int, b: int):
         _fill_dense_ids(ids, b)
         return ids
     return _kept(("dense ids", k, b), make)
+
+
+def unread():
+    """A ``(1, 1)`` float32 ``ti.ndarray`` for an array argument a kernel does not read (kept)."""
+    return _kept("unread", lambda: buffer((1, 1)))
 
 
 def zeros_i32():

@@ -87,10 +87,12 @@ def _copy_columns(dst: ti.template(), dst_off: ti.i32, src: ti.template(), src_o
                 dst[k, dst_off + i] = src[k, src_off + i]
 
 
-def copy_columns(dst, dst_off: int, src, src_off: int, n: int, active: np.ndarray):
-    """``dst[k, dst_off + i] = src[k, src_off + i]`` for ``i < n`` and every ``k`` with ``active[k] != 0``."""
+def copy_columns(dst, dst_off: int, src, src_off: int, n: int, active):
+    """``dst[k, dst_off + i] = src[k, src_off + i]`` for ``i < n`` and every ``k`` with ``active[k] != 0``
+    (``active``: int32, numpy or a ``ti.ndarray``)."""
     if n:
-        _copy_columns(dst, dst_off, src, src_off, n, np.ascontiguousarray(active, dtype=np.int32))
+        _copy_columns(dst, dst_off, src, src_off, n,
+                      active if isinstance(active, ti.Ndarray) else np.ascontiguousarray(active, dtype=np.int32))
 
 
 @ti.kernel

@@ -31,7 +31,7 @@ from .keys import Options
 from .object import Object
 from .routing import Routing, device_ids
 
-_ONE = np.ones((1, 1), np.float32)         # the pdf argument of an unweighted evaluation (never read)
+_UNREAD = np.ones((1, 1), np.float32)      # the pdf argument of an unweighted evaluation (never read)
 
 
 @specialised
@@ -152,9 +152,10 @@ class Loss(Object, RuntimeBound):
                 inv_network = (1.0 / (whole.counts * D)).astype(np.float32)       # inf only where never read
             inv_n = _device.gather(inv_network, routing.ids) if on_device else inv_network[routing.instance]
         weighted = q is not None
-        q = q if weighted else _ONE
         if on_device:
-            t, q = (a if _device.is_device(a) or a.size == 1 else _device.put(a) for a in (t, q))
+            t, q = _device.on_device(t), _device.on_device(q) if weighted else _device.unread()
+        elif not weighted:
+            q = _UNREAD
         grad = _device.empty_like(p)
         rows = _device.empty_like(p, (B,))
         _kernel(type(self))(p, t, q, weighted, inv_n, float(loss_scale), grad, rows)

@@ -222,8 +222,8 @@ class ParamStore(_Slice):
         self.write(self.params, offset, values)
         self.write(self.inference_params, offset, values)
 
-    def publish(self, source, source_offset: int, active: np.ndarray):
-        """Fill the inference weights of the instances with ``active[k] != 0`` from
+    def publish(self, source, source_offset: int, active):
+        """Fill the inference weights of the instances with ``active[k] != 0`` (int32, numpy or ``ti.ndarray``) from
         ``source[k, source_offset + i]`` (the trained weights, or an optimizer's averaged ones)."""
         copy_columns(self.inference_params, self.offset, source, source_offset, self.n_params, active)
 

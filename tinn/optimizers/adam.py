@@ -105,6 +105,14 @@ def _adam_kernel(n_matrix: int, n: int, flags: tuple):
         return b
 
     @ti.func
+    def adabound_step(steps: ti.template(), k):
+        """AdaBound's ``t``, the optimizer's step count (only AdaBound reads ``steps``)."""
+        T = 0.0
+        if ti.static(adabound):
+            T = ti.cast(steps[k], ti.f32)
+        return T
+
+    @ti.func
     def update(w, g, m0, v0, a_t, T, beta1, beta2, eps, rel_decay, abs_decay, wclip, gclip):
         """``(w, m, v)`` after one Adam/AdaBound step with bias-corrected rate ``a_t``."""
         if ti.static(gclip_on):
@@ -132,7 +140,7 @@ def _adam_kernel(n_matrix: int, n: int, flags: tuple):
             for task in range(active.shape[0] * m_tasks):
                 k, c = task // m_tasks, task % m_tasks
                 if active[k] != 0:
-                    a_t, T = lr[k] * bias_at(bias, matrix_steps[k], beta1, beta2), ti.cast(steps[k], ti.f32)
+                    a_t, T = lr[k] * bias_at(bias, matrix_steps[k] + 1, beta1, beta2), adabound_step(steps, k)
                     for i in range(c * chunk, ti.min(c * chunk + chunk, n_matrix)):
                         w = P[k, po + i]
                         g = G[k, go + i] * inv_scale + l2_reg * w
@@ -146,7 +154,7 @@ def _adam_kernel(n_matrix: int, n: int, flags: tuple):
             for task in range(active.shape[0] * nm_tasks):
                 k, c = task // nm_tasks, task % nm_tasks
                 if active[k] != 0:
-                    a_k, T = lr[k] * nm_lr_factor, ti.cast(steps[k], ti.f32)
+                    a_k, T = lr[k] * nm_lr_factor, adabound_step(steps, k)
                     for j in range(c * chunk, ti.min(c * chunk + chunk, n_nm)):
                         i, s = n_matrix + j, k * n_nm + j
                         w0, g = P[k, po + i], G[k, go + i] * inv_scale
@@ -161,6 +169,9 @@ def _adam_kernel(n_matrix: int, n: int, flags: tuple):
                         m[k * n + i] = ti.select(run, mi, m[k * n + i])
                         v[k * n + i] = ti.select(run, vi, v[k * n + i])
                         param_steps[s] = t
+        if ti.static(opt_matrix):
+            for k in range(active.shape[0]):                # after the updates, which read the old count
+                matrix_steps[k] += active[k]
 
     return step
 
@@ -174,7 +185,7 @@ class Adam(Optimizer):
     def create_state(self):
         K, n = self.n_instances, self.n_params
         self.first_moments, self.second_moments = zeros((K * n,), ti.f32), zeros((K * n,), ti.f32)
-        self.matrix_steps = np.zeros(K, np.int32)                           # per network
+        self.matrix_steps = zeros((K,), ti.i32)                             # per network
         self.param_steps = zeros((max(1, K * (n - self.n_matrix)),), ti.i32)  # per non-matrix parameter
 
     def param_step_counts(self) -> np.ndarray:
@@ -182,7 +193,7 @@ class Adam(Optimizer):
         ``(n_instances, n_params)`` for network arrays."""
         self._require_allocated()
         K, n_nm = self.n_instances, self.n_params - self.n_matrix
-        counts = np.concatenate([np.repeat(self.matrix_steps[:, None], self.n_matrix, axis=1),
+        counts = np.concatenate([np.repeat(self.matrix_steps.to_numpy()[:, None], self.n_matrix, axis=1),
                                self.param_steps.to_numpy()[: K * n_nm].reshape(K, n_nm)], axis=1)
         return counts[0] if K == 1 else counts
 
@@ -213,11 +224,12 @@ class Adam(Optimizer):
                  bool(h["optimize_non_matrix_params"]), bool(h["skip_zero_grad_non_matrix_params"]),
                  self.mirror is not None)
         I, io = self.mirror or (s.params, s.p_off)
-        if h["optimize_matrix_params"]:
-            self.matrix_steps += active
+        active = self.kernel_array("active", active)
+        steps = self.kernel_array("steps", self._steps.astype(np.int32)) if h["adabound"] else active  # else unread
         _adam_kernel(self.n_matrix, s.n, flags)(
             s.params, s.p_off, I, io, s.grads, s.g_off, self.first_moments, self.second_moments, self.matrix_steps,
-            self.param_steps, active, self._steps.astype(np.int32), self._bias_correction(), 1.0 / loss_scale, lr,
+            self.param_steps, active, steps, self.kernel_array("bias", self._bias_correction()), 1.0 / loss_scale,
+            self.kernel_array("lr", lr),
             h["beta1"], h["beta2"], h["epsilon"], h["l2_reg"], h["non_matrix_l2_reg"],
             h["non_matrix_learning_rate_factor"], h["relative_decay"], h["absolute_decay"],
             h["clipping_magnitude"], h["gradient_clipping_magnitude"])

@@ -158,10 +158,11 @@ class Composite(Nesting):
             opt._advance(active, loss_scale, lr_scale)
             if self._has_custom:
                 copy_columns(C.field, C.offset + off, *(opt.inference_weights() or (s.params, s.p_off + off)), n,
-                             active)
+                             self.kernel_array("active", active))
         if self._has_custom:                               # the unoptimized tail mirrors the parameters
             total = sum(self.sizes)
-            copy_columns(C.field, C.offset + total, s.params, s.p_off + total, self.n_params - total, active)
+            copy_columns(C.field, C.offset + total, s.params, s.p_off + total, self.n_params - total,
+                         self.kernel_array("active", active))
 
     def _children(self):
         return [(f"nested.{i}", opt) for i, opt in enumerate(self.nested_list)]

@@ -111,6 +111,7 @@ class Optimizer(Object, RuntimeBound):
         self.hparams = Options("optimizer", self.otype, hparams).read(self.KEYS)
         self.slot: Slot | None = None
         self.n_params, self.n_instances, self.n_matrix, self.layer_sizes = 0, 1, 0, []
+        self._mirrors = {}
 
     # -- configuration -------------------------------------------------------------
     @classmethod
@@ -225,7 +226,8 @@ class Optimizer(Object, RuntimeBound):
         """Fill the model store's inference weights of the ``active`` instances: this optimizer's
         averaged weights (tcnn's ``custom_weights``) or the trained ones."""
         slot = self.slot
-        slot.store.publish(*(self.inference_weights() or (slot.params, slot.p_off)), active)
+        source = self.inference_weights() or (slot.params, slot.p_off)
+        slot.store.publish(*source, self.kernel_array("active", active))
 
     def _advance(self, active: np.ndarray, loss_scale: float, lr_scale):
         """Count and run one step of the instances with ``active[k] != 0`` (int32 mask); ``lr_scale``
@@ -239,6 +241,13 @@ class Optimizer(Object, RuntimeBound):
         if lr_scale is None:
             return np.full(self.n_instances, lr, np.float32)
         return (lr * lr_scale).astype(np.float32)
+
+    def kernel_array(self, name: str, values: np.ndarray):
+        """``values``, a small host array that this optimizer's kernels only read, as their argument
+        (:class:`tinn._device.Mirror`: on the device path uploaded only when it changes)."""
+        if name not in self._mirrors:
+            self._mirrors[name] = _device.Mirror()
+        return self._mirrors[name](values)
 
     def update(self, active: np.ndarray, loss_scale: float, lr: np.ndarray):
         """One step of the instances with ``active[k] != 0`` on ``slot``: gradients divided by

@@ -25,4 +25,5 @@ class SGD(Optimizer):
 
     def update(self, active, loss_scale, lr):
         s = self.slot
-        _sgd_step(s.params, s.p_off, s.grads, s.g_off, s.n, active, loss_scale, lr, self.hparams["l2_reg"])
+        _sgd_step(s.params, s.p_off, s.grads, s.g_off, s.n, self.kernel_array("active", active), loss_scale,
+                  self.kernel_array("lr", lr), self.hparams["l2_reg"])
