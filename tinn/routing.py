@@ -111,6 +111,7 @@ def _tile_table(first: I32_1D, first_tile: I32_1D, tiles: I32_2D):
 
 @ti.kernel
 def _id_range(ids: I32_1D, out: I32_1D):
+    out[0], out[1] = 2 ** 31 - 1, -2 ** 31
     for b in range(ids.shape[0]):
         ti.atomic_min(out[0], ids[b])
         ti.atomic_max(out[1], ids[b])
@@ -126,7 +127,6 @@ def device_ids(instance, batch: int, n_instances: int | None):
     if tuple(instance.shape) != (batch,):
         raise ValueError(f"instance must have shape ({batch},), got {tuple(instance.shape)}")
     span = _device.buffer((2,), ti.i32)
-    span.from_numpy(np.array([2 ** 31 - 1, -2 ** 31], np.int32))
     _id_range(instance, span)
     lo, hi = (int(v) for v in span.to_numpy())
     n_instances = hi + 1 if n_instances is None else n_instances
