@@ -6,9 +6,10 @@ forgets the kernels of a program once ``ti.init`` has replaced it. Kernels take 
 ``ti.template()`` arguments and offsets as runtime arguments, so that every model of one config,
 whose parameters share an arena field (``tinn.params``), runs the same compiled kernel.
 
-Copies run as one parallel loop over (row, block of ``CHUNK`` columns): contiguous work per task that
-the CPU compiler vectorises, and no long serial loop on a GPU thread (Mesa's software Vulkan driver
-stops a shader invocation after 65,535 loop iterations).
+Copies run as one parallel loop over (row, block of ``CHUNK`` columns) on the CPU: contiguous work per
+task that the compiler vectorises. On a GPU a task is one element (a warp's threads then touch
+consecutive memory), and no thread runs a long serial loop (Mesa's software Vulkan driver stops a
+shader invocation after 65,535 loop iterations).
 """
 
 import functools
@@ -16,7 +17,7 @@ import functools
 import numpy as np
 import taichi as ti
 
-from ._runtime import current_program
+from ._runtime import current_program, is_cpu
 
 F32_1D = ti.types.ndarray(dtype=ti.f32, ndim=1)
 F32_2D = ti.types.ndarray(dtype=ti.f32, ndim=2)
@@ -26,7 +27,7 @@ I32_2D = ti.types.ndarray(dtype=ti.i32, ndim=2)
 I64_1D = ti.types.ndarray(dtype=ti.i64, ndim=1)
 
 CHUNK = 1024
-"""Columns per parallel task of the copies."""
+"""Columns per parallel task of the copies on the CPU (:func:`columns_per_task`)."""
 
 COMPILED = {"count": 0}
 """How many kernel factories :func:`specialised` has run (tests check that models of one config share them)."""
@@ -51,6 +52,11 @@ def specialised(factory):
     return get
 
 
+def columns_per_task() -> int:
+    """``CHUNK`` columns per parallel task of a copy on the CPU, one on a GPU (read when a kernel compiles)."""
+    return CHUNK if is_cpu() else 1
+
+
 def static_chunks(items, size: int = 32):
     """``items`` cut into consecutive lists of at most ``size``: static loops of at most 32 iterations
     (Taichi warns about longer unrolled loops)."""
@@ -63,11 +69,12 @@ def rows_copy(field: ti.template(), offset: ti.i32, rows: I32_1D, values: F32_2D
     """Between ``field[rows[g], offset + i]`` and ``values[g, i]``: mode 0 reads into ``values``,
     1 writes them, 2 adds them."""
     n = values.shape[1]
-    tasks = (n + CHUNK - 1) // CHUNK
+    C = ti.static(columns_per_task())
+    tasks = (n + C - 1) // C
     for t in range(values.shape[0] * tasks):
         g, c = t // tasks, t % tasks
         r = rows[g]
-        for i in range(c * CHUNK, ti.min(c * CHUNK + CHUNK, n)):
+        for i in range(c * C, ti.min(c * C + C, n)):
             if ti.static(mode == 0):
                 values[g, i] = field[r, offset + i]
             elif ti.static(mode == 1):
@@ -79,11 +86,12 @@ def rows_copy(field: ti.template(), offset: ti.i32, rows: I32_1D, values: F32_2D
 @ti.kernel
 def _copy_columns(dst: ti.template(), dst_off: ti.i32, src: ti.template(), src_off: ti.i32, n: ti.i32,
                   active: I32_1D):
-    tasks = (n + CHUNK - 1) // CHUNK
+    C = ti.static(columns_per_task())
+    tasks = (n + C - 1) // C
     for t in range(active.shape[0] * tasks):
         k, c = t // tasks, t % tasks
         if active[k]:
-            for i in range(c * CHUNK, ti.min(c * CHUNK + CHUNK, n)):
+            for i in range(c * C, ti.min(c * C + C, n)):
                 dst[k, dst_off + i] = src[k, src_off + i]
 
 
@@ -97,10 +105,11 @@ def copy_columns(dst, dst_off: int, src, src_off: int, n: int, active):
 
 @ti.kernel
 def _fill_columns(dst: ti.template(), offset: ti.i32, n: ti.i32, n_rows: ti.i32, value: ti.f32):
-    tasks = (n + CHUNK - 1) // CHUNK
+    C = ti.static(columns_per_task())
+    tasks = (n + C - 1) // C
     for t in range(n_rows * tasks):
         k, c = t // tasks, t % tasks
-        for i in range(c * CHUNK, ti.min(c * CHUNK + CHUNK, n)):
+        for i in range(c * C, ti.min(c * C + C, n)):
             dst[k, offset + i] = value
 
 
