@@ -111,12 +111,9 @@ CONFIGS = [(32, 3, 64, 2, "ReLU", "None"), (5, 2, 16, 1, "Tanh", "Sigmoid"), (16
            (7, 4, 24, 3, "Softplus", "None")]
 
 
-@pytest.mark.parametrize("mlp_kernels, n_in, n_out, width, depth, act, out_act",
-                         [("kernels",) + c for c in CONFIGS] + [("fused",) + c for c in CONFIGS[:2]])
-def test_device_mlp_equals_the_reference(rng, monkeypatch, device_path, mlp_kernels, n_in, n_out, width, depth,
-                                         act, out_act):
-    """Outputs, dL/dx and dL/dW of the per-layer kernels, or of the fused shared-memory kernels (forced
-    onto this arch; x64 has no shared memory), against float64 NumPy."""
+def use_mlp_kernels(monkeypatch, mlp_kernels: str):
+    """Run single networks on the per-layer kernels (``"kernels"``) or on the fused shared-memory kernels
+    (``"fused"``, forced onto this arch; skipped on x64, which has no shared memory)."""
     if mlp_kernels == "fused":
         arch = impl.current_cfg().arch
         if arch in (ti.x64, ti.arm64):
@@ -125,6 +122,15 @@ def test_device_mlp_equals_the_reference(rng, monkeypatch, device_path, mlp_kern
         monkeypatch.setitem(_kernel_mlp.FUSED_TILE, arch, _kernel_mlp.FUSED_TILE.get(arch, 32))
     else:
         monkeypatch.setattr(_kernel_mlp, "FUSED_ARCHS", ())
+
+
+@pytest.mark.parametrize("mlp_kernels, n_in, n_out, width, depth, act, out_act",
+                         [("kernels",) + c for c in CONFIGS] + [("fused",) + c for c in CONFIGS[:2]])
+def test_device_mlp_equals_the_reference(rng, monkeypatch, device_path, mlp_kernels, n_in, n_out, width, depth,
+                                         act, out_act):
+    """Outputs, dL/dx and dL/dW of the per-layer kernels, or of the fused shared-memory kernels (forced
+    onto this arch; x64 has no shared memory), against float64 NumPy."""
+    use_mlp_kernels(monkeypatch, mlp_kernels)
     net = tinn.create_network(n_in, n_out, {"otype": "FullyFusedMLP", "n_neurons": width,
                                             "n_hidden_layers": depth, "activation": act,
                                             "output_activation": out_act})
@@ -300,14 +306,7 @@ def test_kernel_second_order_through_a_hash_grid_equals_blas(rng, monkeypatch):
 def test_device_second_order_equals_the_reference(monkeypatch, device_path, mlp_kernels, n_instances):
     """dL2/d(dL_dy), dL2/dx and dL2/dW of the device path (per-layer kernels, routed over an array, or after
     a pass of the fused kernels) against float64 NumPy (finite differences of the reference backward)."""
-    if mlp_kernels == "fused":
-        arch = impl.current_cfg().arch
-        if arch in (ti.x64, ti.arm64):
-            pytest.skip("the fused kernels need shared memory, which the x64 backend has not")
-        monkeypatch.setattr(_kernel_mlp, "FUSED_ARCHS", (arch,))
-        monkeypatch.setitem(_kernel_mlp.FUSED_TILE, arch, _kernel_mlp.FUSED_TILE.get(arch, 32))
-    else:
-        monkeypatch.setattr(_kernel_mlp, "FUSED_ARCHS", ())
+    use_mlp_kernels(monkeypatch, mlp_kernels)
     rng = np.random.default_rng(7)
     n_in, n_out, width, depth, act, out_act, B = 4, 3, 8, 2, "Tanh", "Sigmoid", 2 * 32 + 9
     net = tinn.create_network(n_in, n_out, {"otype": "FullyFusedMLP", "n_neurons": width, "n_hidden_layers": depth,
