@@ -4,7 +4,8 @@ On the CPU tinn computes MLP products with numpy's BLAS on host arrays (``networ
 any other arch (CUDA, Vulkan, Metal, ...) that would move every activation across the bus twice per
 step, so there the MLP runs as Taichi kernels (``networks/_kernel_mlp.py``) on ``ti.ndarray``
 buffers that the encoding, loss and optimizer kernels read and write directly; a ``ti.ndarray``
-batch passed to the public API stays on the device, and a training step reads back one float.
+batch passed to the public API stays on the device, and a training step reads back three numbers (the
+loss and the counts of non-finite values in its input and target).
 
 Every encoding takes ``ti.ndarray`` batches and answers in kind (outputs, input gradients and second
 order: their kernels take ndarray arguments, and the buffers come from :func:`empty_like`). The
