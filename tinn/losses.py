@@ -116,8 +116,8 @@ class Loss(Object, RuntimeBound):
         if routing is None and instance is None:
             routing = Routing(p.shape[0])
         elif routing is None and _device.is_device(instance) and _device.is_device(p):
-            ids, n_instances = device_ids(instance, p.shape[0], n_instances)
-            routing = Routing(p.shape[0], n_instances, ids)
+            ids, n_instances, counts = device_ids(instance, p.shape[0], n_instances)
+            routing = Routing(p.shape[0], n_instances, ids, counts=counts)
         elif routing is None:
             n_instances = n_instances or int(np.max(to_numpy(instance, "instance"))) + 1
             routing = Routing(p.shape[0], n_instances, as_instances(instance, p.shape[0], n_instances))

@@ -78,34 +78,44 @@ def _copy_rows(source: F32_2D, slots: I64_1D, target: F32_2D, into_stack: ti.tem
 
 
 @ti.kernel
-def _count_ids(ids: I32_1D, counts: I32_1D):
-    for b in range(ids.shape[0]):
-        ti.atomic_add(counts[ids[b]], 1)
-
-
-@ti.kernel
-def _sort_ids(ids: I32_1D, first: I32_1D, cursor: I32_1D, order: I32_1D):
-    """``order[first[k] + p] = b`` for the p-th sample b of network k to take a place (atomic counters)."""
+def _id_census(ids: I32_1D, out: I32_1D):
+    """``out[:K]`` the samples of each network (ids in [0, K) only), ``out[K]`` and ``out[K + 1]`` the smallest
+    and largest id, for ``K = out.shape[0] - 2`` (``out`` zero-filled)."""
+    K = out.shape[0] - 2
+    out[K], out[K + 1] = 2 ** 31 - 1, -2 ** 31
     for b in range(ids.shape[0]):
         k = ids[b]
-        order[first[k] + ti.atomic_add(cursor[k], 1)] = b
+        ti.atomic_min(out[K], k)
+        ti.atomic_max(out[K + 1], k)
+        if 0 <= k < K:
+            ti.atomic_add(out[k], 1)
 
 
 @ti.kernel
-def _tile_table(first: I32_1D, first_tile: I32_1D, tiles: I32_2D):
-    """Tile t: ``(start, end, k)`` in the sorted order, k found by bisecting ``first_tile`` (tiles of
-    network k are ``first_tile[k] .. first_tile[k + 1] - 1``; ``first`` has the end of the batch last)."""
+def _sort_ids(ids: I32_1D, offsets: I32_2D, cursor: I32_1D, order: I32_1D):
+    """``order[first[k] + p] = b`` for the p-th sample b of network k to take a place (atomic counters;
+    ``first = offsets[0]``)."""
+    for b in range(ids.shape[0]):
+        k = ids[b]
+        order[offsets[0, k] + ti.atomic_add(cursor[k], 1)] = b
+
+
+@ti.kernel
+def _tile_table(offsets: I32_2D, tiles: I32_2D):
+    """Tile t: ``(start, end, k)`` in the sorted order, k found by bisecting ``first_tile = offsets[1]`` (tiles
+    of network k are ``first_tile[k] .. first_tile[k + 1] - 1``; ``first = offsets[0]`` has the end of the
+    batch last)."""
     for t in range(tiles.shape[0]):
-        lo, hi = 0, first_tile.shape[0] - 1          # first_tile[lo] <= t < first_tile[hi]
+        lo, hi = 0, offsets.shape[1] - 1             # first_tile[lo] <= t < first_tile[hi]
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if first_tile[mid] <= t:
+            if offsets[1, mid] <= t:
                 lo = mid
             else:
                 hi = mid
-        start = first[lo] + (t - first_tile[lo]) * TILE
+        start = offsets[0, lo] + (t - offsets[1, lo]) * TILE
         tiles[t, 0] = start
-        tiles[t, 1] = ti.min(start + TILE, first[lo + 1])
+        tiles[t, 1] = ti.min(start + TILE, offsets[0, lo + 1])
         tiles[t, 2] = lo
 
 
@@ -119,20 +129,25 @@ def _id_range(ids: I32_1D, out: I32_1D):
 
 def device_ids(instance, batch: int, n_instances: int | None):
     """A device batch's ``(batch,)`` int32 ``ti.ndarray`` of ids checked as :func:`~tinn._runtime.as_instances`
-    checks numpy ones (their range found on the device: two integers read back); ``n_instances=None``
-    takes the largest id + 1. Returns ``(ids, n_instances)``."""
+    checks numpy ones, their range found on the device together with the samples of each network (one
+    read-back of ``n_instances + 2`` integers); ``n_instances=None`` takes the largest id + 1 (the range is
+    read first). Returns ``(ids, n_instances, counts)``, ``counts`` ``(n_instances,)`` int64."""
     check_live(instance, "instance")
     if instance.dtype != ti.i32:
         raise TypeError(f"instance must have dtype int32, got {instance.dtype}")
     if tuple(instance.shape) != (batch,):
         raise ValueError(f"instance must have shape ({batch},), got {tuple(instance.shape)}")
-    span = _device.buffer((2,), ti.i32)
-    _id_range(instance, span)
-    lo, hi = (int(v) for v in span.to_numpy())
-    n_instances = hi + 1 if n_instances is None else n_instances
+    if n_instances is None:
+        span = _device.buffer((2,), ti.i32)
+        _id_range(instance, span)
+        n_instances = max(int(span.to_numpy()[1]) + 1, 1)
+    census = _device.buffer((n_instances + 2,), ti.i32)
+    _id_census(instance, census)
+    census = census.to_numpy().astype(np.int64)
+    lo, hi = int(census[-2]), int(census[-1])
     if lo < 0 or hi >= n_instances:
         raise ValueError(f"instance ids must lie in [0, {n_instances}), got values in [{lo}, {hi}]")
-    return instance, n_instances
+    return instance, n_instances, census[:-2]
 
 
 def _block_size(counts: np.ndarray) -> int:
@@ -158,9 +173,11 @@ class Routing:
     """
 
     def __init__(self, batch: int, n_instances: int = 1, instance=None, dense=None,
-                 whole: "Routing | None" = None):
+                 whole: "Routing | None" = None, counts: np.ndarray | None = None):
         self.batch, self.n_instances, self.instance, self.dense = batch, n_instances, instance, dense
         self._whole = whole
+        if counts is not None:                  # found with the ids' range (device ids)
+            self.counts = counts
 
     @property
     def whole(self) -> "Routing":
@@ -173,7 +190,8 @@ class Routing:
         none for a dense ``(n_instances, B_k, dims)`` batch, which is flattened network by network."""
         if len(x.shape) == 2:                   # a numpy array or a ti.ndarray
             if _device.is_device(instance) and _device.is_device(x):
-                return x, cls(x.shape[0], n_instances, device_ids(instance, x.shape[0], n_instances)[0])
+                ids, _, counts = device_ids(instance, x.shape[0], n_instances)
+                return x, cls(x.shape[0], n_instances, ids, counts=counts)
             return x, cls(x.shape[0], n_instances, as_instances(instance, x.shape[0], n_instances))
         if x.shape[0] != n_instances:
             raise ValueError(f"a dense batch needs shape ({n_instances}, batch, {x.shape[-1]}), got {x.shape}")
@@ -198,11 +216,8 @@ class Routing:
             return np.array([self.batch], np.int64)
         if self.dense is not None:
             return np.full(self.n_instances, self.dense[1], np.int64)
-        if _device.is_device(self.instance):
-            counts = _device.buffer((self.n_instances,), ti.i32)
-            counts.fill(0)
-            _count_ids(self.instance, counts)
-            return counts.to_numpy().astype(np.int64)
+        if _device.is_device(self.instance):            # the caller's device ids, checked
+            return device_ids(self.instance, self.batch, self.n_instances)[2]
         return np.bincount(self.instance, minlength=self.n_instances)
 
     @functools.cached_property
@@ -232,18 +247,17 @@ class Routing:
         """``(table, order)`` on the device: ``order`` ``(batch,)`` the samples sorted by network, ``table``
         ``(n_tiles, 3)`` int32 rows ``(start, end, k)``: samples ``order[start:end]`` of network k, at most
         ``TILE`` of them (a network's tiles are consecutive). Built from the ids by kernels; the per-network
-        offsets (``n_instances`` integers) are uploaded."""
+        offsets of samples and of tiles (``2 (n_instances + 1)`` integers) are uploaded at once."""
         counts = self.counts
         per = -(-counts // TILE)
-        first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-        first_tile = np.concatenate([[0], np.cumsum(per)]).astype(np.int32)
-        first_d, first_tile_d = _device.put(first, ti.i32), _device.put(first_tile, ti.i32)
+        offsets = np.zeros((2, self.n_instances + 1), np.int32)     # first sample, first tile of each network
+        offsets[0, 1:], offsets[1, 1:] = np.cumsum(counts), np.cumsum(per)
+        offsets_d = _device.put(offsets, ti.i32)
         cursor = _device.buffer((self.n_instances,), ti.i32)
-        cursor.fill(0)
         order = _device.buffer((self.batch,), ti.i32)
-        _sort_ids(self.ids, first_d, cursor, order)
-        table = _device.buffer((int(first_tile[-1]), 3), ti.i32)
-        _tile_table(first_d, first_tile_d, table)
+        _sort_ids(self.ids, offsets_d, cursor, order)
+        table = _device.buffer((int(offsets[1, -1]), 3), ti.i32)
+        _tile_table(offsets_d, table)
         return table, order
 
     @functools.cached_property
