@@ -66,8 +66,8 @@ def check(a, n_dims, name, dtype, *, dense=False, finite=False, positive=False) 
     if a.dtype != want:
         raise TypeError(f"{name} must have dtype {np.dtype(dtype).name}, got {a.dtype}")
     if len(a.shape) not in ((2, 3) if dense else (2,)) or (n_dims is not None and a.shape[-1] != n_dims):
-        want = f"(batch, {n_dims or 'dims'})" + (f" or (n_instances, batch, {n_dims or 'dims'})" if dense else "")
-        raise ValueError(f"{name} must have shape {want}, got {tuple(a.shape)}")
+        shape = f"(batch, {n_dims or 'dims'})" + (f" or (n_instances, batch, {n_dims or 'dims'})" if dense else "")
+        raise ValueError(f"{name} must have shape {shape}, got {tuple(a.shape)}")
     if 0 in a.shape[:-1]:
         raise ValueError(f"{name} is an empty batch; a batch needs at least one sample")
     if (finite or positive) and a.shape[-1]:

@@ -119,14 +119,6 @@ def _tile_table(offsets: I32_2D, tiles: I32_2D):
         tiles[t, 2] = lo
 
 
-@ti.kernel
-def _id_range(ids: I32_1D, out: I32_1D):
-    out[0], out[1] = 2 ** 31 - 1, -2 ** 31
-    for b in range(ids.shape[0]):
-        ti.atomic_min(out[0], ids[b])
-        ti.atomic_max(out[1], ids[b])
-
-
 def device_ids(instance, batch: int, n_instances: int | None):
     """A device batch's ``(batch,)`` int32 ``ti.ndarray`` of ids checked as :func:`~tinn._runtime.as_instances`
     checks numpy ones, their range found on the device together with the samples of each network (one
@@ -137,9 +129,9 @@ def device_ids(instance, batch: int, n_instances: int | None):
         raise TypeError(f"instance must have dtype int32, got {instance.dtype}")
     if tuple(instance.shape) != (batch,):
         raise ValueError(f"instance must have shape ({batch},), got {tuple(instance.shape)}")
-    if n_instances is None:
+    if n_instances is None:                     # a census of no networks: the range alone
         span = _device.buffer((2,), ti.i32)
-        _id_range(instance, span)
+        _id_census(instance, span)
         n_instances = max(int(span.to_numpy()[1]) + 1, 1)
     census = _device.buffer((n_instances + 2,), ti.i32)
     _id_census(instance, census)

@@ -154,15 +154,15 @@ class Composite(Nesting):
 
     def _advance(self, active, loss_scale, lr_scale):
         s, C = self.slot, getattr(self, "custom_weights_buffer", None)
+        copied = self.kernel_array("active", active) if self._has_custom else None
         for opt, off, n in zip(self.nested_list, self.offsets, self.sizes):
             opt._advance(active, loss_scale, lr_scale)
             if self._has_custom:
                 copy_columns(C.field, C.offset + off, *(opt.inference_weights() or (s.params, s.p_off + off)), n,
-                             self.kernel_array("active", active))
+                             copied)
         if self._has_custom:                               # the unoptimized tail mirrors the parameters
             total = sum(self.sizes)
-            copy_columns(C.field, C.offset + total, s.params, s.p_off + total, self.n_params - total,
-                         self.kernel_array("active", active))
+            copy_columns(C.field, C.offset + total, s.params, s.p_off + total, self.n_params - total, copied)
 
     def _children(self):
         return [(f"nested.{i}", opt) for i, opt in enumerate(self.nested_list)]
