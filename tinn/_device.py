@@ -71,7 +71,7 @@ def check(a, n_dims, name, dtype, *, dense=False, finite=False, positive=False) 
     if 0 in a.shape[:-1]:
         raise ValueError(f"{name} is an empty batch; a batch needs at least one sample")
     if (finite or positive) and a.shape[-1]:
-        count = _kept("count", lambda: buffer((1,), ti.i32))
+        count = kept("count", lambda: buffer((1,), ti.i32))
         count.fill(0)
         _count_bad(a, int(positive), count)
         return bool(count.to_numpy()[0])
@@ -115,7 +115,7 @@ def on_device(a):
 _scratch = {}
 
 
-def _kept(key, make):
+def kept(key, make):
     """A buffer kept for this Taichi program under ``key`` (creating a ``ti.ndarray`` costs about a
     quarter of a millisecond of Python, so the few that every step needs are made once)."""
     prog = id(impl.get_runtime().prog)
@@ -250,17 +250,17 @@ def dense_ids(k: int, b: int):
         ids = buffer((k * b,), ti.i32)
         _fill_dense_ids(ids, b)
         return ids
-    return _kept(("dense ids", k, b), make)
+    return kept(("dense ids", k, b), make)
 
 
 def unread():
     """A ``(1, 1)`` float32 ``ti.ndarray`` for an array argument a kernel does not read (kept)."""
-    return _kept("unread", lambda: buffer((1, 1)))
+    return kept("unread", lambda: buffer((1, 1)))
 
 
 def zeros_i32():
     """A one-element int32 ``ti.ndarray`` holding 0 (kept: the ids kernels take for a single network's batch)."""
-    return _kept("zero ids", lambda: put(np.zeros(1, np.int32), ti.i32))
+    return kept("zero ids", lambda: put(np.zeros(1, np.int32), ti.i32))
 
 
 def full(n: int, value: float):
@@ -269,64 +269,7 @@ def full(n: int, value: float):
         out = buffer((n,))
         out.fill(value)
         return out
-    return _kept(("full", n, value), make)
-
-
-@ti.kernel
-def _partial_sums(a: ti.types.ndarray(dtype=ti.f32, ndim=1), chunk: ti.i32,
-                  out: ti.types.ndarray(dtype=ti.f32, ndim=1)):
-    """Sums of chunks of ``a``, accumulated in float64."""
-    for i in range(out.shape[0]):
-        s = ti.f64(0.0)
-        for j in range(i * chunk, ti.min((i + 1) * chunk, a.shape[0])):
-            s += ti.cast(a[j], ti.f64)
-        out[i] = ti.cast(s, ti.f32)
-
-
-@ti.kernel
-def _tile_sums(values: ti.types.ndarray(dtype=ti.f32, ndim=1), tiles: ti.types.ndarray(dtype=ti.i32, ndim=2),
-               order: ti.types.ndarray(dtype=ti.i32, ndim=1), out: ti.types.ndarray(dtype=ti.f32, ndim=1)):
-    for t in range(tiles.shape[0]):
-        acc = 0.0
-        for j in range(tiles[t, 0], tiles[t, 1]):
-            acc += values[order[j]]
-        ti.atomic_add(out[tiles[t, 2]], acc)
-
-
-def network_sums(values, tiles: tuple, n_instances: int) -> np.ndarray:
-    """Per network, the sum of a ``(batch,)`` ``ti.ndarray`` over its samples (``tiles``: ``Routing.tiles``),
-    summed tile by tile on the device; ``(n_instances,)`` float64 read back."""
-    out = buffer((n_instances,))
-    out.fill(0.0)
-    _tile_sums(values, *tiles, out)
-    return out.to_numpy().astype(np.float64)
-
-
-@ti.kernel
-def _gather(values: ti.types.ndarray(dtype=ti.f32, ndim=1), ids: ti.types.ndarray(dtype=ti.i32, ndim=1),
-            out: ti.types.ndarray(dtype=ti.f32, ndim=1)):
-    for b in range(out.shape[0]):
-        out[b] = values[ids[b]]
-
-
-def gather(values: np.ndarray, ids):
-    """``values[ids]`` as a ``ti.ndarray``: per-network ``values`` (uploaded) picked per sample on the device."""
-    out = buffer((ids.shape[0],))
-    _gather(put(np.ascontiguousarray(values, np.float32)), ids, out)
-    return out
-
-
-def total(a) -> float:
-    """The sum of a float32 vector; on the device two short passes, then one float read back."""
-    if not is_device(a):
-        return float(a.sum(dtype=np.float64))
-    n = a.shape[0]
-    chunk = max(256, int(np.ceil(np.sqrt(n))))         # both passes' loops stay short
-    parts = _kept(("parts", n), lambda: buffer((-(-n // chunk),)))
-    _partial_sums(a, chunk, parts)
-    one = _kept("one", lambda: buffer((1,)))
-    _partial_sums(parts, parts.shape[0], one)
-    return float(one.to_numpy()[0])
+    return kept(("full", n, value), make)
 
 
 # -- column arithmetic on batches (Composite's slices, concatenations and reductions) ------------------

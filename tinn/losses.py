@@ -23,41 +23,89 @@ network) is not an error: it gives a non-finite loss, as in tcnn.
 import numpy as np
 import taichi as ti
 
-from . import _device
-from ._kernels import F32_1D, F32_2D, specialised
-from ._runtime import RuntimeBound, to_numpy, as_batch, as_instances, callers_kind
+from . import _census, _device
+from ._census import LossValue, PerNetwork, unused
+from ._kernels import F32_1D, F32_2D, I32_1D, specialised
+from ._runtime import RuntimeBound, to_numpy, as_batch, as_instances, callers_kind, is_cpu
 from .registry import losses
 from .keys import Options
 from .object import Object
 from .routing import Routing, device_ids
 
 _UNREAD = np.ones((1, 1), np.float32)      # the pdf argument of an unweighted evaluation (never read)
+_HOST_UNUSED = (np.zeros(1, np.int32), _UNREAD[0], np.zeros(1, np.int32), np.zeros(1, np.int32), _UNREAD[0])
+"""The census arguments of a host evaluation (never read)."""
 
 
 @specialised
-def _kernel(cls):
+def _kernel(cls, rows_per_task: int):
     terms = cls.terms()
     has_context = cls.context is not None
     context = cls.context() if has_context else None
 
+    @ti.func
+    def row(pred: ti.template(), target: ti.template(), pdf: ti.template(), weighted: ti.template(), inv_n,
+            loss_scale, grad: ti.template(), b):
+        """Sample b's value and gradients (``grad[b, :]``, padded columns 0); returns its loss."""
+        D, P = target.shape[1], pred.shape[1]
+        acc = 0.0
+        c = 0.0
+        if ti.static(has_context):
+            c = context(pred, b, D)
+        for d in range(D):
+            q = pdf[b, d] if ti.static(weighted) else 1.0
+            scale = inv_n / q
+            value, slope = terms(pred[b, d], target[b, d], q, c)
+            acc += value * scale
+            grad[b, d] = loss_scale * slope * scale
+        for d in range(D, P):
+            grad[b, d] = 0.0
+        return acc
+
     @ti.kernel
-    def evaluate(pred: F32_2D, target: F32_2D, pdf: F32_2D, weighted: ti.template(), inv_n: F32_1D,
-                 loss_scale: ti.f32, grad: F32_2D, row_loss: F32_1D):
-        B, D, P = pred.shape[0], target.shape[1], pred.shape[1]
-        for b in range(B):
-            acc = 0.0
-            c = 0.0
-            if ti.static(has_context):
-                c = context(pred, b, D)
-            for d in range(D):
-                q = pdf[b, d] if ti.static(weighted) else 1.0
-                scale = inv_n[b] / q
-                value, slope = terms(pred[b, d], target[b, d], q, c)
-                acc += value * scale
-                grad[b, d] = loss_scale * slope * scale
-            for d in range(D, P):
-                grad[b, d] = 0.0
-            row_loss[b] = acc
+    def evaluate(pred: F32_2D, target: F32_2D, pdf: F32_2D, weighted: ti.template(), ids: I32_1D,
+                 routed: ti.template(), inv: F32_1D, loss_scale: ti.f32, grad: F32_2D, rows: F32_1D,
+                 on_device: ti.template(), sums: F32_1D, check: ti.template(), facts: I32_1D, values: F32_1D,
+                 mask: I32_1D, faults: I32_1D, fault_values: F32_1D, step: ti.i32):
+        """Per sample b of network k = ids[b]: the loss ``sum_d l(p, t) * inv[k] / q`` and its gradient. On the
+        host every sample's loss goes to ``rows``; on the device (``on_device``) they are summed per network into
+        ``sums`` (``rows_per_task`` samples per task, one atomic add per run of one network), and with a
+        census (``check``) ``target`` and ``pdf`` are checked as they are read (module ``tinn._census``)."""
+        B = pred.shape[0]
+        if ti.static(not on_device):
+            for b in range(B):
+                k = ids[b] if ti.static(routed) else 0
+                rows[b] = row(pred, target, pdf, weighted, inv[k], loss_scale, grad, b)
+        else:
+            for k in range(sums.shape[0]):
+                sums[k] = 0.0
+            for task in range((B + rows_per_task - 1) // rows_per_task):
+                acc, current = 0.0, 0
+                for b in range(task * rows_per_task, ti.min(task * rows_per_task + rows_per_task, B)):
+                    k = ids[b] if ti.static(routed) else 0
+                    if k != current:
+                        ti.atomic_add(sums[current], acc)
+                        acc, current = 0.0, k
+                    acc += row(pred, target, pdf, weighted, inv[k], loss_scale, grad, b)
+                    if ti.static(check):
+                        if _census.first_bad_row(target, b, False):
+                            ti.atomic_min(facts[_census.TARGET_ROW], b)
+                        if ti.static(weighted):
+                            if _census.first_bad_row(pdf, b, True):
+                                ti.atomic_min(facts[_census.PDF_ROW], b)
+                ti.atomic_add(sums[current], acc)
+            if ti.static(check):
+                for _ in range(1):
+                    _census.record_bad_value(target, facts[_census.TARGET_ROW], False, values, _census.TARGET_ROW)
+                    if ti.static(weighted):
+                        _census.record_bad_value(pdf, facts[_census.PDF_ROW], True, values, _census.PDF_ROW)
+                    if _census.bad(facts, mask.shape[0]) and faults[0] == 0:
+                        faults[0], faults[1] = 1, step
+                        for i in ti.static(range(_census.N_FACTS)):
+                            faults[2 + i], fault_values[i] = facts[i], values[i]
+                for k in range(mask.shape[0]):
+                    if _census.bad(facts, mask.shape[0]):
+                        mask[k] = 0
 
     return evaluate
 
@@ -103,14 +151,15 @@ class Loss(Object, RuntimeBound):
         """
         self._check_runtime()
         dense = routing is not None and routing.dense is not None
-        t = as_batch(target, None, "target", allow_dense=dense, finite=True)
+        checked = routing is not None and routing.has_checked(target)       # by the trainer, or on the device
+        t = as_batch(target, None, "target", allow_dense=dense, finite=not checked)
         p = as_batch(prediction, None, "prediction", allow_dense=dense)
         if p.shape[:-1] != t.shape[:-1] or p.shape[-1] < t.shape[-1]:
             raise ValueError(f"prediction {p.shape} and target {t.shape} do not match: need the same batch and "
                              "at least as many prediction columns as target columns")
         if t.shape[-1] < self.min_dims:
             raise ValueError(f"loss '{self.otype}' needs targets with at least {self.min_dims} dims, got {t.shape[-1]}")
-        q = None if pdf is None else as_batch(pdf, t.shape[-1], "pdf", allow_dense=dense, positive=True)
+        q = None if pdf is None else as_batch(pdf, t.shape[-1], "pdf", allow_dense=dense, positive=not checked)
         if q is not None and q.shape != t.shape:
             raise ValueError(f"pdf must have the target's shape {t.shape}, got {q.shape}")
         if routing is None and instance is None:
@@ -125,49 +174,67 @@ class Loss(Object, RuntimeBound):
             raise ValueError(f"prediction has {int(np.prod(p.shape[:-1]))} samples, its routing {routing.batch}")
         flat = _device.flatten if dense and len(p.shape) == 3 else (lambda a: a)
         loss, grad, per_network = self._evaluate(flat(p), flat(t), None if q is None else flat(q), routing,
-                                                 loss_scale)
+                                                 loss_scale, checked)
         grad = callers_kind(_device.unflatten(grad, p.shape[:2]) if len(p.shape) == 3 else grad, prediction)
         if not per_instance:
             return loss, grad
-        return loss, grad, per_network if per_network is not None else np.array([loss])
+        return loss, grad, per_network
 
-    def _evaluate(self, p, t, q, routing: Routing, loss_scale):
-        """``(loss, gradient, per-network losses or None)``.
+    def _evaluate(self, p, t, q, routing: Routing, loss_scale, checked: bool = False):
+        """``(loss, gradient, per-network losses)`` (on the device the per-network losses are read when
+        someone reads them: :class:`~tinn._census.PerNetwork`).
 
         With a routed batch, each network's samples are normalised by that network's own
         ``N_k = B_k * D``, so a network in an array gets exactly the gradient it would get
         trained alone; the loss is then the mean of the per-network losses. A dense batch
-        (network k owns the k-th of K equal runs of samples) needs no per-sample bookkeeping. A chunk
+        (network k owns the k-th of K equal runs of samples) is the same with equal counts. A chunk
         of a larger batch (``routing.whole``) is normalised by the whole batch's counts, so the
         chunks' losses and gradients add up to the whole batch's.
+
+        On the device the loss kernel sums the losses per network itself and the loss is a
+        :class:`~tinn._census.LossValue`, read when someone reads it; with a census (a trainer's step of device
+        batches, ``checked``) the kernel also checks ``target`` and ``pdf`` there.
         """
         B, D = t.shape
-        K, dense, whole = routing.n_instances, routing.dense is not None, routing.whole
-        on_device = _device.is_device(p)        # the device path: every batch array there, K floats back
-        if not routing.routed or dense:
-            inv = 1.0 / (whole.batch // K * D)
-            inv_n = _device.full(B, inv) if on_device else np.full(B, inv, np.float32)
-        else:
+        K, whole, census = routing.n_instances, routing.whole, routing.census
+        on_device, weighted = _device.is_device(p), q is not None
+        if census is not None:
+            inv = census.inv
+        elif routing.routed and routing.dense is None:
             with np.errstate(divide="ignore"):
-                inv_network = (1.0 / (whole.counts * D)).astype(np.float32)       # inf only where never read
-            inv_n = _device.gather(inv_network, routing.ids) if on_device else inv_network[routing.instance]
-        weighted = q is not None
+                inv = (1.0 / (whole.counts * D)).astype(np.float32)               # inf only where never read
+        else:
+            inv = np.full(K, 1.0 / (whole.batch // K * D), np.float32)
+        ids, routed = routing.kernel_ids(p)
         if on_device:
             t, q = _device.on_device(t), _device.on_device(q) if weighted else _device.unread()
+            inv = _device.on_device(inv)
         elif not weighted:
             q = _UNREAD
         grad = _device.empty_like(p)
-        rows = _device.empty_like(p, (B,))
-        _kernel(type(self))(p, t, q, weighted, inv_n, float(loss_scale), grad, rows)
-        if not routing.routed:
-            return _device.total(rows), grad, None
+        check = on_device and census is not None and checked
         if on_device:
-            per_network = _device.network_sums(rows, routing.tiles, K)
-        elif dense:
-            per_network = rows.reshape(K, -1).sum(axis=1, dtype=np.float64)
-        else:
-            per_network = np.bincount(routing.instance, weights=rows, minlength=K)
-        if dense:
+            sums = _device.buffer((K,))
+            facts, values, mask = (census.facts, census.values, census.mask) if check else (unused((1,)), unused((1,), ti.f32), unused((1,)))
+            faults = census.faults if check and census.faults is not None else None
+            step = faults.next_step() if faults is not None else 0
+            _kernel(type(self), _census.ROWS_PER_TASK if is_cpu() else 16)(
+                p, t, q, weighted, ids, routed, inv, float(loss_scale), grad, unused((1,), ti.f32), True, sums, check,
+                facts, values, mask, *((faults.record, faults.values) if faults else (unused((1,)), unused((1,), ti.f32))), step)
+            mean_over = "active" if routing.routed and routing.dense is None else "all" if routing.routed else "one"
+            n_active = None if census is not None or mean_over != "active" else int(np.count_nonzero(whole.counts))
+            settle = None if faults is None else (lambda: faults.settle(K))     # an earlier bad step raises first
+            loss = LossValue(sums, mean_over, census if check else None, settle, n_active)
+            return loss, grad, PerNetwork(loss)
+        rows = np.empty(B, np.float32)
+        _kernel(type(self), _census.ROWS_PER_TASK)(
+            p, t, q, weighted, ids, routed, inv, float(loss_scale), grad, rows, False, _UNREAD[0], False,
+            *_HOST_UNUSED, 0)
+        if not routing.routed:
+            loss = float(rows.sum(dtype=np.float64))
+            return loss, grad, np.array([loss])
+        per_network = routing.sum_per_network(rows)
+        if routing.dense is not None:
             return float(per_network.mean()), grad, per_network
         return float(per_network.sum() / np.count_nonzero(whole.counts)), grad, per_network
 

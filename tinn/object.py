@@ -167,8 +167,16 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
     padded_output_width: int
 
     def _prepare(self, x, instance):
-        """Validate a batch and describe its routing once; a dense ``(K, B_k, n)`` batch is flattened."""
+        """Validate a batch and describe its routing once; a dense ``(K, B_k, n)`` batch is flattened. ``instance``
+        may be the batch's own :class:`Routing` (a trainer's: ``x`` is then the flat batch it describes, and its
+        values are not checked again where the routing says they were)."""
         self._check_runtime()
+        if isinstance(instance, Routing):
+            arr = as_batch(x, self.n_input_dims, finite=not instance.has_checked(x))
+            if arr.shape[0] != instance.batch or instance.n_instances != self.n_instances:
+                raise ValueError(f"the routing describes {instance.batch} samples of {instance.n_instances} networks, "
+                                 f"not this batch of {arr.shape[0]} for {self.n_instances}")
+            return arr, instance
         arr = as_batch(x, self.n_input_dims, allow_dense=self.n_instances > 1 and instance is None, finite=True)
         return Routing.of(arr, instance, self.n_instances)
 
@@ -196,7 +204,8 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
 
     def forward(self, x, instance=None):
         """``(output, ctx)``: the output as :meth:`inference` gives it, at the training weights; keep
-        ``ctx`` for :meth:`backward` (``ctx.routing`` describes how the batch reached the networks)."""
+        ``ctx`` for :meth:`backward` (``ctx.routing`` describes how the batch reached the networks; a trainer
+        passes a batch's routing as ``instance``)."""
         caller = x
         x, routing = self._prepare(x, instance)
         y, ctx = self._forward(x, routing)
@@ -248,7 +257,7 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
     def _gradient_mode(self, ctx: Context, mode: str) -> bool:
         """Whether the components overwrite the parameter gradients: a batch that reached every network
         overwrites all of them; otherwise the idle ones become 0 here and the components add."""
-        overwrite = mode == "overwrite" and ctx.routing.active is None
+        overwrite = mode == "overwrite" and ctx.routing.reaches_all
         if mode == "overwrite" and not overwrite:
             self._zero_gradients()
         return overwrite

@@ -36,12 +36,11 @@ import numpy as np
 import taichi as ti
 
 from . import _device
+from ._census import TILE, Census
 from ._kernels import F32_2D, I32_1D, I32_2D, I64_1D
 from ._runtime import as_instances, check_live
 
 
-TILE = 128
-"""Samples per tile on the device path (a weight gradient is summed over a tile, then added once)."""
 
 BLOCK_COST = 32
 """The fixed cost of one more row block (a product call per layer, a copy of its weights), counted in
@@ -119,16 +118,23 @@ def _tile_table(offsets: I32_2D, tiles: I32_2D):
         tiles[t, 2] = lo
 
 
-def device_ids(instance, batch: int, n_instances: int | None):
-    """A device batch's ``(batch,)`` int32 ``ti.ndarray`` of ids checked as :func:`~tinn._runtime.as_instances`
-    checks numpy ones, their range found on the device together with the samples of each network (one
-    read-back of ``n_instances + 2`` integers); ``n_instances=None`` takes the largest id + 1 (the range is
-    read first). Returns ``(ids, n_instances, counts)``, ``counts`` ``(n_instances,)`` int64."""
+def check_device_ids(instance, batch: int):
+    """A device ``instance`` array's kind, dtype and shape, as :func:`~tinn._runtime.as_instances` checks numpy ones
+    (its values are checked on the device)."""
     check_live(instance, "instance")
     if instance.dtype != ti.i32:
         raise TypeError(f"instance must have dtype int32, got {instance.dtype}")
     if tuple(instance.shape) != (batch,):
         raise ValueError(f"instance must have shape ({batch},), got {tuple(instance.shape)}")
+    return instance
+
+
+def device_ids(instance, batch: int, n_instances: int | None):
+    """A device batch's ``(batch,)`` int32 ``ti.ndarray`` of ids checked as :func:`~tinn._runtime.as_instances`
+    checks numpy ones, their range found on the device together with the samples of each network (one
+    read-back of ``n_instances + 2`` integers); ``n_instances=None`` takes the largest id + 1 (the range is
+    read first). Returns ``(ids, n_instances, counts)``, ``counts`` ``(n_instances,)`` int64."""
+    check_device_ids(instance, batch)
     if n_instances is None:                     # a census of no networks: the range alone
         span = _device.buffer((2,), ti.i32)
         _id_census(instance, span)
@@ -162,12 +168,18 @@ class Routing:
 
     ``whole`` is the batch this one is a chunk of (itself if none): a large batch is processed
     in chunks, and the loss normalises every chunk's samples by the whole batch's counts.
+
+    ``census``: a training step's device batch is described on the device only (:class:`~tinn._census.Census`:
+    its values and ids checked there, counts, tiles and the step's mask of networks), and nothing is read
+    back; then ``instance`` is the census's ids clamped into range. ``checked``: the arrays of the batch (x,
+    target, pdf) whose values a trainer checked (on the host, or by the census and the loss kernel on the
+    device): the calls it composes do not check them again.
     """
 
     def __init__(self, batch: int, n_instances: int = 1, instance=None, dense=None,
-                 whole: "Routing | None" = None, counts: np.ndarray | None = None):
+                 whole: "Routing | None" = None, counts: np.ndarray | None = None, census: Census | None = None):
         self.batch, self.n_instances, self.instance, self.dense = batch, n_instances, instance, dense
-        self._whole = whole
+        self._whole, self.census, self.checked = whole, census, ()
         if counts is not None:                  # found with the ids' range (device ids)
             self.counts = counts
 
@@ -177,9 +189,14 @@ class Routing:
         return self if self._whole is None else self._whole
 
     @classmethod
-    def of(cls, x: np.ndarray, instance, n_instances: int) -> tuple[np.ndarray, "Routing"]:
+    def of(cls, x: np.ndarray, instance, n_instances: int, census: tuple | None = None) -> tuple[np.ndarray, "Routing"]:
         """A checked batch ``x`` as ``(batch, dims)`` and its routing: ``instance`` ids (checked here), or
-        none for a dense ``(n_instances, B_k, dims)`` batch, which is flattened network by network."""
+        none for a dense ``(n_instances, B_k, dims)`` batch, which is flattened network by network.
+
+        ``census=(n_target_dims, faults)``: a training step's device batch, described by a census on the device
+        (device ids are then checked there too, not here)."""
+        if census is not None and _device.is_device(x):
+            return cls._described(x, instance, n_instances, *census)
         if len(x.shape) == 2:                   # a numpy array or a ti.ndarray
             if _device.is_device(instance) and _device.is_device(x):
                 ids, _, counts = device_ids(instance, x.shape[0], n_instances)
@@ -190,6 +207,49 @@ class Routing:
         k, b = x.shape[:2]
         ids = _device.dense_ids(k, b) if _device.is_device(x) else np.repeat(np.arange(k, dtype=np.int32), b)
         return _device.flatten(x), cls(k * b, k, ids, (k, b))
+
+    @classmethod
+    def _described(cls, x, instance, n_instances: int, n_dims: int, faults) -> tuple:
+        """:meth:`of` for a device batch whose values and ids a census checks on the device."""
+        dense = None
+        if len(x.shape) == 3:
+            if x.shape[0] != n_instances:
+                raise ValueError(f"a dense batch needs shape ({n_instances}, batch, {x.shape[-1]}), got {tuple(x.shape)}")
+            dense, ids, x = tuple(x.shape[:2]), _device.dense_ids(*x.shape[:2]), _device.flatten(x)
+        elif instance is None:
+            ids = None
+            if n_instances != 1:
+                as_instances(None, x.shape[0], n_instances)          # the error: an array needs ids
+        elif _device.is_device(instance):
+            ids = check_device_ids(instance, x.shape[0])
+        else:
+            ids = _device.put(as_instances(instance, x.shape[0], n_instances), ti.i32)
+        census = Census(x, ids, n_instances, n_dims, faults)
+        return x, cls(x.shape[0], n_instances, census.ids, dense, census=census)
+
+    @property
+    def reaches_all(self) -> bool:
+        """Whether the batch is known to reach every network (a single network, a dense batch, or host counts
+        without a zero); a routed device batch's counts stay on the device, so it is not known there."""
+        if self.instance is None or self.dense is not None:
+            return True
+        return self.census is None and bool(self.counts.all())
+
+    @property
+    def step_mask(self):
+        """What the optimizer steps: a census's device mask (the networks with samples, none if the batch was
+        bad), else the host ids of the networks with samples (``None``: all of them)."""
+        return self.active if self.census is None else self.census.mask
+
+    def sum_per_network(self, values: np.ndarray) -> np.ndarray:
+        """Per network, the sum of a host ``(batch,)`` array over its samples: ``(n_instances,)`` float64."""
+        if self.dense is not None:
+            return values.reshape(self.n_instances, -1).sum(axis=1, dtype=np.float64)
+        return np.bincount(self.instance, weights=values, minlength=self.n_instances)
+
+    def has_checked(self, a) -> bool:
+        """Whether ``a`` is one of the arrays whose values were checked for this batch (``checked``)."""
+        return any(a is c for c in self.checked)
 
     def chunk(self, lo: int, hi: int) -> "Routing":
         """Samples ``lo:hi`` of this batch, as a routed batch of their own that is part of this one."""
@@ -208,6 +268,8 @@ class Routing:
             return np.array([self.batch], np.int64)
         if self.dense is not None:
             return np.full(self.n_instances, self.dense[1], np.int64)
+        if self.census is not None:                     # read back (a wait for the device)
+            return self.census.counts.to_numpy().astype(np.int64)
         if _device.is_device(self.instance):            # the caller's device ids, checked
             return device_ids(self.instance, self.batch, self.n_instances)[2]
         return np.bincount(self.instance, minlength=self.n_instances)
@@ -239,7 +301,10 @@ class Routing:
         """``(table, order)`` on the device: ``order`` ``(batch,)`` the samples sorted by network, ``table``
         ``(n_tiles, 3)`` int32 rows ``(start, end, k)``: samples ``order[start:end]`` of network k, at most
         ``TILE`` of them (a network's tiles are consecutive). Built from the ids by kernels; the per-network
-        offsets of samples and of tiles (``2 (n_instances + 1)`` integers) are uploaded at once."""
+        offsets of samples and of tiles (``2 (n_instances + 1)`` integers) are uploaded at once. A census's
+        tiles were made by its kernel (the table then ends in empty tiles ``(0, 0, 0)``)."""
+        if self.census is not None:
+            return self.census.tiles, self.census.order
         counts = self.counts
         per = -(-counts // TILE)
         offsets = np.zeros((2, self.n_instances + 1), np.int32)     # first sample, first tile of each network

@@ -3,10 +3,11 @@
 ``training_step(x, target)`` returns the loss as a float. It only composes public calls,
 as tcnn's ``Trainer::training_step`` does::
 
-    y, ctx = model.forward(x, instance)                 # ctx.routing: how the batch reached the networks
-    loss, dL_dy = loss.evaluate(y, target, pdf, routing=ctx.routing)
-    model.backward(ctx, dL_dy, input_gradient=False)   # overwrites the gradients (0 for idle networks)
-    optimizer.step(model, active=ctx.routing.active)    # networks without samples are not stepped
+    x, routing = Routing.of(x, instance, n_instances)    # how the batch reaches the networks
+    y, ctx = model.forward(x, routing)
+    loss, dL_dy = loss.evaluate(y, target, pdf, routing=routing)
+    model.backward(ctx, dL_dy, input_gradient=False)     # overwrites the gradients (0 for idle networks)
+    optimizer.step(active=routing.step_mask)             # networks without samples are not stepped
 
 The pieces are also available separately: ``forward(x, target) -> ctx`` (``ctx.loss``,
 ``ctx.dL_doutput``), ``backward(ctx)`` and ``optimizer_step(active=None)``, which steps the
@@ -16,6 +17,15 @@ a dense ``(K, B_k, dims)`` batch). tinn computes in float32, so the loss scale i
 Every argument is checked before any kernel runs: shapes, dtypes, and values (``x``, ``target``
 and ``pdf`` finite, ``pdf > 0``; a ``ValueError`` names the argument and the first bad row),
 so a rejected step leaves the model and the optimizer exactly as they were.
+
+A step of device batches (``ti.ndarray``s on the device path) never waits for the device: its values and
+network ids are checked there, by a census kernel and the loss kernel (``tinn._census``), and the loss it
+returns is a :class:`~tinn._census.LossValue` read when someone reads it (``float(loss)``). A step whose
+batch holds NaN or +-Inf (or a ``pdf`` <= 0, or an id out of range) skips its update on the device: every
+parameter and all optimizer state stay as they were (the gradients hold what the bad batch gave). Its
+``ValueError`` comes when that step's loss is read, or at the trainer's next call that reads from the device
+(reading any later step's loss, ``per_instance=True``, ``params()``, ``params_inference()``, ``save``,
+``load``, ``export_tcnn``, ``load_tcnn``, ``forward``), whichever comes first.
 
 If the optimizer keeps separate inference weights (tcnn's ``custom_weights``: EMA,
 Average, Lookahead, Composite with one of those), ``model.inference()`` reads them.
@@ -29,10 +39,12 @@ inference weights, optimizer state) in one pickle-free ``.npz`` file;
 from __future__ import annotations
 
 import numpy as np
+import taichi as ti
 
 from . import serialization
 from . import _device
-from ._runtime import RuntimeBound, as_batch, values_checked
+from ._census import Faults
+from ._runtime import RuntimeBound, as_batch
 from .object import Context, DifferentiableObject, chunk_samples
 from .routing import Routing
 
@@ -53,6 +65,7 @@ class Trainer(RuntimeBound):
             model.reset_params(seed)
         store = model.store
         optimizer.allocate(model.n_params, model.layer_sizes(), model.n_instances, store)
+        self._faults = None                         # made by the first step of device batches
 
     def __repr__(self):
         m, opt = self.model, self.optimizer.hyperparams()
@@ -92,13 +105,21 @@ class Trainer(RuntimeBound):
     def n_params(self) -> int:
         return self.model.n_params
 
+    def _settle(self):
+        """Raise the ``ValueError`` of a bad step of device batches not yet reported (module docstring)."""
+        if self._faults is not None:
+            self._faults.settle(self.model.n_instances)
+
     def params(self) -> np.ndarray:
         """The training parameters (tcnn's ``params()``), as ``model.params()``."""
+        self._check_runtime()
+        self._settle()
         return self.model.params()
 
     def params_inference(self) -> np.ndarray:
         """The weights ``inference()`` reads (tcnn's ``params_inference()``)."""
         self._check_runtime()
+        self._settle()
         store = self.model.store
         values = store.read(store.inference_params, store.offset, self.model.n_params)
         return values[0] if self.model.n_instances == 1 else values
@@ -106,48 +127,74 @@ class Trainer(RuntimeBound):
     # -- checkpoints -------------------------------------------------------------------
     def save(self, path):
         """Write configs, parameters and optimizer state to one ``.npz`` file at ``path``."""
+        self._settle()
         serialization.save(self, path)
 
     def load(self, path):
         """Restore a :meth:`save` checkpoint; a bad or mismatched file raises ``ValueError``
         and leaves the trainer unchanged."""
+        self._settle()
         serialization.load(self, path)
 
     def export_tcnn(self, path, instance: int | None = None):
         """Write tcnn's snapshot JSON (``n_params``, ``params_type``, ``params_binary``) of one network."""
+        self._settle()
         serialization.export_tcnn(self, path, instance)
 
     def load_tcnn(self, source, instance: int | None = None):
         """Load one network's parameters from a tcnn snapshot JSON (a path or the parsed dict)."""
+        self._settle()
         serialization.load_tcnn(self, source, instance)
 
     def forward(self, x, target, instance=None, pdf=None) -> Context:
         """Model forward and loss: the model's context, with ``loss``, ``dL_doutput`` and
-        ``instance_losses`` (per network, ``(n_instances,)``) added."""
-        x, target, instance, pdf = self._checked(x, target, instance, pdf)
-        with values_checked(x, target, pdf):
-            return self._forward(x, target, instance, pdf)
+        ``instance_losses`` (per network, ``(n_instances,)``) added. Checks every value first (on the device a
+        read-back)."""
+        self._settle()
+        host = not _device.is_device(x)
+        x, target, instance, pdf = self._checked(x, target, instance, pdf, deferred=False)
+        ctx = self._forward(x, target, instance, pdf)
+        ctx.instance_losses = np.asarray(ctx.instance_losses)
+        if host:                                    # a host caller gets a float
+            ctx.loss = float(ctx.loss)
+        return ctx
 
-    def _checked(self, x, target, instance, pdf) -> tuple:
-        """The arguments of a step, checked (shapes, dtypes, finite values) before anything runs."""
+    def _checked(self, x, target, instance, pdf, deferred: bool) -> tuple:
+        """The arguments of a step, checked before anything runs: shapes and dtypes, and the values of host
+        arrays (and, unless ``deferred``, of device ones: see the module docstring)."""
         self._check_runtime()
         model = self.model
         dense = model.n_instances > 1 and instance is None      # a (K, B_k, dims) batch
-        x = as_batch(x, model.n_input_dims, "x", allow_dense=dense, finite=True)
-        target = as_batch(target, model.n_output_dims, "target", allow_dense=dense, finite=True)
+
+        def checked(a, n_dims, name, **values):
+            if deferred and _device.is_device(a):
+                values = {}
+            return as_batch(a, n_dims, name, allow_dense=dense, **values)
+
+        x = checked(x, model.n_input_dims, "x", finite=True)
+        target = checked(target, model.n_output_dims, "target", finite=True)
         if target.shape[:-1] != x.shape[:-1]:
             raise ValueError(f"target has {_samples(target)} samples, x has {_samples(x)}")
         if pdf is not None:
-            pdf = as_batch(pdf, model.n_output_dims, "pdf", allow_dense=dense, positive=True)
+            pdf = checked(pdf, model.n_output_dims, "pdf", positive=True)
+            if pdf.shape != target.shape:
+                raise ValueError(f"pdf must have the target's shape {tuple(target.shape)}, got {tuple(pdf.shape)}")
         if _device.active():                        # the device path: one upload each, then nothing comes back
             x, target, pdf = (a if a is None or _device.is_device(a) else _device.put(a) for a in (x, target, pdf))
         return x, target, instance, pdf
 
     def _forward(self, x, target, instance, pdf, routing=None) -> Context:
-        """Forward and loss of a checked batch; ``routing``: the chunk of a larger batch it is."""
-        y, ctx = self.model.forward(x, instance)
+        """Forward and loss of a checked batch (``routing``: the chunk of a larger batch it is, else built here;
+        for device batches by a census, which checks them on the device)."""
+        if routing is None:
+            if _device.is_device(x) and self._faults is None:
+                self._faults = Faults()
+            census = (self.model.n_output_dims, self._faults) if _device.is_device(x) else None
+            x, routing = Routing.of(x, instance, self.model.n_instances, census=census)
+        routing.checked = (x, target, pdf)
+        y, ctx = self.model.forward(x, routing)
         ctx.loss, ctx.dL_doutput, ctx.instance_losses = self.loss.evaluate(
-            y, target, pdf, routing=routing or ctx.routing, per_instance=True, loss_scale=self.loss_scale)
+            y, target, pdf, routing=routing, per_instance=True, loss_scale=self.loss_scale)
         return ctx
 
     def backward(self, ctx: Context):
@@ -157,10 +204,15 @@ class Trainer(RuntimeBound):
         self.model.backward(ctx, ctx.dL_doutput, input_gradient=False)
 
     def optimizer_step(self, active=None):
-        """Apply the gradients: step the networks ``active`` (ids of an array's networks), or all of them."""
+        """Apply the gradients: step the networks ``active`` (ids of an array's networks, or an int32
+        ``(n_instances,)`` ``ti.ndarray`` mask of them on the device), or all of them."""
         self._check_runtime()
         K = self.model.n_instances
-        if active is not None:
+        if isinstance(active, ti.Ndarray):
+            if active.dtype != ti.i32 or tuple(active.shape) != (K,):
+                raise ValueError(f"a device mask of networks must be int32 of shape ({K},), got {active.dtype} "
+                                 f"{tuple(active.shape)}")
+        elif active is not None:
             ids = np.asarray(active)
             if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer) or (ids.size and (
                     ids.min() < 0 or ids.max() >= K)):
@@ -172,19 +224,22 @@ class Trainer(RuntimeBound):
 
         A batch larger than :func:`tinn.object.chunk_samples` allows is processed in chunks (gradients
         accumulated over the chunks, each sample normalised by the whole batch, then one
-        optimizer step), so the step's memory stays bounded whatever the batch size.
+        optimizer step), so the step's memory stays bounded whatever the batch size. A step of ``ti.ndarray``
+        batches on the device path reads nothing back and returns the loss unread (module docstring); for host
+        arrays it is a float.
         """
-        x, target, instance, pdf = self._checked(x, target, instance, pdf)
-        with values_checked(x, target, pdf):
-            if int(np.prod(x.shape[:-1])) <= chunk_samples(self.model, training=True) or _device.is_device(x):
-                # one pass (a device batch is never cut)
-                ctx = self._forward(x, target, instance, pdf)
-                self.backward(ctx)
-                loss, losses, active = ctx.loss, ctx.instance_losses, ctx.routing.active
-            else:
-                loss, losses, active = self._chunked_gradients(x, target, instance, pdf)
+        host = not _device.is_device(x)
+        x, target, instance, pdf = self._checked(x, target, instance, pdf, deferred=True)
+        if _device.is_device(x) or int(np.prod(x.shape[:-1])) <= chunk_samples(self.model, training=True):
+            ctx = self._forward(x, target, instance, pdf)          # one pass (a device batch is never cut)
+            self.backward(ctx)
+            loss, losses, active = ctx.loss, ctx.instance_losses, ctx.routing.step_mask
+        else:
+            loss, losses, active = self._chunked_gradients(x, target, instance, pdf)
         self.optimizer_step(active)
-        return (loss, losses) if per_instance else loss
+        if host:                                    # a host caller gets a float (a device one: read lazily)
+            loss = float(loss)
+        return (loss, np.asarray(losses)) if per_instance else loss
 
     def _chunked_gradients(self, x, target, instance, pdf):
         """``(loss, per-network losses, active networks)`` of a large batch, its gradients accumulated
@@ -195,8 +250,8 @@ class Trainer(RuntimeBound):
         loss, losses, chunk = 0.0, 0.0, chunk_samples(self.model, training=True)
         for lo in range(0, whole.batch, chunk):
             hi = min(lo + chunk, whole.batch)
-            part = whole.chunk(lo, hi)
-            ctx = self._forward(x[lo:hi], target[lo:hi], part.instance, None if pdf is None else pdf[lo:hi], part)
+            ctx = self._forward(x[lo:hi], target[lo:hi], None, None if pdf is None else pdf[lo:hi],
+                                whole.chunk(lo, hi))
             self.model.backward(ctx, ctx.dL_doutput, input_gradient=False,
                                 mode="overwrite" if lo == 0 else "accumulate")
             loss, losses = loss + ctx.loss, losses + ctx.instance_losses

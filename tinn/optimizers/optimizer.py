@@ -314,6 +314,8 @@ def active_mask(n_instances: int, active) -> np.ndarray:
     """int32 ``(n_instances,)``: 1 for the instances listed in ``active`` (all for ``None``)."""
     if active is None:
         return np.ones(n_instances, np.int32)
+    if hasattr(active, "to_numpy"):
+        return active.to_numpy()
     mask = np.zeros(n_instances, np.int32)
     mask[np.asarray(active, dtype=np.int64)] = 1
     return mask

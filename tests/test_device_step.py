@@ -1,0 +1,150 @@
+"""A training step of device batches never waits: it reads nothing back, launches few kernels, checks its batch on
+the device, skips the update of a bad batch there and raises its ``ValueError`` when the loss is read or at the
+trainer's next call that reads from the device (DESIGN: "Non-finite device batches skip the update on the device").
+
+On the CPU the device path is forced (``tinn._device.FORCE``); there the MLP runs layer by layer, so a step of
+``config_hash`` may launch at most 16 kernels (a routed array's 24), and none of them reads back.
+"""
+import os
+
+import numpy as np
+import pytest
+import taichi as ti
+
+import tinn
+from tinn import _device
+from tinn._census import LossValue
+from tinn._probe import counting
+from tinn.registry import load_config
+
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
+
+SINGLE_LAUNCHES, ARRAY_LAUNCHES = 16, 24
+"""Issue's bounds for the CPU-forced device path: a single network's step, a routed array's step."""
+SECOND_ORDER_LAUNCHES = 40
+"""A backward_backward_input call of config_hash's model on the CPU-forced device path (its count when written)."""
+
+
+@pytest.fixture
+def device_path(monkeypatch):
+    monkeypatch.setattr(_device, "FORCE", True)
+
+
+def config_hash():
+    return load_config(os.path.join(DATA, "config_hash.json"))
+
+
+def batch(rng, B, n_in, n_out, K=None):
+    x, t = _device.put(rng.random((B, n_in), dtype=np.float32)), _device.put(rng.random((B, n_out), dtype=np.float32))
+    ids = None if K is None else _device.put(rng.integers(0, K, B).astype(np.int32), ti.i32)
+    return x, t, ids
+
+
+@pytest.mark.parametrize("K", [None, 16])
+def test_a_device_step_reads_nothing_back_and_launches_few_kernels(rng, device_path, K):
+    model = tinn.create_from_config(2, 3, config_hash(), n_instances=K or 1)
+    x, t, ids = batch(rng, 256, 2, 3, K)
+    for _ in range(2):                                            # compiles outside the counted step
+        float(model.trainer.training_step(x, t, ids))
+    with counting() as seen:
+        loss = model.trainer.training_step(x, t, ids)
+    assert seen.read_backs == 0 and seen.uploads == 0 and seen.numpy_arguments == []
+    assert seen.launches <= (SINGLE_LAUNCHES if K is None else ARRAY_LAUNCHES), seen.kernels
+    assert isinstance(loss, LossValue) and np.isfinite(float(loss))
+
+
+def test_a_device_second_order_call_keeps_its_launch_count(rng, device_path):
+    model = tinn.create_from_config(2, 3, config_hash())
+    x, _, _ = batch(rng, 256, 2, 3)
+    dy, v = _device.put(rng.random((256, 3), dtype=np.float32)), _device.put(rng.random((256, 2), dtype=np.float32))
+    for _ in range(2):
+        _, ctx = model.network.forward(x)
+        model.network.backward_backward_input(ctx, v, dy)
+    _, ctx = model.network.forward(x)
+    with counting() as seen:
+        model.network.backward_backward_input(ctx, v, dy)
+    assert seen.read_backs == 0 and seen.numpy_arguments == []
+    assert seen.launches <= SECOND_ORDER_LAUNCHES, seen.kernels
+
+
+def test_a_device_loss_behaves_as_the_loss(rng, device_path):
+    """Read lazily, the loss equals the host path's and works as a float."""
+    model = tinn.create_from_config(2, 3, config_hash())
+    host_x, host_t = rng.random((512, 2), dtype=np.float32), rng.random((512, 3), dtype=np.float32)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(_device, "FORCE", False)
+        reference = tinn.create_from_config(2, 3, config_hash())
+        expected = reference.trainer.forward(host_x, host_t).loss
+    loss = model.trainer.forward(_device.put(host_x), _device.put(host_t)).loss
+    assert float(loss) == pytest.approx(expected, rel=1e-5)
+    assert loss == pytest.approx(expected, rel=1e-5) and loss > 0 and 2 * loss > loss and -loss < 0
+    assert f"{loss:.3e}" == f"{float(loss):.3e}" and abs(loss - float(loss)) == 0
+    assert float(np.asarray(loss)) == float(loss)
+
+
+def _bad(rng, what, B, K):
+    x, t = rng.random((B, 2), dtype=np.float32), rng.random((B, 3), dtype=np.float32)
+    pdf = rng.random((B, 3), dtype=np.float32) + 0.5
+    ids = rng.integers(0, K, B).astype(np.int32)
+    if what == "x":
+        x[5, 1] = np.nan
+    elif what == "target":
+        t[7, 0] = np.inf
+    elif what == "pdf":
+        pdf[3, 2] = 0.0
+    elif what == "instance":
+        ids[9] = K
+    return x, t, pdf, ids
+
+
+@pytest.mark.parametrize("K", [1, 4])
+@pytest.mark.parametrize("what, message", [("x", "x must be finite: row 5 holds nan"),
+                                           ("target", "target must be finite: row 7 holds inf"),
+                                           ("pdf", r"pdf must be finite and > 0: row 3 holds 0\.0"),
+                                           ("instance", r"instance ids must lie in \[0, 4\)")])
+def test_a_bad_device_batch_skips_its_update_and_raises_when_read(rng, device_path, K, what, message):
+    if what == "instance" and K == 1:
+        pytest.skip("a single network takes no ids")
+    config = dict(config_hash(), optimizer={"otype": "EMA", "nested": {"otype": "Adam", "learning_rate": 1e-2}})
+    model = tinn.create_from_config(2, 3, config, n_instances=K)
+    trainer = model.trainer
+    put = _device.put
+    good = _bad(rng, None, 256, K)
+
+    def step(x, t, pdf, ids):
+        return trainer.training_step(put(x), put(t), put(ids, ti.i32) if K > 1 else None, put(pdf))
+
+    float(step(*good))
+    params, state = model.network.params().copy(), {k: v.copy() for k, v in trainer.optimizer.state_dict().items()}
+    inference = trainer.params_inference().copy()
+    with counting() as seen:
+        loss = step(*_bad(rng, what, 256, K))                      # returns: nothing is read back
+    assert seen.read_backs == 0
+    np.testing.assert_array_equal(model.network.params(), params)         # the model's own read does not settle
+    for key, value in trainer.optimizer.state_dict().items():
+        np.testing.assert_array_equal(value, state[key], err_msg=key)
+    with pytest.raises(ValueError, match=message):
+        float(loss)
+    with pytest.raises(ValueError, match=message):                # the step's loss stays bad
+        loss > 0
+    trainer.params()                                              # reported once: the trainer goes on
+    np.testing.assert_array_equal(trainer.params_inference(), inference)
+    assert float(step(*good)) > 0
+    assert not np.array_equal(model.network.params(), params)
+
+
+def test_a_bad_device_step_raises_at_the_trainers_next_read(rng, device_path):
+    """Unread, a bad step's error comes from the next call that reads from the device: a later step's loss, or
+    ``params()``; the steps between them update as usual."""
+    model = tinn.create_from_config(2, 3, config_hash())
+    trainer, put = model.trainer, _device.put
+    x, t, pdf, _ = _bad(rng, "x", 128, 1)
+    trainer.training_step(put(x), put(t))
+    good = trainer.training_step(put(t[:, :2].copy()), put(t))
+    with pytest.raises(ValueError, match=r"x must be finite: row 5 holds nan \(in training step 1 "):
+        float(good)
+    assert float(good) > 0                                        # reported once; the good step's loss reads
+    trainer.training_step(put(x), put(t))
+    with pytest.raises(ValueError, match="x must be finite"):
+        trainer.params()
+    trainer.params()

@@ -1,0 +1,332 @@
+"""The census of a training step's device batch: its values and its network ids, found on the device.
+
+A training step of device batches must not wait for the device, so nothing about its batch is read
+back while it runs. Instead one kernel (:func:`_census_kernel`, launched when the step's routing is
+built) looks at the batch once and leaves its findings on the device for the kernels after it:
+
+* ``x``'s first row holding NaN or +-Inf (``facts[X_ROW]``; ``B`` when there is none);
+* for a routed batch, the ids' range, each network's sample count, the ids clamped into range (what
+  the model's kernels read, so a bad id never indexes outside the parameters), the samples sorted by
+  network and cut into tiles of at most ``TILE`` samples of one network (``Routing.tiles``), and each
+  network's loss normaliser ``1 / (count * D)``;
+* the step *mask*: 1 for a network that got samples, 0 for the others, and 0 for every network when
+  anything in the batch is bad, so the optimizer leaves every parameter and all its state untouched.
+
+The loss kernel then checks ``target`` and ``pdf`` as it reads them (``facts[TARGET_ROW]``,
+``facts[PDF_ROW]``), clears the mask if they are bad, sums the loss per network and, for the first bad
+step of a trainer, records what was wrong in the trainer's fault record (:class:`Faults`). The loss
+value (:class:`LossValue`) and the trainer's reads settle them: the ``ValueError`` comes when the step's
+loss is read, or at the trainer's next call that reads from the device, whichever is first.
+"""
+
+import numpy as np
+import taichi as ti
+
+from . import _device
+from ._kernels import F32_1D, F32_2D, I32_1D, I32_2D
+
+X_ROW, TARGET_ROW, PDF_ROW, ID_LO, ID_HI, N_ACTIVE = range(6)
+"""Slots of a census's ``facts`` (int32): the first bad row of each array, the ids' range, the networks with samples."""
+
+N_FACTS = 6
+TILE = 128
+"""Samples per tile on the device path (a weight gradient is summed over a tile, then added once)."""
+NONE = 2 ** 31 - 1
+"""A first bad row of an array that has none."""
+
+ROWS_PER_TASK = 256
+"""Samples per task of the loss kernel on the CPU, summed in a register before one atomic add (16 on GPUs)."""
+
+SCAN = 256
+"""Networks per parallel task of the prefix sums over the networks (the serial pass runs over tasks)."""
+
+NAMES = {X_ROW: "x", TARGET_ROW: "target", PDF_ROW: "pdf"}
+
+
+@ti.func
+def first_bad_row(a: ti.template(), b, positive: ti.template()) -> ti.i32:
+    """1 if row ``b`` of ``a`` holds NaN or +-Inf (or, ``positive``, a value <= 0), else 0."""
+    bad = 0
+    for j in range(a.shape[1]):
+        v = a[b, j]
+        if not (ti.abs(v) <= 3.4028234663852886e38):            # NaN and +-Inf fail the comparison
+            bad = 1
+        if ti.static(positive):
+            if not (v > 0.0):
+                bad = 1
+    return bad
+
+
+@ti.func
+def record_bad_value(a: ti.template(), row, positive: ti.template(), values: ti.template(), slot):
+    """``values[slot]``: the first bad value of row ``row`` of ``a`` (nothing if ``row`` is ``NONE``)."""
+    if row != NONE:
+        found = 0
+        for j in range(a.shape[1]):
+            v = a[row, j]
+            bad = not (ti.abs(v) <= 3.4028234663852886e38)
+            if ti.static(positive):
+                bad = bad or not (v > 0.0)
+            if bad and found == 0:
+                values[slot] = v
+                found = 1
+
+
+@ti.func
+def bad(facts: ti.template(), n_instances) -> ti.i32:
+    """Whether a census's ``facts`` name anything wrong (a bad row in x, target or pdf; an id out of range)."""
+    out = facts[X_ROW] != NONE or facts[TARGET_ROW] != NONE or facts[PDF_ROW] != NONE
+    if facts[ID_LO] != NONE or facts[ID_HI] != -NONE - 1:           # a routed batch
+        out = out or facts[ID_LO] < 0 or facts[ID_HI] >= n_instances
+    return out
+
+
+@ti.kernel
+def _census_kernel(x: F32_2D, ids: I32_1D, routed: ti.template(), n_dims: ti.i32, facts: I32_1D, values: F32_1D,
+                   counts: I32_1D, mask: I32_1D, inv: F32_1D, safe: I32_1D, offsets: I32_2D, cursor: I32_1D,
+                   totals: I32_2D, order: I32_1D, tiles: I32_2D):
+    """The census of a batch ``x`` ``(B, n)`` with, if ``routed``, network ids ``ids`` ``(B,)`` of ``K`` networks
+    (the module docstring). Top-level loops run in order, each finished before the next starts."""
+    B, K = x.shape[0], counts.shape[0]
+    for k in range(K):
+        counts[k] = 0
+        cursor[k] = 0
+    for i in range(N_FACTS):
+        facts[i] = NONE
+    facts[ID_HI], facts[N_ACTIVE] = -NONE - 1, 0
+    for b in range(B):
+        if first_bad_row(x, b, False):
+            ti.atomic_min(facts[X_ROW], b)
+        if ti.static(routed):
+            k = ids[b]
+            ti.atomic_min(facts[ID_LO], k)
+            ti.atomic_max(facts[ID_HI], k)
+            inside = 0 <= k < K
+            safe[b] = ti.select(inside, k, 0)
+            if inside:
+                ti.atomic_add(counts[k], 1)
+    if ti.static(routed):
+        for c in range(totals.shape[0] - 1):               # prefix sums of samples and tiles within a task
+            samples, n_tiles = 0, 0
+            for k in range(c * SCAN, ti.min(c * SCAN + SCAN, K)):
+                samples += counts[k]
+                n_tiles += (counts[k] + TILE - 1) // TILE
+                offsets[0, k + 1], offsets[1, k + 1] = samples, n_tiles
+            totals[c + 1, 0], totals[c + 1, 1] = samples, n_tiles
+        for _ in range(1):                                  # the tasks' totals, one after the other
+            totals[0, 0], totals[0, 1] = 0, 0
+            for c in range(1, totals.shape[0]):
+                totals[c, 0] += totals[c - 1, 0]
+                totals[c, 1] += totals[c - 1, 1]
+        for k in range(K):
+            c = k // SCAN
+            offsets[0, k + 1] += totals[c, 0]
+            offsets[1, k + 1] += totals[c, 1]
+        offsets[0, 0], offsets[1, 0] = 0, 0
+        for b in range(B):
+            k = ids[b]
+            if 0 <= k < K:
+                order[offsets[0, k] + ti.atomic_add(cursor[k], 1)] = b
+        for t in range(tiles.shape[0]):
+            start, end, network = 0, 0, 0
+            if t < offsets[1, K]:
+                lo, hi = 0, K                              # offsets[1, lo] <= t < offsets[1, hi]
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    if offsets[1, mid] <= t:
+                        lo = mid
+                    else:
+                        hi = mid
+                start = offsets[0, lo] + (t - offsets[1, lo]) * TILE
+                end, network = ti.min(start + TILE, offsets[0, lo + 1]), lo
+            tiles[t, 0], tiles[t, 1], tiles[t, 2] = start, end, network
+    for _ in range(1):
+        record_bad_value(x, facts[X_ROW], False, values, X_ROW)
+    for k in range(K):
+        count = B // K
+        if ti.static(routed):
+            count = counts[k]
+        ok = facts[X_ROW] == NONE
+        if ti.static(routed):
+            ok = ok and facts[ID_LO] >= 0 and facts[ID_HI] < K
+        mask[k] = ti.select(ok and count > 0, 1, 0)
+        inv[k] = ti.select(count > 0, 1.0 / ti.cast(count * n_dims, ti.f32), 0.0)
+        if count > 0:
+            ti.atomic_add(facts[N_ACTIVE], 1)
+
+
+def unused(shape: tuple, dtype=ti.i32):
+    """A ``ti.ndarray`` of ``shape`` for an argument a kernel does not use (kept per program)."""
+    return _device.kept(("unused", shape, dtype), lambda: _device.buffer(shape, dtype))
+
+
+class Census:
+    """What :func:`_census_kernel` found in one step's batch ``x`` (module docstring); every array stays on
+    the device. ``ids``: a routed batch's ``(B,)`` int32 device ids (``None``: one network, or ``dense``
+    ``(K, B_k)`` when the ids are a dense batch's). ``n_dims``: the target's width (the normaliser's ``D``);
+    ``faults``: the trainer's record the loss kernel writes a bad step into."""
+
+    def __init__(self, x, ids, n_instances: int, n_dims: int, faults=None):
+        B, K = x.shape[0], n_instances
+        routed = ids is not None
+        self.batch, self.n_instances, self.routed, self.faults = B, K, routed, faults
+        buffer = _device.buffer
+        self.facts, self.values = buffer((N_FACTS,), ti.i32), buffer((N_FACTS,))
+        self.counts, self.mask, self.inv = buffer((K,), ti.i32), buffer((K,), ti.i32), buffer((K,))
+        if routed:
+            self.ids, self.order = buffer((B,), ti.i32), buffer((B,), ti.i32)
+            self.tiles = buffer((-(-B // TILE) + min(K, B), 3), ti.i32)       # at most one part-tile per network
+            offsets, cursor, totals = buffer((2, K + 1), ti.i32), buffer((K,), ti.i32), buffer((-(-K // SCAN) + 1, 2), ti.i32)
+        else:
+            self.ids = self.order = self.tiles = None
+            offsets, cursor, totals = unused((1, 1)), unused((1,)), unused((1, 1))
+        _census_kernel(x, ids if routed else unused((1,)), routed, n_dims, self.facts, self.values, self.counts,
+                       self.mask, self.inv, self.ids if routed else unused((1,)), offsets, cursor, totals,
+                       self.order if routed else unused((1,)), self.tiles if routed else unused((1, 3)))
+        self._read = None
+
+    def read(self) -> tuple:
+        """``(facts, values)`` read back once (a wait for the device)."""
+        if self._read is None:
+            self._read = (self.facts.to_numpy(), self.values.to_numpy())
+        return self._read
+
+    def check(self):
+        """``ValueError`` naming what this census (and the loss kernel after it) found wrong, if anything."""
+        facts, values = self.read()
+        raise_for(facts, values, self.n_instances, "")
+
+
+def raise_for(facts: np.ndarray, values: np.ndarray, n_instances: int, when: str):
+    """The ``ValueError`` the host check would have raised for these ``facts`` (a census's, or a fault record's)."""
+    for slot in (X_ROW, TARGET_ROW, PDF_ROW):
+        if facts[slot] != NONE:
+            rule = "finite and > 0" if slot == PDF_ROW else "finite"
+            raise ValueError(f"{NAMES[slot]} must be {rule}: row {int(facts[slot])} holds {values[slot]}{when}")
+    lo, hi = int(facts[ID_LO]), int(facts[ID_HI])
+    if (lo != NONE or hi != -NONE - 1) and (lo < 0 or hi >= n_instances):
+        raise ValueError(f"instance ids must lie in [0, {n_instances}), got values in [{lo}, {hi}]{when}")
+
+
+class Faults:
+    """A trainer's record of the first training step whose device batch was bad (a census found NaN or +-Inf,
+    a ``pdf`` <= 0, or an id out of range): written by the loss kernel of that step, on the device, read by
+    :meth:`settle`. ``step`` counts the trainer's deferred steps (the kernels are told each one's number)."""
+
+    def __init__(self):
+        self.record, self.values = _device.buffer((2 + N_FACTS,), ti.i32), _device.buffer((N_FACTS,))
+        self.step, self._settled = 0, 0
+
+    def next_step(self) -> int:
+        self.step += 1
+        return self.step
+
+    def settle(self, n_instances: int):
+        """``ValueError`` for the first bad step since the last settle, if any (a read-back only when deferred
+        steps ran since then); the record is then cleared, so each fault is raised once here."""
+        if self._settled == self.step:
+            return
+        self._settled = self.step
+        record = self.record.to_numpy()
+        if record[0]:
+            values = self.values.to_numpy()
+            self.record.fill(0)
+            raise_for(record[2:], values, n_instances,
+                      f" (in training step {int(record[1])} of this trainer's device batches, whose update was "
+                      "skipped)")
+
+
+class LossValue:
+    """A loss that stays on the device until it is read: ``float(loss)``, formatting, comparisons and arithmetic
+    read it (one wait for the device, then kept). ``sums``: the ``(K,)`` per-network sums of the loss kernel;
+    ``mean_over``: ``"one"`` (a single network), ``"all"`` (a dense array: the mean over networks) or
+    ``"active"`` (a routed array: the mean over the networks with samples, ``n_active``). Reading it first
+    settles ``settle`` (the trainer's faults: an earlier bad step raises its ``ValueError`` here) and, for
+    a step with a census, raises if that step's batch was bad."""
+
+    def __init__(self, sums, mean_over: str, census=None, settle=None, n_active: int | None = None):
+        self._sums, self._mean_over, self._census, self._settle, self._n_active = sums, mean_over, census, settle, n_active
+        self._value = self._per_network = None
+
+    def _read(self) -> float:
+        if self._value is None:
+            if self._settle is not None:
+                self._settle()
+            if self._census is not None:
+                self._census.check()
+            sums = self._sums.to_numpy().astype(np.float64)
+            if self._mean_over == "one":
+                value = sums[0]
+            elif self._mean_over == "all":
+                value = sums.mean()
+            else:
+                n_active = self._n_active if self._census is None else int(self._census.read()[0][N_ACTIVE])
+                value = sums.sum() / max(n_active, 1)
+            self._value, self._per_network = float(value), sums
+        return self._value
+
+    @property
+    def per_network(self) -> np.ndarray:
+        """The ``(K,)`` float64 per-network losses (0 for networks without samples); reads the device."""
+        self._read()
+        return self._per_network
+
+    def __float__(self):
+        return self._read()
+
+    def __int__(self):
+        return int(self._read())
+
+    def __bool__(self):
+        return bool(self._read())
+
+    def __format__(self, spec):
+        return format(self._read(), spec)
+
+    def __repr__(self):
+        return repr(self._read()) if self._value is not None else "LossValue(on the device, not read yet)"
+
+    def __str__(self):
+        return str(self._read())
+
+    def __hash__(self):
+        return hash(self._read())
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self._read(), dtype=dtype)
+
+    def __round__(self, n=None):
+        return round(self._read(), n)
+
+
+class PerNetwork:
+    """A step's ``(K,)`` per-network losses, read from the device when used as an array (``np.asarray``)."""
+
+    def __init__(self, loss: LossValue):
+        self._loss = loss
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self._loss.per_network, dtype=dtype)
+
+    def __len__(self):
+        return len(self._loss.per_network)
+
+    def __getitem__(self, index):
+        return self._loss.per_network[index]
+
+    def __repr__(self):
+        return f"PerNetwork({np.asarray(self)!r})"
+
+
+def _binary(name):
+    def op(self, other):
+        return getattr(self._read(), name)(float(other) if isinstance(other, LossValue) else other)
+    op.__name__ = name
+    return op
+
+
+for _name in ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__add__", "__radd__", "__sub__", "__rsub__",
+              "__mul__", "__rmul__", "__truediv__", "__rtruediv__", "__pow__", "__rpow__"):
+    setattr(LossValue, _name, _binary(_name))
+for _name in ("__neg__", "__pos__", "__abs__"):
+    setattr(LossValue, _name, (lambda name: lambda self: getattr(self._read(), name)())(_name))
