@@ -167,7 +167,7 @@ class Trainer(RuntimeBound):
         dense = model.n_instances > 1 and instance is None      # a (K, B_k, dims) batch
 
         def checked(a, n_dims, name, **values):
-            if deferred and _device.is_device(a):
+            if deferred and _device.is_device(a) and _device.active():        # checked by the census
                 values = {}
             return as_batch(a, n_dims, name, allow_dense=dense, **values)
 
