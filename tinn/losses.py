@@ -66,7 +66,7 @@ def _kernel(cls, rows_per_task: int):
     def evaluate(pred: F32_2D, target: F32_2D, pdf: F32_2D, weighted: ti.template(), ids: I32_1D,
                  routed: ti.template(), inv: F32_1D, loss_scale: ti.f32, grad: F32_2D, rows: F32_1D,
                  on_device: ti.template(), sums: F32_1D, check: ti.template(), facts: I32_1D, values: F32_1D,
-                 mask: I32_1D, faults: I32_1D, fault_values: F32_1D, step: ti.i32):
+                 mask: I32_1D, faults: I32_1D, fault_values: F32_1D, step: ti.i32, n_tasks: ti.i32):
         """Per sample b of network k = ids[b]: the loss ``sum_d l(p, t) * inv[k] / q`` and its gradient. On the
         host every sample's loss goes to ``rows``; on the device (``on_device``) they are summed per network into
         ``sums`` (``rows_per_task`` samples per task, one atomic add per run of one network), and with a
@@ -79,7 +79,14 @@ def _kernel(cls, rows_per_task: int):
         else:
             for k in range(sums.shape[0]):
                 sums[k] = 0.0
-            for task in range((B + rows_per_task - 1) // rows_per_task):
+            if ti.static(check):
+                for b in range(B):
+                    if _census.first_bad_row(target, b, False):
+                        ti.atomic_min(facts[_census.TARGET_ROW], b)
+                    if ti.static(weighted):
+                        if _census.first_bad_row(pdf, b, True):
+                            ti.atomic_min(facts[_census.PDF_ROW], b)
+            for task in range(n_tasks):                  # ceil(B / rows_per_task), from the host (SPIR-V)
                 acc, current = 0.0, 0
                 for b in range(task * rows_per_task, ti.min(task * rows_per_task + rows_per_task, B)):
                     k = ids[b] if ti.static(routed) else 0
@@ -87,12 +94,6 @@ def _kernel(cls, rows_per_task: int):
                         ti.atomic_add(sums[current], acc)
                         acc, current = 0.0, k
                     acc += row(pred, target, pdf, weighted, inv[k], loss_scale, grad, b)
-                    if ti.static(check):
-                        if _census.first_bad_row(target, b, False):
-                            ti.atomic_min(facts[_census.TARGET_ROW], b)
-                        if ti.static(weighted):
-                            if _census.first_bad_row(pdf, b, True):
-                                ti.atomic_min(facts[_census.PDF_ROW], b)
                 ti.atomic_add(sums[current], acc)
             if ti.static(check):
                 for _ in range(1):
@@ -218,9 +219,11 @@ class Loss(Object, RuntimeBound):
             facts, values, mask = (census.facts, census.values, census.mask) if check else (unused((1,)), unused((1,), ti.f32), unused((1,)))
             faults = census.faults if check and census.faults is not None else None
             step = faults.next_step() if faults is not None else 0
-            _kernel(type(self), _census.ROWS_PER_TASK if is_cpu() else 16)(
+            per_task = _census.ROWS_PER_TASK if is_cpu() else 16
+            _kernel(type(self), per_task)(
                 p, t, q, weighted, ids, routed, inv, float(loss_scale), grad, unused((1,), ti.f32), True, sums, check,
-                facts, values, mask, *((faults.record, faults.values) if faults else (unused((1,)), unused((1,), ti.f32))), step)
+                facts, values, mask, *((faults.record, faults.values) if faults else (unused((1,)), unused((1,), ti.f32))),
+                step, -(-B // per_task))
             mean_over = "active" if routing.routed and routing.dense is None else "all" if routing.routed else "one"
             n_active = None if census is not None or mean_over != "active" else int(np.count_nonzero(whole.counts))
             settle = None if faults is None else (lambda: faults.settle(K))     # an earlier bad step raises first
@@ -229,7 +232,7 @@ class Loss(Object, RuntimeBound):
         rows = np.empty(B, np.float32)
         _kernel(type(self), _census.ROWS_PER_TASK)(
             p, t, q, weighted, ids, routed, inv, float(loss_scale), grad, rows, False, _UNREAD[0], False,
-            *_HOST_UNUSED, 0)
+            *_HOST_UNUSED, 0, 0)
         if not routing.routed:
             loss = float(rows.sum(dtype=np.float64))
             return loss, grad, np.array([loss])
