@@ -6,7 +6,7 @@ as tcnn's ``Trainer::training_step`` does::
     y, ctx = model.forward(x, instance)                 # ctx.routing: how the batch reached the networks
     loss, dL_dy = loss.evaluate(y, target, pdf, routing=ctx.routing)
     model.backward(ctx, dL_dy, input_gradient=False)   # overwrites the gradients (0 for idle networks)
-    optimizer.step(model, active=ctx.routing.active)    # networks without samples are not stepped
+    optimizer.step(active=ctx.routing.active)           # networks without samples are not stepped
 
 The pieces are also available separately: ``forward(x, target) -> ctx`` (``ctx.loss``,
 ``ctx.dL_doutput``), ``backward(ctx)`` and ``optimizer_step(active=None)``, which steps the
@@ -157,15 +157,11 @@ class Trainer(RuntimeBound):
         self.model.backward(ctx, ctx.dL_doutput, input_gradient=False)
 
     def optimizer_step(self, active=None):
-        """Apply the gradients: step the networks ``active`` (ids of an array's networks), or all of them."""
+        """Apply the gradients: step the networks ``active`` (ids of an array's networks, or an int32
+        ``ti.ndarray`` mask ``(n_instances,)``), or all of them. The optimizer was bound to the model at
+        construction; it checks ``active``."""
         self._check_runtime()
-        K = self.model.n_instances
-        if active is not None:
-            ids = np.asarray(active)
-            if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer) or (ids.size and (
-                    ids.min() < 0 or ids.max() >= K)):
-                raise ValueError(f"active must be a list of network ids in [0, {K}), got {active!r}")
-        self.optimizer.step(self.model, loss_scale=self.loss_scale, active=active)
+        self.optimizer.step(loss_scale=self.loss_scale, active=active)
 
     def training_step(self, x, target, instance=None, pdf=None, *, per_instance: bool = False):
         """One step; returns the loss, or ``(loss, per-network losses)`` with ``per_instance=True``.
