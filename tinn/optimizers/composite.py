@@ -148,9 +148,9 @@ class Composite(Nesting):
 
     def create_state(self):
         """The full-size inference buffer (only when a nested optimizer keeps inference weights)."""
-        slot, K = self.slot, self.n_instances
-        self.custom_weights_buffer = C = Buffer(K, self.n_params, "Composite inference weights")
-        copy_columns(C.field, C.offset, slot.params, slot.p_off, self.n_params, np.ones(K, np.int32))
+        slot = self.slot
+        self.custom_weights_buffer = C = Buffer(self.n_instances, self.n_params, "Composite inference weights")
+        copy_columns(C.field, C.offset, slot.params, slot.p_off, self.n_params, self.all_networks())
 
     def _advance(self, step):
         """Each slice's step with the same record (its mask already a kernel array), then the inference copies."""

@@ -17,7 +17,6 @@ The debias factors are computed in the kernel from the nested step counts where 
 (a device step reads nothing back).
 State: ``weights_ema`` plus ``nested.*``.
 """
-import numpy as np
 import taichi as ti
 
 from ..registry import optimizers
@@ -52,7 +51,7 @@ class EMA(Wrapper):
 
     def create_state(self):
         self.weights_ema = E = Buffer(self.n_instances, self.n_params, "EMA weights")
-        copy_columns(E.field, E.offset, *self.nested_weights(), self.n_params, np.ones(self.n_instances, np.int32))
+        copy_columns(E.field, E.offset, *self.nested_weights(), self.n_params, self.all_networks())
         self._debias = zeros((self.n_instances, 2), ti.f32)
 
     def after_nested(self, step):

@@ -12,7 +12,6 @@ the slow weights. They start as a
 copy of the weights (tcnn leaves them uninitialised until the first step).
 State: ``weights_lookahead`` plus ``nested.*``.
 """
-import numpy as np
 import taichi as ti
 
 from ..registry import optimizers
@@ -46,7 +45,7 @@ class Lookahead(Wrapper):
     def create_state(self):
         self.weights_lookahead = slow = Buffer(self.n_instances, self.n_params, "Lookahead weights")
         copy_columns(slow.field, slow.offset, self.slot.params, self.slot.p_off, self.n_params,
-                     np.ones(self.n_instances, np.int32))
+                     self.all_networks())
 
     def before_nested(self, step):
         if self.n_params:

@@ -156,7 +156,7 @@ class Optimizer(Object, RuntimeBound):
         self._bind(Slot(store, store.params, store.offset, store.grads, store.offset, n_params), layer_sizes)
         self._publishes = model_store
         if model_store:
-            self._publish(self.kernel_array("active", np.ones(n_instances, np.int32)))
+            self._publish(self.all_networks())
 
     def _bind(self, slot: Slot, layer_sizes):
         """Use ``slot``'s weights and gradients, and create the state for them."""
@@ -219,6 +219,10 @@ class Optimizer(Object, RuntimeBound):
             check_device_mask(active, self.n_instances)
             return active
         return self.kernel_array("active", host_mask(self.n_instances, active))
+
+    def all_networks(self):
+        """The mask of every network as a kernel argument (copies of whole state arrays at allocation)."""
+        return self.kernel_array("active", np.ones(self.n_instances, np.int32))
 
     def mirrors(self) -> bool:
         """Whether ``update`` can write every stepped weight to ``step.publish_to`` too (default: no, the
