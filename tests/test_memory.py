@@ -118,7 +118,7 @@ REINIT_CASES = {
     "model.backward_backward_input": "m.network.backward_backward_input(ctx, x, y)",
     "optimizer.state_dict": "m.optimizer.state_dict()",
     "optimizer.load_state_dict": "m.optimizer.load_state_dict(state)",
-    "optimizer.step": "m.optimizer.step(m.network)",
+    "optimizer.step": "m.optimizer.step()",
     "optimizer.step_counts": "m.optimizer.step_counts()",
     "optimizer.custom_weights": "m.optimizer.custom_weights()",
     "loss.evaluate": "m.loss.evaluate(y, y)",

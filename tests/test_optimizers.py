@@ -172,10 +172,10 @@ def test_a_new_optimizer_is_keys_state_and_two_methods():
         def create_state(self):
             self.velocity = zeros((self.n_instances * self.n_params,), ti.f32)
 
-        def update(self, active, loss_scale, lr):
+        def update(self, step):
             s = self.slot
-            momentum_step(s.params, s.p_off, s.grads, s.g_off, s.n, self.velocity, active, 1.0 / loss_scale, lr,
-                          self.hparams["momentum"])
+            momentum_step(s.params, s.p_off, s.grads, s.g_off, s.n, self.velocity, step.mask, 1.0 / step.loss_scale,
+                          self.learning_rates(step), self.hparams["momentum"])
 
     rng = np.random.default_rng(3)
     opt = Momentum(learning_rate=0.1, momentum=0.5)

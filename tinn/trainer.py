@@ -205,19 +205,10 @@ class Trainer(RuntimeBound):
 
     def optimizer_step(self, active=None):
         """Apply the gradients: step the networks ``active`` (ids of an array's networks, or an int32
-        ``(n_instances,)`` ``ti.ndarray`` mask of them on the device), or all of them."""
+        ``ti.ndarray`` mask ``(n_instances,)``), or all of them. The optimizer was bound to the model at
+        construction; it checks ``active``."""
         self._check_runtime()
-        K = self.model.n_instances
-        if isinstance(active, ti.Ndarray):
-            if active.dtype != ti.i32 or tuple(active.shape) != (K,):
-                raise ValueError(f"a device mask of networks must be int32 of shape ({K},), got {active.dtype} "
-                                 f"{tuple(active.shape)}")
-        elif active is not None:
-            ids = np.asarray(active)
-            if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer) or (ids.size and (
-                    ids.min() < 0 or ids.max() >= K)):
-                raise ValueError(f"active must be a list of network ids in [0, {K}), got {active!r}")
-        self.optimizer.step(self.model, loss_scale=self.loss_scale, active=active)
+        self.optimizer.step(loss_scale=self.loss_scale, active=active)
 
     def training_step(self, x, target, instance=None, pdf=None, *, per_instance: bool = False):
         """One step; returns the loss, or ``(loss, per-network losses)`` with ``per_instance=True``.

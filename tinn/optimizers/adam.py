@@ -20,6 +20,7 @@ import taichi as ti
 
 from .._kernels import specialised
 from .._runtime import is_cpu
+from .step import one_minus_pow
 from ..registry import optimizers
 from ..keys import NON_NEGATIVE, Key
 from .optimizer import (ABSOLUTE_DECAY, EPSILON, F32_1D, I32_1D, LEARNING_RATE, RELATIVE_DECAY, Optimizer, beta,
@@ -72,26 +73,13 @@ def _adam_kernel(n_matrix: int, n: int, flags: tuple):
     params, optimize non-matrix params, skip zero non-matrix gradients, and ``mirror``: also write
     each stepped weight to ``I[k, io + i]`` (the model's inference weights, filled in the same pass
     instead of a copy after the step). Matrix parameters share their network's step count;
-    non-matrix ones keep their own (they skip zero gradients).
+    non-matrix ones keep their own (they skip zero gradients). The kernel counts the optimizer's
+    steps too (``steps[k] += active[k]``, after the updates), so a step is one launch.
     """
     adabound, gclip_on, wclip_on, decay_on, opt_matrix, opt_non_matrix, skip_zero, mirror = flags
     n_nm = n - n_matrix
     chunk = CHUNK if is_cpu() else GPU_CHUNK
     m_tasks, nm_tasks = -(-n_matrix // chunk), -(-n_nm // chunk)
-
-    @ti.func
-    def one_minus_pow(beta, T):
-        """``1 - beta^T`` without the cancellation of ``1 - pow(beta, T)`` for ``beta`` near 1: ``-expm1(T
-        log1p(beta - 1))``, both by their series while small (``beta - 1`` is exact in float32). A GPU's
-        ``pow`` is not correctly rounded, and the cancellation multiplies its error by ``1 / (1 - beta^T)``."""
-        d = beta - 1.0
-        u = T * ti.log(beta)
-        if ti.abs(d) < 1e-2:
-            u = T * (d * (1.0 - d * (0.5 - d * (1.0 / 3.0 - 0.25 * d))))
-        r = 1.0 - ti.exp(u)
-        if ti.abs(u) < 1e-2:
-            r = -u * (1.0 + u * (0.5 + u * (1.0 / 6.0 + u / 24.0)))
-        return r
 
     @ti.func
     def bias_at(bias: ti.template(), t, beta1, beta2):
@@ -106,10 +94,10 @@ def _adam_kernel(n_matrix: int, n: int, flags: tuple):
 
     @ti.func
     def adabound_step(steps: ti.template(), k):
-        """AdaBound's ``t``, the optimizer's step count (only AdaBound reads ``steps``)."""
+        """AdaBound's ``t``: the optimizer's step count, this step included (only AdaBound reads it)."""
         T = 0.0
         if ti.static(adabound):
-            T = ti.cast(steps[k], ti.f32)
+            T = ti.cast(steps[k] + 1, ti.f32)
         return T
 
     @ti.func
@@ -169,9 +157,10 @@ def _adam_kernel(n_matrix: int, n: int, flags: tuple):
                         m[k * n + i] = ti.select(run, mi, m[k * n + i])
                         v[k * n + i] = ti.select(run, vi, v[k * n + i])
                         param_steps[s] = t
-        if ti.static(opt_matrix):
-            for k in range(active.shape[0]):                # after the updates, which read the old count
+        for k in range(active.shape[0]):                    # after the updates, which read the old counts
+            if ti.static(opt_matrix):
                 matrix_steps[k] += active[k]
+            steps[k] += active[k]
 
     return step
 
@@ -217,19 +206,24 @@ class Adam(Optimizer):
         """Every weight of a stepped instance is written (so the step can fill the inference weights)."""
         return bool(self.hparams["optimize_matrix_params"] and self.hparams["optimize_non_matrix_params"])
 
-    def update(self, active, loss_scale, lr):
+    def _advance(self, step):
+        """The update counts the steps in its own kernel (without parameters: the shared counter)."""
+        if self.n_params:
+            self.update(step)
+        else:
+            super()._advance(step)
+
+    def update(self, step):
         h, s = self.hparams, self.slot
         flags = (bool(h["adabound"]), h["gradient_clipping_magnitude"] != 0, h["clipping_magnitude"] != 0,
                  h["relative_decay"] != 0 or h["absolute_decay"] != 0, bool(h["optimize_matrix_params"]),
                  bool(h["optimize_non_matrix_params"]), bool(h["skip_zero_grad_non_matrix_params"]),
-                 self.mirror is not None)
-        I, io = self.mirror or (s.params, s.p_off)
-        active = self.kernel_array("active", active)
-        steps = self.kernel_array("steps", self._steps.astype(np.int32)) if h["adabound"] else active  # else unread
+                 step.publish_to is not None)
+        I, io = step.publish_to or (s.params, s.p_off)
         _adam_kernel(self.n_matrix, s.n, flags)(
             s.params, s.p_off, I, io, s.grads, s.g_off, self.first_moments, self.second_moments, self.matrix_steps,
-            self.param_steps, active, steps, self.kernel_array("bias", self._bias_correction()), 1.0 / loss_scale,
-            self.kernel_array("lr", lr),
+            self.param_steps, step.mask, self._steps, self.kernel_array("bias", self._bias_correction()),
+            1.0 / step.loss_scale, self.learning_rates(step),
             h["beta1"], h["beta2"], h["epsilon"], h["l2_reg"], h["non_matrix_l2_reg"],
             h["non_matrix_learning_rate_factor"], h["relative_decay"], h["absolute_decay"],
             h["clipping_magnitude"], h["gradient_clipping_magnitude"])

@@ -2,8 +2,8 @@
 
 Keys: ``nested`` ({} -> Adam) and ``Average.KEYS``.
 
-After the nested step, with ``j = nested.step_counts() mod N`` (per instance) and a
-ring buffer of N weight snapshots::
+After the nested step, with ``j = nested.step_counts() mod N`` (per instance, computed in the
+kernel from the device counts) and a ring buffer of N weight snapshots::
 
     avg += (w - snap[j]) / N,    snap[j] = w
 
@@ -13,7 +13,6 @@ weights). ``avg`` is what ``inference()`` reads. Changing ``n_samples`` re-alloc
 and zeroes both buffers (tcnn does so even when the value is unchanged).
 State: ``weights_samples`` ``(N, K, n)``, ``weights_average`` plus ``nested.*``.
 """
-import numpy as np
 import taichi as ti
 
 from ..registry import optimizers
@@ -25,10 +24,10 @@ from .wrapper import Wrapper
 
 @ti.kernel
 def _average_step(avg: ti.template(), ao: ti.i32, W: ti.template(), wo: ti.i32, n: ti.i32, snap: F32_3D,
-                  active: I32_1D, sample: I32_1D, n_samples: ti.i32):
+                  active: I32_1D, steps: I32_1D, n_samples: ti.i32):
     for k, i in ti.ndrange(active.shape[0], n):
         if active[k]:
-            j = sample[k]
+            j = steps[k] % n_samples
             w = W[k, wo + i]
             avg[k, ao + i] = avg[k, ao + i] + (w - snap[j, k, i]) / ti.cast(n_samples, ti.f32)
             snap[j, k, i] = w
@@ -65,12 +64,11 @@ class Average(Wrapper):
         if resize:
             self.create_state()
 
-    def after_nested(self, active):
+    def after_nested(self, step):
         if self.n_params:
-            N, s = self.hparams["n_samples"], self.slot
-            sample = (self.nested.step_counts() % N).astype(np.int32)
-            avg = self.weights_average
-            _average_step(avg.field, avg.offset, s.params, s.p_off, s.n, self.weights_samples, active, sample, N)
+            s, avg = self.slot, self.weights_average
+            _average_step(avg.field, avg.offset, s.params, s.p_off, s.n, self.weights_samples, step.mask,
+                          self.nested.steps_array(), self.hparams["n_samples"])
 
     def inference_weights(self):
         return (self.weights_average.field, self.weights_average.offset) if self.n_params else None

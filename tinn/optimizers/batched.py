@@ -5,28 +5,36 @@ Keys: ``nested`` ({} -> Adam) and ``Batched.KEYS`` (``batch_size_multiplier`` N)
 Every call adds ``grad / N`` to a float32 pool (the first call of each group of N
 resets it); after every N-th call the nested optimizer steps once on the pool
 (``loss_scale`` passed through). ``step_counts()`` counts calls (per instance); the
-inference weights are the nested optimizer's.
+inference weights are the nested optimizer's. One kernel adds to the pool, counts the call and
+writes the mask of the networks whose group is complete (``fire``), with which the nested
+optimizer then steps: nothing is read back, and a network outside ``fire`` is left untouched.
 State: ``current_step``, ``averaged_gradients`` plus ``nested.*`` (tcnn also keeps a
 half-precision copy of the pool; tinn is float32 throughout).
 """
-import numpy as np
+import dataclasses
+
 import taichi as ti
 
 from ..registry import optimizers
 from ..keys import POSITIVE_INT, Key
 from ..params import Buffer
-from .optimizer import I32_1D, Slot
+from .optimizer import I32_1D, Slot, zeros
 from .wrapper import Wrapper
 
 
 @ti.kernel
 def _accumulate(pool: ti.template(), po: ti.i32, G: ti.template(), go: ti.i32, n: ti.i32, active: I32_1D,
-                first: I32_1D, multiplier: ti.i32):
+                steps: I32_1D, fire: I32_1D, multiplier: ti.i32):
+    """``pool += G / N`` (reset on a group's first call, ``steps[k] % N == 0``); then count the call and
+    set ``fire[k]`` for the networks whose ``N``-th call this was."""
     for k, i in ti.ndrange(active.shape[0], n):
         if active[k]:
-            if first[k]:
+            if steps[k] % multiplier == 0:
                 pool[k, po + i] = 0.0
             pool[k, po + i] += G[k, go + i] / ti.cast(multiplier, ti.f32)
+    for k in range(active.shape[0]):
+        steps[k] += active[k]
+        fire[k] = ti.cast(active[k] != 0 and steps[k] % multiplier == 0, ti.i32)
 
 
 @optimizers.register("Batched")
@@ -43,13 +51,14 @@ class Batched(Wrapper):
         self.averaged_gradients = pool = Buffer(self.n_instances, self.n_params, "Batched gradient pool")
         return Slot(slot.store, slot.params, slot.p_off, pool.field, pool.offset, slot.n)
 
-    def _advance(self, active, loss_scale, lr_scale):
+    def _set_slot(self, slot, layer_sizes):
+        super()._set_slot(slot, layer_sizes)
+        self._fire = zeros((self.n_instances,), ti.i32)
+
+    def _advance(self, step):
         """Every call adds to the pool; the nested optimizer steps on every N-th call of an instance."""
-        N = self.hparams["batch_size_multiplier"]
-        if self.n_params:
-            pool, s, first = self.averaged_gradients, self.slot, (self._steps % N == 0).astype(np.int32)
-            _accumulate(pool.field, pool.offset, s.grads, s.g_off, s.n, active, first, N)
-        self._steps += active
-        fire = (active != 0) & (self._steps % N == 0)
-        if fire.any():
-            self.nested._advance(fire.astype(np.int32), loss_scale, lr_scale)
+        s = self.slot
+        pool, po = (self.averaged_gradients.field, self.averaged_gradients.offset) if self.n_params else (s.grads, 0)
+        _accumulate(pool, po, s.grads, s.g_off, s.n, step.mask, self._steps, self._fire,
+                    self.hparams["batch_size_multiplier"])
+        self.nested._advance(dataclasses.replace(step, mask=self._fire))

@@ -148,21 +148,21 @@ class Composite(Nesting):
 
     def create_state(self):
         """The full-size inference buffer (only when a nested optimizer keeps inference weights)."""
-        slot, K = self.slot, self.n_instances
-        self.custom_weights_buffer = C = Buffer(K, self.n_params, "Composite inference weights")
-        copy_columns(C.field, C.offset, slot.params, slot.p_off, self.n_params, np.ones(K, np.int32))
+        slot = self.slot
+        self.custom_weights_buffer = C = Buffer(self.n_instances, self.n_params, "Composite inference weights")
+        copy_columns(C.field, C.offset, slot.params, slot.p_off, self.n_params, self.all_networks())
 
-    def _advance(self, active, loss_scale, lr_scale):
+    def _advance(self, step):
+        """Each slice's step with the same record (its mask already a kernel array), then the inference copies."""
         s, C = self.slot, getattr(self, "custom_weights_buffer", None)
-        copied = self.kernel_array("active", active) if self._has_custom else None
         for opt, off, n in zip(self.nested_list, self.offsets, self.sizes):
-            opt._advance(active, loss_scale, lr_scale)
+            opt._advance(step)
             if self._has_custom:
                 copy_columns(C.field, C.offset + off, *(opt.inference_weights() or (s.params, s.p_off + off)), n,
-                             copied)
+                             step.mask)
         if self._has_custom:                               # the unoptimized tail mirrors the parameters
             total = sum(self.sizes)
-            copy_columns(C.field, C.offset + total, s.params, s.p_off + total, self.n_params - total, copied)
+            copy_columns(C.field, C.offset + total, s.params, s.p_off + total, self.n_params - total, step.mask)
 
     def _children(self):
         return [(f"nested.{i}", opt) for i, opt in enumerate(self.nested_list)]

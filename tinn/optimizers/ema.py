@@ -13,25 +13,33 @@ weights. ``E`` is what ``inference()`` reads. tinn keeps ``E`` in float32 always
 tcnn: ``E`` starts as a copy of the weights (tcnn: zeros; irrelevant after the first
 step, since ``E_1 = w``), and an instance whose nested optimizer has not stepped yet
 (``t = 0``, e.g. under ``Batched``) keeps ``E`` (tcnn divides by zero).
+The debias factors are computed in the kernel from the nested step counts where they live
+(a device step reads nothing back).
 State: ``weights_ema`` plus ``nested.*``.
 """
-import numpy as np
 import taichi as ti
 
 from ..registry import optimizers
 from ..keys import Key
 from .._kernels import copy_columns
 from ..params import Buffer
-from .optimizer import F32_1D, I32_1D, beta
+from .optimizer import F32_2D, I32_1D, beta, zeros
+from .step import one_minus_pow
 from .wrapper import Wrapper
 
 
 @ti.kernel
-def _ema_step(E: ti.template(), eo: ti.i32, W: ti.template(), wo: ti.i32, n: ti.i32, active: I32_1D, decay: ti.f32,
-              debias_old: F32_1D, debias_new: F32_1D):
+def _ema_step(E: ti.template(), eo: ti.i32, W: ti.template(), wo: ti.i32, n: ti.i32, active: I32_1D,
+              steps: I32_1D, decay: ti.f32, debias: F32_2D):
+    """The average of the networks with ``active[k]`` and ``t = steps[k] > 0``; ``debias[k]`` holds
+    ``(1 - d^(t-1), 1 / (1 - d^t))``, computed once per network first."""
+    for k in range(active.shape[0]):
+        T = ti.cast(steps[k], ti.f32)
+        debias[k, 0] = one_minus_pow(decay, T - 1.0)
+        debias[k, 1] = 1.0 / one_minus_pow(decay, T)
     for k, i in ti.ndrange(active.shape[0], n):
-        if active[k]:
-            E[k, eo + i] = (E[k, eo + i] * decay * debias_old[k] + W[k, wo + i] * (1.0 - decay)) * debias_new[k]
+        if active[k] and steps[k] > 0:
+            E[k, eo + i] = (E[k, eo + i] * decay * debias[k, 0] + W[k, wo + i] * (1.0 - decay)) * debias[k, 1]
 
 
 @optimizers.register("Ema")
@@ -43,21 +51,14 @@ class EMA(Wrapper):
 
     def create_state(self):
         self.weights_ema = E = Buffer(self.n_instances, self.n_params, "EMA weights")
-        copy_columns(E.field, E.offset, *self.nested_weights(), self.n_params, np.ones(self.n_instances, np.int32))
+        copy_columns(E.field, E.offset, *self.nested_weights(), self.n_params, self.all_networks())
+        self._debias = zeros((self.n_instances, 2), ti.f32)
 
-    def after_nested(self, active):
-        if not self.n_params:
-            return
-        t = self.nested.step_counts()
-        d = np.float32(self.hparams["decay"])
-        one = np.float32(1)
-        debias_old = one - np.power(np.float64(d), np.maximum(t - 1, 0)).astype(np.float32)
-        with np.errstate(divide="ignore"):
-            debias_new = one / (one - np.power(np.float64(d), t).astype(np.float32))
-        mask = (active != 0) & (t > 0)
-        E = self.weights_ema
-        _ema_step(E.field, E.offset, *self.nested_weights(), self.n_params, mask.astype(np.int32), d, debias_old,
-                  debias_new.astype(np.float32))
+    def after_nested(self, step):
+        if self.n_params:
+            E = self.weights_ema
+            _ema_step(E.field, E.offset, *self.nested_weights(), self.n_params, step.mask,
+                      self.nested.steps_array(), self.hparams["decay"], self._debias)
 
     def inference_weights(self):
         return (self.weights_ema.field, self.weights_ema.offset) if self.n_params else None

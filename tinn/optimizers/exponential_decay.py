@@ -17,14 +17,36 @@ decays on its own schedule); tinn passes ``factor`` to the nested kernels as a
 learning-rate scale instead of overwriting the nested ``learning_rate``, so the nested
 config keeps reporting ``base_lr`` (and changing ``nested.learning_rate`` changes
 the base, where tcnn would overwrite it on the next step). With K > 1 networks
-``learning_rate`` uses instance 0's factor.
+``learning_rate`` uses instance 0's factor (a read-back). The factor is a kernel array updated
+by one small kernel per step from the device step counts, which also writes the nested scale.
 State: ``learning_rate_factor`` ``(K,)`` plus ``nested.*``.
 """
+import dataclasses
+
 import numpy as np
+import taichi as ti
 
 from ..registry import optimizers
 from ..keys import CLOSED_UNIT, NON_NEGATIVE, POSITIVE_INT, Key
+from .optimizer import F32_1D, I32_1D, zeros
 from .wrapper import Wrapper, check_learning_rate
+
+
+@ti.kernel
+def _decay(factor: F32_1D, scale: F32_1D, outer: F32_1D, active: I32_1D, steps: I32_1D, base: ti.f32,
+           start: ti.i32, interval: ti.i32, end: ti.i32, scaled: ti.template()):
+    """Update ``factor`` of the ``active`` networks (module docstring) and write ``scale = factor``
+    (times ``outer``, an enclosing wrapper's scale, with ``scaled``)."""
+    for k in range(factor.shape[0]):
+        s = steps[k]
+        if active[k]:
+            if s == 0:
+                factor[k] = 1.0
+            if s >= start and (s - start) % interval == 0 and s <= end:
+                factor[k] *= base
+        scale[k] = factor[k]
+        if ti.static(scaled):
+            scale[k] = outer[k] * factor[k]
 
 
 @optimizers.register("ExponentialDecay")
@@ -37,10 +59,14 @@ class ExponentialDecay(Wrapper):
     STATE = ("learning_rate_factor",)
 
     def create_state(self):
-        self.learning_rate_factor = np.ones(self.n_instances, np.float32)
+        self.learning_rate_factor = zeros((self.n_instances,), ti.f32)
+        self.learning_rate_factor.fill(1.0)
+        self._scale = zeros((self.n_instances,), ti.f32)
 
     def _factor(self) -> np.float32:
-        return self.learning_rate_factor[0] if self.slot is not None and self.n_params else np.float32(1)
+        if self.slot is None or not self.n_params:
+            return np.float32(1)
+        return self.learning_rate_factor.to_numpy()[0]
 
     @property
     def learning_rate(self) -> float:
@@ -50,14 +76,11 @@ class ExponentialDecay(Wrapper):
     def learning_rate(self, value: float):
         self.nested.learning_rate = float(np.float32(check_learning_rate(self, value)) / self._factor())
 
-    def nested_lr_scale(self, active, lr_scale):
+    def nested_step(self, step):
         if not self.n_params:
-            return lr_scale
-        h, f = self.hparams, self.learning_rate_factor
-        s = self.nested.step_counts()
-        on = active != 0
-        f[on & (s == 0)] = 1
-        start = h["decay_start"]
-        decay = on & (s >= start) & ((s - start) % h["decay_interval"] == 0) & (s <= h["decay_end"])
-        f[decay] *= np.float32(h["decay_base"])
-        return f.copy() if lr_scale is None else (lr_scale * f).astype(np.float32)
+            return step
+        h, outer = self.hparams, step.lr_scale
+        _decay(self.learning_rate_factor, self._scale, self._scale if outer is None else outer, step.mask,
+               self.nested.steps_array(), h["decay_base"], h["decay_start"], h["decay_interval"], h["decay_end"],
+               outer is not None)
+        return dataclasses.replace(step, lr_scale=self._scale)

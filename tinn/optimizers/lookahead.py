@@ -7,11 +7,11 @@ Before each nested step, with ``s = nested.step_counts()`` (per instance)::
     if s == 0:             slow = w
     if s mod n_steps == 0: w = (1 - alpha) slow + alpha w;  slow = w
 
-then the nested step runs. ``inference()`` reads the slow weights. They start as a
+then the nested step runs (both tests in the kernel, on the device counts). ``inference()`` reads
+the slow weights. They start as a
 copy of the weights (tcnn leaves them uninitialised until the first step).
 State: ``weights_lookahead`` plus ``nested.*``.
 """
-import numpy as np
 import taichi as ti
 
 from ..registry import optimizers
@@ -23,12 +23,13 @@ from .wrapper import Wrapper
 
 
 @ti.kernel
-def _lookahead_step(slow: ti.template(), so: ti.i32, W: ti.template(), wo: ti.i32, n: ti.i32, copy: I32_1D,
-                    blend: I32_1D, alpha: ti.f32):
-    for k, i in ti.ndrange(copy.shape[0], n):
-        if copy[k]:
+def _lookahead_step(slow: ti.template(), so: ti.i32, W: ti.template(), wo: ti.i32, n: ti.i32, active: I32_1D,
+                    steps: I32_1D, n_steps: ti.i32, alpha: ti.f32):
+    for k, i in ti.ndrange(active.shape[0], n):
+        on, s = active[k] != 0, steps[k]
+        if on and s == 0:
             slow[k, so + i] = W[k, wo + i]
-        if blend[k]:
+        if on and s % n_steps == 0:
             w = slow[k, so + i] * (1.0 - alpha) + W[k, wo + i] * alpha
             W[k, wo + i] = w
             slow[k, so + i] = w
@@ -44,16 +45,13 @@ class Lookahead(Wrapper):
     def create_state(self):
         self.weights_lookahead = slow = Buffer(self.n_instances, self.n_params, "Lookahead weights")
         copy_columns(slow.field, slow.offset, self.slot.params, self.slot.p_off, self.n_params,
-                     np.ones(self.n_instances, np.int32))
+                     self.all_networks())
 
-    def before_nested(self, active):
+    def before_nested(self, step):
         if self.n_params:
-            s = self.nested.step_counts()
-            on = active != 0
-            copy, blend = on & (s == 0), on & (s % self.hparams["n_steps"] == 0)
-            slow, s = self.weights_lookahead, self.slot
-            _lookahead_step(slow.field, slow.offset, s.params, s.p_off, s.n, copy.astype(np.int32),
-                            blend.astype(np.int32), self.hparams["alpha"])
+            slow, s, h = self.weights_lookahead, self.slot, self.hparams
+            _lookahead_step(slow.field, slow.offset, s.params, s.p_off, s.n, step.mask, self.nested.steps_array(),
+                            h["n_steps"], h["alpha"])
 
     def inference_weights(self):
         return (self.weights_lookahead.field, self.weights_lookahead.offset) if self.n_params else None

@@ -15,6 +15,7 @@ State: ``current_step``, ``first_moments``, ``per_layer_second_moments`` ``(K, n
 import numpy as np
 import taichi as ti
 
+from .. import _device
 from ..registry import optimizers
 from .optimizer import (ABSOLUTE_DECAY, EPSILON, F32_1D, F32_2D, I32_1D, LEARNING_RATE, RELATIVE_DECAY, Optimizer,
                         beta, zeros)
@@ -58,13 +59,13 @@ class Novograd(Optimizer):
         self.first_moments = zeros((K, self.n_params), ti.f32)
         self.per_layer_second_moments = zeros((K, len(sizes)), ti.f32) if sizes else np.zeros((K, 0), np.float32)
         if self.n_matrix:
-            self._layer_start = np.cumsum([0] + sizes).astype(np.int32)
-            self._layer_of = np.repeat(np.arange(len(sizes), dtype=np.int32), sizes)
+            self._layer_start = _device.put(np.cumsum([0] + sizes).astype(np.int32), ti.i32)    # kernel tables
+            self._layer_of = _device.put(np.repeat(np.arange(len(sizes), dtype=np.int32), sizes), ti.i32)
 
-    def update(self, active, loss_scale, lr):
+    def update(self, step):
         if self.n_matrix:
             h, s = self.hparams, self.slot
             _novograd_step(s.params, s.p_off, s.grads, s.g_off, self.n_matrix, self.first_moments,
-                           self.per_layer_second_moments, self._layer_start, self._layer_of, active,
-                           self._steps.astype(np.int32), loss_scale, lr, h["beta1"], h["beta2"], h["epsilon"],
-                           h["relative_decay"], h["absolute_decay"])
+                           self.per_layer_second_moments, self._layer_start, self._layer_of, step.mask,
+                           self._steps, step.loss_scale, self.learning_rates(step), h["beta1"], h["beta2"],
+                           h["epsilon"], h["relative_decay"], h["absolute_decay"])

@@ -3,12 +3,18 @@
 An optimizer is allocated for a parameter buffer of ``n_instances`` x ``n_params``
 whose first ``n_matrix = sum(rows * cols of layer_sizes)`` entries are "matrix"
 parameters (MLP weights) and the rest "non-matrix" ones (e.g. hash-grid entries).
-``step(model)`` reads the model's gradients (divided by ``loss_scale``) and updates
-its parameters in place. ``step(params, gradients)`` does the same on numpy arrays.
+``allocate(..., store)`` binds it to a model's store; then ``step()`` reads the model's
+gradients (divided by ``loss_scale``) and updates its parameters in place.
+``step(params, gradients)`` does the same on numpy arrays (:func:`step_arrays`), staged
+through a store that belongs to the optimizer.
 
 Network arrays: every state array is per instance, and so is the step counter
 (``step_counts()``, tcnn's ``step()``). Instances that are not ``active`` in a step
 (no samples) are left exactly as they were: no update, no moment decay, no count.
+``active`` is ``None`` (all), a host sequence of network ids, or an int32 ``ti.ndarray`` mask
+``(n_instances,)`` computed on the device: then the step reads nothing back. The step
+counters live in int32 kernel arrays (``steps_array()``), counted by the kernels that step;
+``step_counts()`` and ``state_dict()`` read them back.
 
 Runtime scalars (learning rate, betas, ...) are kernel arguments, so changing them
 never recompiles. The learning rate reaches a kernel as a per-instance ``(K,)``
@@ -21,7 +27,8 @@ Writing an optimizer (the whole contract; wrappers: see ``wrapper.py``):
 * ``STATE`` — the names of its state arrays, which ``state_dict()`` saves;
 * ``create_state()`` — allocate them, once ``n_instances``, ``n_params``, ``n_matrix``,
   ``layer_sizes`` and ``slot`` (where its weights and gradients live) are set;
-* ``update(active, loss_scale, lr)`` — one step of the instances with ``active[k] != 0``;
+* ``update(step)`` — one step (:class:`~tinn.optimizers.step.Step`) of the instances with
+  ``step.mask[k] != 0``; ``learning_rates(step)`` gives the ``(K,)`` learning rates;
 * ``inference_weights()`` — ``(field, offset)`` of separate inference weights (tcnn's
   ``custom_weights``), if it keeps any.
 
@@ -30,15 +37,15 @@ Stepping numpy arrays is the free function :func:`step_arrays`.
 from __future__ import annotations
 
 import numpy as np
+import taichi as ti
 
 from .. import _device
 from .._kernels import F32_1D, F32_2D, F32_3D, I32_1D, I32_2D  # noqa: F401 (the optimizers' aliases)
-from .._runtime import RuntimeBound, current_program
-from ..keys import NON_NEGATIVE, UNIT_INTERVAL, Key, Options
+from .._runtime import RuntimeBound
+from ..keys import INT32_MAX, NON_NEGATIVE, UNIT_INTERVAL, Key, Options
 from ..object import Object, ParametricObject
 from ..params import ParamStore
-
-
+from .step import Step, check_device_mask, count_steps, host_mask, new_counter, scaled_rates
 
 
 def zeros(shape, dtype):
@@ -57,22 +64,6 @@ class Slot:
 
     def write(self, field, offset: int, values: np.ndarray):
         self.store.write(field, offset, values)
-
-
-_SCRATCH: dict = {}
-
-
-def scratch_store(n_instances: int, n_params: int) -> ParamStore:
-    """The store that stages numpy arrays for ``step(params, gradients)``, shared per shape.
-
-    Every numpy step writes the parameters and gradients before updating, so optimizers
-    of the same shape can share it (and the kernels compiled for its fields).
-    """
-    program = current_program()
-    store = _SCRATCH.get((n_instances, n_params))
-    if store is None or store._program is not program:
-        store = _SCRATCH[(n_instances, n_params)] = ParamStore(n_instances, n_params)
-    return store
 
 
 LEARNING_RATE = Key(1e-3, NON_NEGATIVE, "step size")
@@ -112,6 +103,7 @@ class Optimizer(Object, RuntimeBound):
         self.slot: Slot | None = None
         self.n_params, self.n_instances, self.n_matrix, self.layer_sizes = 0, 1, 0, []
         self._mirrors = {}
+        self._publishes = False         # bound to a model's store (whose inference weights each step fills)
 
     # -- configuration -------------------------------------------------------------
     @classmethod
@@ -149,21 +141,22 @@ class Optimizer(Object, RuntimeBound):
     def allocate(self, n_params: int, layer_sizes=(), n_instances: int = 1, store: ParamStore | None = None):
         """Create state for ``n_instances`` x ``n_params`` parameters (tcnn's ``allocate``).
 
-        With a model's ``store``, every step then fills the store's inference weights: with
-        this optimizer's averaged weights if it keeps any (EMA, Average, Lookahead, Composite),
-        else with the trained weights.
+        With a model's ``store``, ``step()`` then steps that model and fills the store's inference
+        weights: with this optimizer's averaged weights if it keeps any (EMA, Average, Lookahead,
+        Composite), else with the trained weights.
         Without one, the optimizer works on numpy arrays (:func:`step_arrays`) staged through
-        a scratch store.
+        a store of its own.
         """
         self._check_runtime()
         model_store = store is not None
-        store = store if model_store else scratch_store(n_instances, n_params)
+        store = store if model_store else ParamStore(n_instances, n_params, "optimizer staging store")
         if (store.n_instances, store.n_params) != (n_instances, n_params):
             raise ValueError(f"store holds {store.n_instances} x {store.n_params} params, "
                              f"not {n_instances} x {n_params}")
         self._bind(Slot(store, store.params, store.offset, store.grads, store.offset, n_params), layer_sizes)
+        self._publishes = model_store
         if model_store:
-            self._publish(np.ones(n_instances, np.int32))
+            self._publish(self.all_networks())
 
     def _bind(self, slot: Slot, layer_sizes):
         """Use ``slot``'s weights and gradients, and create the state for them."""
@@ -178,7 +171,8 @@ class Optimizer(Object, RuntimeBound):
         self.n_matrix = sum(r * c for r, c in self.layer_sizes)
         if self.n_matrix > self.n_params:
             raise ValueError(f"layer_sizes cover {self.n_matrix} params, more than the {self.n_params} to optimize")
-        self._steps = np.zeros(self.n_instances, np.int64)
+        self._steps = new_counter(self.n_instances)
+        self._lr_scaled = _device.buffer((self.n_instances,), ti.f32)
 
     def create_state(self):
         """Allocate the state arrays named in ``STATE`` (called once bound, when ``n_params > 0``)."""
@@ -189,58 +183,75 @@ class Optimizer(Object, RuntimeBound):
             raise RuntimeError(f"{self.otype} optimizer is not allocated yet: call allocate() or step() first")
 
     # -- stepping ------------------------------------------------------------------
-    def step(self, target, gradients=None, *, loss_scale: float = 1.0, active=None):
-        """Update ``target``'s parameters from its gradients.
+    def step(self, params=None, gradients=None, *, loss_scale: float = 1.0, active=None):
+        """One step: of the model bound by :meth:`allocate` (no arrays), or of the float32 numpy array
+        ``params`` updated in place from the numpy array ``gradients`` (:func:`step_arrays`).
 
-        ``target`` is a model (anything with parameters), or a float32 numpy array of
-        parameters updated in place from the numpy array ``gradients`` (:func:`step_arrays`).
-        ``active`` lists the instances that received samples (default: all).
+        ``active``: ``None`` (every network), a host sequence of network ids, or an int32
+        ``ti.ndarray`` mask ``(n_instances,)`` (1: step that network) that the step reads on the device.
         """
         self._check_runtime()
-        if not isinstance(target, ParametricObject):
-            step_arrays(self, target, gradients, loss_scale=loss_scale, active=active)
+        if isinstance(params, ParametricObject):
+            raise TypeError(f"{self.otype}.step() does not take the model: call optimizer.allocate(model.n_params, "
+                            "model.layer_sizes(), model.n_instances, model.store) once, then step()")
+        if params is not None:
+            step_arrays(self, params, gradients, loss_scale=loss_scale, active=active)
             return
-        store = target.store
-        if self.slot is None or self.slot.store is not store:
-            self.allocate(target.n_params, target.layer_sizes(), target.n_instances, store)
-        mask = active_mask(self.n_instances, active)
-        if self.inference_weights() is None and self.mirrors():      # the step itself fills them
-            self.mirror = (store.inference_params, store.offset)
-        try:
-            self._advance(mask, float(loss_scale), None)
-        finally:
-            mirrored, self.mirror = self.mirror is not None, None
-        if not mirrored:
+        if gradients is not None:
+            raise TypeError("step() takes gradients only with numpy params")
+        self._require_allocated()
+        self._step_bound(loss_scale, active)
+
+    def _step_bound(self, loss_scale: float, active):
+        """Step the bound slot; fill the model's inference weights (in the update itself where it can)."""
+        mask = self.mask(active)
+        store = self.slot.store
+        mirrored = self._publishes and self.inference_weights() is None and self.mirrors()
+        step = Step(mask, float(loss_scale), None, (store.inference_params, store.offset) if mirrored else None)
+        self._advance(step)
+        if self._publishes and not mirrored:
             self._publish(mask)
 
-    mirror = None
-    """``(field, offset)`` to which ``update`` also writes the weights it steps (the model's inference
-    weights), during a top-level step of an optimizer that :meth:`mirrors`; else ``None``."""
+    def mask(self, active):
+        """``active`` (module docstring) as the int32 ``(K,)`` mask that kernels read: a device mask as it
+        is, host ids through :meth:`kernel_array` (uploaded on the device path when it changes)."""
+        if _device.is_device(active):
+            check_device_mask(active, self.n_instances)
+            return active
+        return self.kernel_array("active", host_mask(self.n_instances, active))
+
+    def all_networks(self):
+        """The mask of every network as a kernel argument (copies of whole state arrays at allocation)."""
+        return self.kernel_array("active", np.ones(self.n_instances, np.int32))
 
     def mirrors(self) -> bool:
-        """Whether ``update`` can write every stepped weight to :attr:`mirror` too (default: no, the
+        """Whether ``update`` can write every stepped weight to ``step.publish_to`` too (default: no, the
         step is followed by a copy into the inference weights)."""
         return False
 
-    def _publish(self, active: np.ndarray):
-        """Fill the model store's inference weights of the ``active`` instances: this optimizer's
+    def _publish(self, mask):
+        """Fill the model store's inference weights of the instances with ``mask[k] != 0``: this optimizer's
         averaged weights (tcnn's ``custom_weights``) or the trained ones."""
         slot = self.slot
         source = self.inference_weights() or (slot.params, slot.p_off)
-        slot.store.publish(*source, self.kernel_array("active", active))
+        slot.store.publish(*source, mask)
 
-    def _advance(self, active: np.ndarray, loss_scale: float, lr_scale):
-        """Count and run one step of the instances with ``active[k] != 0`` (int32 mask); ``lr_scale``
-        (K,) or None scales the learning rate (a wrapper's schedule)."""
-        self._steps += active
+    def _advance(self, step: Step):
+        """Count and run one step (the counter first: ``update`` sees the count including this step)."""
+        count_steps(self._steps, step.mask)
         if self.n_params:
-            self.update(active, loss_scale, self._lr_array(lr_scale))
+            self.update(step)
 
-    def _lr_array(self, lr_scale) -> np.ndarray:
+    def learning_rates(self, step: Step):
+        """Each network's learning rate, float32 ``(K,)``: ``learning_rate``, times ``step.lr_scale`` if any."""
         lr = np.float32(self.learning_rate)
-        if lr_scale is None:
-            return np.full(self.n_instances, lr, np.float32)
-        return (lr * lr_scale).astype(np.float32)
+        if step.lr_scale is None:
+            return self.kernel_array("lr", np.full(self.n_instances, lr, np.float32))
+        return scaled_rates(self._lr_scaled, lr, step.lr_scale)
+
+    def steps_array(self):
+        """The int32 ``(K,)`` kernel array of completed steps (:meth:`step_counts` without the read-back)."""
+        return self._steps if self.COUNTS_STEPS else self._children()[0][1].steps_array()
 
     def kernel_array(self, name: str, values: np.ndarray):
         """``values``, a small host array that this optimizer's kernels only read, as their argument
@@ -249,9 +260,9 @@ class Optimizer(Object, RuntimeBound):
             self._mirrors[name] = _device.Mirror()
         return self._mirrors[name](values)
 
-    def update(self, active: np.ndarray, loss_scale: float, lr: np.ndarray):
-        """One step of the instances with ``active[k] != 0`` on ``slot``: gradients divided by
-        ``loss_scale``, learning rate ``lr[k]`` per instance."""
+    def update(self, step: Step):
+        """One step of the instances with ``step.mask[k] != 0`` on ``slot``: gradients divided by
+        ``step.loss_scale``, learning rates :meth:`learning_rates`."""
         raise NotImplementedError(f"{type(self).__name__} does not implement update()")
 
     def _children(self) -> list:
@@ -261,7 +272,7 @@ class Optimizer(Object, RuntimeBound):
     def step_counts(self) -> np.ndarray:
         """Completed steps per instance, ``(n_instances,)`` (tcnn's ``step()``)."""
         self._require_allocated()
-        return self._steps.copy() if self.COUNTS_STEPS else self._children()[0][1].step_counts()
+        return self.steps_array().to_numpy().astype(np.int64)
 
     # -- inference weights ---------------------------------------------------------
     def inference_weights(self):
@@ -285,7 +296,7 @@ class Optimizer(Object, RuntimeBound):
     def state_dict(self) -> dict:
         """Everything needed to resume: numpy arrays by name (nested optimizers' keys prefixed)."""
         self._require_allocated()
-        state = {"current_step": self._steps.copy()} if self.COUNTS_STEPS else {}
+        state = {"current_step": self._steps.to_numpy().astype(np.int64)} if self.COUNTS_STEPS else {}
         for name, value in self.state_arrays().items():
             state[name] = value.copy() if isinstance(value, np.ndarray) else value.to_numpy()
         for prefix, child in self._children():
@@ -300,7 +311,7 @@ class Optimizer(Object, RuntimeBound):
 
     def _load_state(self, state: dict):
         if self.COUNTS_STEPS:
-            self._steps[...] = state["current_step"]
+            self._steps.from_numpy(np.asarray(state["current_step"]).astype(np.int32))
         for name, value in self.state_arrays().items():
             if isinstance(value, np.ndarray):
                 value[...] = state[name]
@@ -310,35 +321,28 @@ class Optimizer(Object, RuntimeBound):
             child._load_state(unprefixed(prefix, state))
 
 
-def active_mask(n_instances: int, active) -> np.ndarray:
-    """int32 ``(n_instances,)``: 1 for the instances listed in ``active`` (all for ``None``)."""
-    if active is None:
-        return np.ones(n_instances, np.int32)
-    if hasattr(active, "to_numpy"):
-        return active.to_numpy()
-    mask = np.zeros(n_instances, np.int32)
-    mask[np.asarray(active, dtype=np.int64)] = 1
-    return mask
-
-
 def step_arrays(optimizer: Optimizer, params: np.ndarray, gradients, *, loss_scale: float = 1.0, active=None):
     """One step of ``optimizer`` on numpy arrays: ``params`` (float32, C-contiguous, ``(n,)`` or
     ``(K, n)``) is updated in place from ``gradients`` of the same shape. The optimizer is
     (re)allocated for that shape on first use, all parameters as one matrix."""
     optimizer._check_runtime()
     if not isinstance(params, np.ndarray) or params.dtype != np.float32 or not params.flags.c_contiguous:
-        raise TypeError("step() takes a model, or a contiguous float32 numpy array of parameters")
+        raise TypeError("step() takes no arrays (the model bound by allocate), or a contiguous float32 numpy "
+                        "array of parameters")
     grads = np.asarray(gradients, dtype=np.float32)
     if grads.shape != params.shape:
         raise ValueError(f"gradients must have the parameters' shape {params.shape}, got {grads.shape}")
     flat = params.reshape(-1, params.shape[-1])
+    if not _device.is_device(active):
+        host_mask(flat.shape[0], active)                    # bad ids are refused before anything changes
     store = None if optimizer.slot is None else optimizer.slot.store
     if store is None or (store.n_instances, store.n_params) != flat.shape:
         optimizer.allocate(flat.shape[1], [(1, flat.shape[1])], flat.shape[0])
         store = optimizer.slot.store
+    mask = optimizer.mask(active)
     store.write(store.params, store.offset, flat)
     store.write(store.grads, store.offset, grads.reshape(flat.shape))
-    optimizer._advance(active_mask(optimizer.n_instances, active), float(loss_scale), None)
+    optimizer._advance(Step(mask, float(loss_scale)))
     flat[...] = store.read(store.params, store.offset, flat.shape[1])
 
 
@@ -354,6 +358,8 @@ def check_state(expected: dict, state, what: str):
         if not isinstance(got, np.ndarray) or got.shape != want.shape or got.dtype != want.dtype:
             desc = f"{got.dtype}{list(got.shape)}" if isinstance(got, np.ndarray) else type(got).__name__
             raise ValueError(f"{what} state '{key}' must be {want.dtype}{list(want.shape)}, got {desc}")
+        if key.endswith("current_step") and got.size and not (0 <= got.min() and got.max() <= INT32_MAX):
+            raise ValueError(f"{what} state '{key}' must hold step counts in [0, {INT32_MAX}]")
 
 
 def prefixed(prefix: str, state: dict) -> dict:

@@ -23,7 +23,7 @@ class SGD(Optimizer):
     otype = "SGD"
     KEYS = {"learning_rate": LEARNING_RATE, "l2_reg": l2_reg(1e-8)}
 
-    def update(self, active, loss_scale, lr):
+    def update(self, step):
         s = self.slot
-        _sgd_step(s.params, s.p_off, s.grads, s.g_off, s.n, self.kernel_array("active", active), loss_scale,
-                  self.kernel_array("lr", lr), self.hparams["l2_reg"])
+        _sgd_step(s.params, s.p_off, s.grads, s.g_off, s.n, step.mask, step.loss_scale, self.learning_rates(step),
+                  self.hparams["l2_reg"])

@@ -20,13 +20,15 @@ one, ``avg <- beta_d avg + alpha_d x`` where ``alpha_d = (1 - d) / (1 - d^(t+1))
 Simplified against tcnn: the inverse fourth roots are computed exactly (float64
 eigendecomposition) instead of by a coupled Newton iteration in float32/TF32, and the
 step runs on the host with numpy (parameters and gradients are copied out of and back
-into the Taichi fields each step), so it is meant for small models. tcnn only builds
+into the Taichi fields each step), so it is meant for small models. Being a host computation, it
+reads the step's mask and its step counts back even on the device path (one wait per step). tcnn only builds
 Shampoo with cuBLAS/cuSolver and cannot serialize it; tinn can (``state_dict``).
 State: ``current_step``, ``first_moments``, ``second_moments``, ``shampoo_momentum``,
 and per layer ``L.<j>``, ``R.<j>``, ``L_root.<j>``, ``R_root.<j>``.
 """
 import numpy as np
 
+from .. import _device
 from ..registry import optimizers
 from ..keys import CLOSED_UNIT, Key
 from .optimizer import ABSOLUTE_DECAY, EPSILON, LEARNING_RATE, RELATIVE_DECAY, Optimizer, beta, l2_reg
@@ -96,16 +98,17 @@ class Shampoo(Optimizer):
         beta = d * (np.float32(1) - d ** t.astype(np.float32)) / debias
         return alpha.astype(np.float32), beta.astype(np.float32)
 
-    def update(self, active, loss_scale, lr):
-        rows = np.flatnonzero(active)
+    def update(self, step):
+        rows = np.flatnonzero(_device.host(step.mask))
         if not len(rows):
             return
-        h, s = self.hparams, self.slot
+        h, s, loss_scale = self.hparams, self.slot, step.loss_scale
+        lr, steps = _device.host(self.learning_rates(step)), self._steps.to_numpy()
         params = s.read(s.params, s.p_off)
         w = params[rows]
         raw = s.read(s.grads, s.g_off)[rows] / np.float32(loss_scale)
         g = raw + np.float32(h["l2_reg"]) * w
-        t = self._steps[rows] - 1
+        t = steps[rows] - 1
         col = lambda a: a[:, None]                                  # noqa: E731
         mat = lambda a: a[:, None, None]                            # noqa: E731
         a1, b1 = self._averages(h["beta1"], t)
@@ -145,10 +148,9 @@ class Shampoo(Optimizer):
         new[:, nm] = _decay(w[:, nm], rel * col(lr), absd * col(lr)) - col(lr) * momentum[:, nm]
         params[rows] = new
         s.write(s.params, s.p_off, params)
-        self._refresh_roots(rows)
+        self._refresh_roots(rows, steps[rows])
 
-    def _refresh_roots(self, rows):
-        T = self._steps[rows]
+    def _refresh_roots(self, rows, T):
         nb = len(self.batches)
         every = np.maximum(np.where(T < 100, 10, 200) // nb, 1)
         for b, layers in enumerate(self.batches):

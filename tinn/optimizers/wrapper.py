@@ -9,11 +9,13 @@ top-level ``learning_rate`` as tcnn's ``set_learning_rate``. ``state_dict()`` ho
 the wrapper's own arrays plus the nested state under ``nested.``.
 
 Writing a wrapper: ``KEYS``, ``STATE`` and ``create_state()`` as any optimizer (the nested
-optimizer is bound first), then ``before_nested(active)`` and / or ``after_nested(active)``
-around the nested step; ``nested_lr_scale(active, lr_scale)`` to scale the nested learning
-rate (a schedule); ``nested_slot(slot)`` to hand the nested optimizer other gradients (a
-pool); ``inference_weights()`` for averaged weights (``nested_weights()`` gives the weights
-to average: the nested optimizer's own inference weights, else the trained ones).
+optimizer is bound first), then ``before_nested(step)`` and / or ``after_nested(step)``
+around the nested step; ``nested_step(step)`` to hand the nested optimizer another step record
+(a schedule's learning-rate scale); ``nested_slot(slot)`` to hand the nested optimizer other
+gradients (a pool); ``inference_weights()`` for averaged weights (``nested_weights()`` gives the
+weights to average: the nested optimizer's own inference weights, else the trained ones).
+A wrapper's kernels read the nested step counts where they live (``nested.steps_array()``)
+and the step's mask, so a device step hands them no host table.
 """
 
 from ..registry import create_optimizer
@@ -101,20 +103,20 @@ class Wrapper(Nesting):
         """Where the nested optimizer finds its weights and gradients (default: the same)."""
         return slot
 
-    def _advance(self, active, loss_scale, lr_scale):
-        self.before_nested(active)
-        self.nested._advance(active, loss_scale, self.nested_lr_scale(active, lr_scale))
-        self.after_nested(active)
+    def _advance(self, step):
+        self.before_nested(step)
+        self.nested._advance(self.nested_step(step))
+        self.after_nested(step)
 
-    def before_nested(self, active):
-        """Runs before each nested step."""
+    def before_nested(self, step):
+        """Runs before each nested step (:class:`~tinn.optimizers.step.Step`)."""
 
-    def after_nested(self, active):
+    def after_nested(self, step):
         """Runs after each nested step."""
 
-    def nested_lr_scale(self, active, lr_scale):
-        """The learning-rate scale (K,) passed to the nested step (default: unchanged)."""
-        return lr_scale
+    def nested_step(self, step):
+        """The step record passed to the nested optimizer (default: the same)."""
+        return step
 
     def _children(self):
         return [("nested", self.nested)]
