@@ -305,7 +305,8 @@ def test_kernel_second_order_through_a_hash_grid_equals_blas(rng, monkeypatch):
 @pytest.mark.parametrize("mlp_kernels, n_instances", [("kernels", 1), ("kernels", 3), ("fused", 1)])
 def test_device_second_order_equals_the_reference(monkeypatch, device_path, mlp_kernels, n_instances):
     """dL2/d(dL_dy), dL2/dx and dL2/dW of the device path (per-layer kernels, routed over an array, or after
-    a pass of the fused kernels) against float64 NumPy (finite differences of the reference backward)."""
+    a pass of the fused kernels) against float64 NumPy (finite differences of the reference backward); the
+    gradients of a first-order backward before it are overwritten."""
     use_mlp_kernels(monkeypatch, mlp_kernels)
     rng = np.random.default_rng(7)
     n_in, n_out, width, depth, act, out_act, B = 4, 3, 8, 2, "Tanh", "Sigmoid", 2 * 32 + 9
@@ -319,6 +320,7 @@ def test_device_second_order_equals_the_reference(monkeypatch, device_path, mlp_
     instance = rng.integers(0, n_instances, B).astype(np.int32) if n_instances > 1 else None
     dy, v = rng.normal(size=(B, n_out)).astype(np.float32), rng.normal(size=(B, n_in)).astype(np.float32)
     _, ctx = net.forward(x, instance)
+    net.backward(ctx, dy)                         # gradients that the second order's overwrite must replace
     d_dy, d_x = net.backward_backward_input(ctx, v, dy)
     grads = net.gradients().reshape(n_instances, -1)
     kind = type(ctx.fused).__name__ if getattr(ctx, "fused", None) is not None else "kernels"

@@ -9,16 +9,24 @@ from the parameter store (every thread of a warp reads the same weight: one broa
   computes its sample's ``rows`` outputs in registers, the block synchronises, writes them back as
   the next layer's input; pre-activations (and hidden outputs) are kept for the backward in
   ``(layer, neuron, sample)`` buffers (coalesced stores).
-* backward, one kernel for all layers: each block walks over tiles with its weight-gradient partial
-  sums in registers (thread t owns weights ``t, t + T, ...`` of every matrix); per tile and layer,
+* backward, one kernel for all layers: in overwrite mode a first loop zeroes the MLP's gradients. Then
+  each block walks over tiles with its weight-gradient partial sums in registers; per tile and layer,
   deltas and the layer's input tile sit in shared memory, every thread adds its weights' products over
   the tile's samples, then computes its sample's delta of the layer below. After its last tile a
   block adds its partial sums to the gradients: one global atomic add per weight per block.
+  The weight gradients are register-tiled: a matrix is cut into ``RT x RT`` blocks of weights (edge
+  blocks cover the rows and columns past its edge, whose sums are never written), thread t owns
+  blocks ``t, t + T, ...`` of every matrix, and per sample a block loads ``RT`` deltas and ``RT``
+  inputs from shared memory for ``RT^2`` products (``2 / RT`` loads per product, not 2).
+
+The kernels are specialised to an MLP's plan (``_mlp_plan.MLPPlan``) and the tile size, and built once
+per pair (:func:`fused_kernels`): models of one config share them.
 
 Same math as ``_kernel_mlp`` (whose kernels serve the other archs, network arrays and wider MLPs).
 """
 import taichi as ti
 
+from .._kernels import specialised
 from . import activations
 
 _f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
@@ -27,21 +35,34 @@ _f32_3d = ti.types.ndarray(dtype=ti.f32, ndim=3)
 MAX_WIDTH = 64
 """Widest layer the fused kernels take (two ``(64, T + 1)`` float tiles of shared memory per block)."""
 
+RT = 4
+"""Rows and columns of a thread's register tile of weight gradients (``RT^2`` sums per ``2 RT`` loads)."""
 
-def fits(mlp) -> bool:
-    return max(max(r, c) for r, c in mlp.layer_sizes()) <= MAX_WIDTH
+
+def fits(plan) -> bool:
+    """Whether the fused kernels take an MLP of this plan (no layer wider than ``MAX_WIDTH``)."""
+    return plan.width <= MAX_WIDTH
 
 
 class FusedKernels:
-    """The fused forward and backward kernels of one MLP layout, for tiles of ``T`` samples."""
+    """The fused forward and backward kernels of one MLP plan, for tiles of ``T`` samples:
+    ``forward(W, off, x, n_threads, keep, zs, hs, y)`` and
+    ``backward(W, G, off, x, dy, zs, hs, n_blocks, need_dx, overwrite, dx)`` (module docstring)."""
 
-    def __init__(self, n_in: int, layers, acts, T: int):
-        """``layers``: ``(rows, cols, start)`` per matrix (the output matrix with only the computed rows);
-        ``acts``: the activation of each layer."""
-        self.T, self.n_layers = T, len(layers)
-        self.width = max(max(r, c) for r, c, _ in layers)
-        self.forward = _forward_kernel(n_in, layers, acts, T, self.width)
-        self.backward = _backward_kernel(n_in, layers, acts, T, self.width)
+    def __init__(self, plan, T: int):
+        self.T, self.n_layers, self.width = T, len(plan.layers), plan.width
+        self.forward = _forward_kernel(plan, T)
+        self.backward = _backward_kernel(plan, T)
+
+
+@specialised
+def fused_kernels(plan, T: int) -> FusedKernels:
+    """The fused kernels of ``plan`` for tiles of ``T`` samples, built once per Taichi program."""
+    return FusedKernels(plan, T)
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
 
 
 @ti.func
@@ -57,8 +78,9 @@ def _load_tile(tile: ti.template(), x: ti.template(), b0, s, n_in: ti.template()
         tile[col, row] = v
 
 
-def _forward_kernel(n_in, layers, acts, T, width):
-    L, n_out = len(layers), layers[-1][0]
+def _forward_kernel(plan, T):
+    layers, width = plan.layers, plan.width
+    L, n_in, n_out = len(layers), plan.n_inputs, plan.n_outputs
 
     @ti.kernel
     def forward(W: ti.template(), off: ti.i32, x: _f32_2d, n_threads: ti.i32, keep: ti.template(),
@@ -72,7 +94,7 @@ def _forward_kernel(n_in, layers, acts, T, width):
             _load_tile(a, x, b0, s, n_in, T)
             ti.simt.block.sync()
             for li in ti.static(range(L)):
-                rows, cols, start = ti.static(layers[li][0], layers[li][1], layers[li][2])
+                rows, cols, start = ti.static(layers[li].rows, layers[li].cols, layers[li].start)
                 acc = ti.Vector.zero(ti.f32, rows)
                 for c in range(cols):
                     h = a[c, s]
@@ -80,7 +102,7 @@ def _forward_kernel(n_in, layers, acts, T, width):
                         acc[r] += W[0, off + start + r * cols + c] * h
                 ti.simt.block.sync()                              # every thread has read its inputs
                 for r in ti.static(range(rows)):
-                    v = activations.value(acts[li], acc[r])
+                    v = activations.value(layers[li].activation, acc[r])
                     if ti.static(keep):
                         zs[li, r, b0 + s] = acc[r]
                         if ti.static(li < L - 1):
@@ -95,14 +117,23 @@ def _forward_kernel(n_in, layers, acts, T, width):
     return forward
 
 
-def _backward_kernel(n_in, layers, acts, T, width):
-    L, n_out = len(layers), layers[-1][0]
-    per_thread = [-(-(r * c) // T) for r, c, _ in layers]        # weight-gradient sums per thread and matrix
-    first, total = [sum(per_thread[:li]) for li in range(L)], sum(per_thread)
+def _backward_kernel(plan, T):
+    layers = plan.layers
+    L, n_in, n_out, n_params = len(layers), plan.n_inputs, plan.n_outputs, plan.n_params
+    acts = [layer.activation for layer in layers]
+    width = _round_up(plan.width, RT)                             # edge register tiles read past a layer
+    col_blocks = [-(-layer.cols // RT) for layer in layers]
+    blocks_of = [-(-layer.rows // RT) * n for layer, n in zip(layers, col_blocks)]    # RT x RT blocks per matrix
+    per_thread = [-(-n // T) for n in blocks_of]                  # register tiles per thread and matrix
+    first = [RT * RT * sum(per_thread[:li]) for li in range(L)]
+    total = RT * RT * sum(per_thread)
 
     @ti.kernel
     def backward(W: ti.template(), G: ti.template(), off: ti.i32, x: _f32_2d, dy: _f32_2d, zs: _f32_3d,
-                 hs: _f32_3d, n_blocks: ti.i32, need_dx: ti.template(), dx: _f32_2d):
+                 hs: _f32_3d, n_blocks: ti.i32, need_dx: ti.template(), overwrite: ti.template(), dx: _f32_2d):
+        if ti.static(overwrite):                                      # runs before the loop below
+            for j in range(n_params):
+                G[0, off + j] = 0.0
         B = x.shape[0]
         n_tiles = (B + T - 1) // T
         ti.loop_config(block_dim=T)
@@ -121,7 +152,7 @@ def _backward_kernel(n_in, layers, acts, T, width):
                         g = dy[b, r] * activations.derivative(acts[L - 1], zs[L - 1, r, b])
                     d[r, s] = g
                 for li in ti.static(list(reversed(range(L)))):
-                    rows, cols, start = ti.static(layers[li][0], layers[li][1], layers[li][2])
+                    rows, cols, start = ti.static(layers[li].rows, layers[li].cols, layers[li].start)
                     if ti.static(li > 0):
                         for c in range(cols):
                             h[c, s] = hs[li - 1, c, b]
@@ -129,13 +160,18 @@ def _backward_kernel(n_in, layers, acts, T, width):
                         _load_tile(h, x, b0, s, n_in, T)
                     ti.simt.block.sync()
                     for j in range(per_thread[li]):                   # dL/dW over the tile's samples
-                        w = s + j * T
-                        if w < rows * cols:
-                            r, c = w // cols, w % cols
-                            acc = 0.0
+                        u = s + j * T
+                        if u < blocks_of[li]:
+                            r0, c0 = (u // col_blocks[li]) * RT, (u % col_blocks[li]) * RT
+                            acc = ti.Matrix.zero(ti.f32, RT, RT)
                             for q in range(T):
-                                acc += d[r, q] * h[c, q]
-                            sums[first[li] + j] += acc
+                                dv, hv = ti.Vector.zero(ti.f32, RT), ti.Vector.zero(ti.f32, RT)
+                                for a in ti.static(range(RT)):
+                                    dv[a], hv[a] = d[r0 + a, q], h[c0 + a, q]
+                                acc += dv.outer_product(hv)
+                            for a in ti.static(range(RT)):
+                                for e in ti.static(range(RT)):
+                                    sums[first[li] + (j * RT + a) * RT + e] += acc[a, e]
                     if ti.static(li > 0 or need_dx):
                         below = ti.Vector.zero(ti.f32, cols)            # delta of the layer below
                         for r in range(rows):
@@ -152,10 +188,15 @@ def _backward_kernel(n_in, layers, acts, T, width):
                                 dx[b, c] = v
                     ti.simt.block.sync()
             for li in ti.static(range(L)):
-                rows, cols, start = ti.static(layers[li][0], layers[li][1], layers[li][2])
+                rows, cols, start = ti.static(layers[li].rows, layers[li].cols, layers[li].start)
                 for j in range(per_thread[li]):
-                    w = s + j * T
-                    if w < rows * cols:
-                        ti.atomic_add(G[0, off + start + w], sums[first[li] + j])
+                    u = s + j * T
+                    if u < blocks_of[li]:
+                        r0, c0 = (u // col_blocks[li]) * RT, (u % col_blocks[li]) * RT
+                        for a in ti.static(range(RT)):
+                            for e in ti.static(range(RT)):
+                                if r0 + a < rows and c0 + e < cols:
+                                    ti.atomic_add(G[0, off + start + (r0 + a) * cols + c0 + e],
+                                                  sums[first[li] + (j * RT + a) * RT + e])
 
     return backward

@@ -16,6 +16,11 @@ kernels: its products are the forward's (``zdot_i = xdot_i W_i^T``), the backwar
 (``ybar_{i-1} = delta_i W_i``, ``xbar_i = zbar_i W_i``) and weight gradient (``delta_i^T xdot_i``,
 ``zbar_i^T h_i``); two element-wise kernels apply act' and act''. Nothing batch-sized leaves the device.
 
+The layout (rows computed, offsets, activations) is the MLP's plan (``_mlp_plan.MLPPlan``). In overwrite
+mode the first weight-gradient kernel of a backward (or second-order) pass zeroes the MLP's gradient
+columns in a first loop (Taichi runs a kernel's top-level loops in order), and an output activation
+``None`` costs no kernel: a pass makes no launch but its products.
+
 Weight gradients are reduced per tile: a tile is up to ``TILE`` consecutive samples of one network
 (samples sorted by network for an array), one thread sums a weight's products over its tile, and a
 tile adds its sum to the gradient once. On CUDA the fused kernels of ``_fused_mlp.py`` take a single
@@ -28,11 +33,11 @@ import taichi as ti
 from taichi.lang import impl
 
 from .. import _device
-from .._kernels import fill_columns
+from .._kernels import columns_per_task
 from ..object import Context
 from ..routing import TILE
 from . import activations
-from ._fused_mlp import FusedKernels, fits
+from ._fused_mlp import fits, fused_kernels
 
 FUSED_TILE = {ti.cuda: 64, ti.vulkan: 32}
 """Samples per block of the fused kernels, by arch (Vulkan's software driver has 32 KiB of shared memory)."""
@@ -114,9 +119,18 @@ def _input_grad(W: ti.template(), off: ti.i32, delta: _f32_2d, inst: _i32_1d, ro
 
 @ti.kernel
 def _weight_grad(G: ti.template(), off: ti.i32, delta: _f32_2d, h: _f32_2d, tiles: _i32_2d, order: _i32_1d,
-                 routed: ti.template()):
+                 routed: ti.template(), zero: ti.template(), zero_off: ti.i32, zero_n: ti.i32, zero_rows: ti.i32):
     """``G[k, off + r * cols + c] += sum_{b in tile} delta[b, r] h[b, c]``: a thread per (tile, r, c), one
-    add per tile. Tile t is samples ``order[tiles[t, 0] : tiles[t, 1]]`` of network ``tiles[t, 2]``."""
+    add per tile. Tile t is samples ``order[tiles[t, 0] : tiles[t, 1]]`` of network ``tiles[t, 2]``.
+    If ``zero``, a first loop sets ``G[k, zero_off : zero_off + zero_n] = 0`` for ``k < zero_rows``
+    (a task per row and ``columns_per_task()`` columns)."""
+    if ti.static(zero):
+        C = ti.static(columns_per_task())
+        tasks = (zero_n + C - 1) // C
+        for task in range(zero_rows * tasks):
+            k, c0 = task // tasks, task % tasks * C
+            for i in range(c0, ti.min(c0 + C, zero_n)):
+                G[k, zero_off + i] = 0.0
     cols = h.shape[1]
     for t, r, c in ti.ndrange(tiles.shape[0], delta.shape[1], cols):
         acc = 0.0
@@ -128,34 +142,42 @@ def _weight_grad(G: ti.template(), off: ti.i32, delta: _f32_2d, h: _f32_2d, tile
         ti.atomic_add(G[tiles[t, 2], off + r * cols + c], acc)
 
 
+class _Zeroing:
+    """The gradient zeroing of an overwrite pass, done by the pass's first ``_weight_grad`` launch: the
+    arguments ``(zero, zero_off, zero_n, zero_rows)`` of each launch, zeroing on the first only."""
+
+    def __init__(self, mlp, overwrite: bool):
+        self.mlp, self.pending = mlp, overwrite
+
+    def args(self):
+        mlp, zero = self.mlp, self.pending
+        self.pending = False
+        return (True, mlp._offset, mlp.n_params, mlp.n_instances) if zero else (False, 0, 0, 0)
+
+
 class KernelMLP:
     """Forward and backward of one :class:`~tinn.networks.mlp.MLP` as kernels over ``ti.ndarray``s."""
 
     def __init__(self, mlp):
         self.mlp = mlp
-        sizes = mlp.layer_sizes()
-        self._starts = [sum(r * c for r, c in sizes[:i]) for i in range(len(sizes))]
-        self.rows = [r for r, _ in sizes[:-1]] + [mlp.n_output_dims]      # output padding rows not computed
-        self.acts = [mlp.layer_activation(i) for i in range(len(sizes))]
+        self.rows = [layer.rows for layer in mlp.plan.layers]             # output padding rows not computed
+        self.acts = [layer.activation for layer in mlp.plan.layers]
         self._tiles = {}
-        self._fused = None
         self._none3 = _device.buffer((1, 1, 1))
         self._pool = _device.Pool()                 # the fused kernels' activations, reused across steps
 
     @property
     def offsets(self):
         """Where each matrix starts in the store (the MLP may be bound to a new offset at any time)."""
-        return [self.mlp._offset + s for s in self._starts]
+        return [self.mlp._offset + layer.start for layer in self.mlp.plan.layers]
 
     def _fused_kernels(self, instance):
         """The fused kernels where they apply (a single network's batch on a fused arch), else ``None``."""
         arch = impl.current_cfg().arch
-        if instance is not None or self.mlp.n_instances != 1 or arch not in FUSED_ARCHS or not fits(self.mlp):
+        plan = self.mlp.plan
+        if instance is not None or self.mlp.n_instances != 1 or arch not in FUSED_ARCHS or not fits(plan):
             return None
-        if self._fused is None:
-            layers = [(rows, c, start) for rows, (_, c), start in zip(self.rows, self.mlp.layer_sizes(), self._starts)]
-            self._fused = FusedKernels(self.mlp.n_input_dims, layers, self.acts, FUSED_TILE[arch])
-        return self._fused
+        return fused_kernels(plan, FUSED_TILE[arch])
 
     def run(self, x, routing, keep: bool):
         """``(y, ctx)``: outputs ``(batch, n_output_dims)`` (a ``ti.ndarray``) and, if ``keep``, what the
@@ -199,26 +221,25 @@ class KernelMLP:
             ctx.zs, ctx.hs = zs, hs
         return y, ctx
 
-    def _backward_fused(self, ctx, dL_dy, input_gradient):
+    def _backward_fused(self, ctx, dL_dy, input_gradient, overwrite):
         store, fused, B = self.mlp.store, ctx.fused, ctx.x.shape[0]
         dx = _device.buffer((B, self.mlp.n_input_dims) if input_gradient else (1, 1))
         blocks = min(-(-B // fused.T), FUSED_BLOCKS)
-        fused.backward(store.params, store.grads, self.mlp._offset, ctx.h, dL_dy, ctx.zs, ctx.hs, blocks,
-                       input_gradient, dx)
+        fused.backward(store.params, store.grads, self.mlp._offset, ctx.h, _device.on_device(dL_dy), ctx.zs, ctx.hs,
+                       blocks, input_gradient, overwrite, dx)
         return _device.same_kind(dx, ctx.x) if input_gradient else None
 
     def backward(self, ctx, dL_dy, input_gradient: bool, overwrite: bool):
-        store, mlp = self.mlp.store, self.mlp
-        if overwrite:
-            fill_columns(store.grads, mlp._offset, mlp.n_params, mlp.n_instances, 0.0)
+        """dL/dW to the store (written if ``overwrite``, else added); dL/dx ``(batch, n_input_dims)`` if
+        ``input_gradient``. ``dL_dy`` is ``(batch, n_output_dims)``."""
         if getattr(ctx, "fused", None) is not None:
-            return self._backward_fused(ctx, dL_dy, input_gradient)
+            return self._backward_fused(ctx, dL_dy, input_gradient, overwrite)
+        store = self.mlp.store
         tile_table, order = self._tile_tables(ctx.routing, ctx.x.shape[0])
-        offsets = self.offsets
-        delta = _device.empty_like(ctx.hs[-1])
-        _times_derivative(dL_dy, ctx.zs[-1], self.acts[-1], delta)
+        offsets, zeroing = self.offsets, _Zeroing(self.mlp, overwrite)
+        delta = _slope_times(_device.on_device(dL_dy), ctx.zs[-1], self.acts[-1])
         for i in reversed(range(len(self.rows))):
-            _weight_grad(store.grads, offsets[i], delta, ctx.hs[i], tile_table, order, ctx.routed)
+            _weight_grad(store.grads, offsets[i], delta, ctx.hs[i], tile_table, order, ctx.routed, *zeroing.args())
             if i == 0 and not input_gradient:
                 return None
             below = _device.empty_like(delta, (delta.shape[0], ctx.hs[i].shape[1]))
@@ -268,9 +289,7 @@ class KernelMLP:
         computed there; without any, dL2/dx is ``None``. Returns ``(dL2/d(dL_dy)`` ``(batch, n_output_dims)``,
         ``dL2/dx`` ``(batch, n_input_dims)`` or ``None)``, of ``ctx.x``'s kind."""
         hs, zs, inst, routed, deltas, ybars = state
-        store, mlp, offsets = self.mlp.store, self.mlp, self.offsets
-        if overwrite:
-            fill_columns(store.grads, mlp._offset, mlp.n_params, mlp.n_instances, 0.0)
+        store, offsets, zeroing = self.mlp.store, self.offsets, _Zeroing(self.mlp, overwrite)
         tile_table, order = self._tile_tables(ctx.routing, ctx.x.shape[0])
         xdots, zdots = [_device.on_device(dL_ddLdx)], []
         for i, rows in enumerate(self.rows):
@@ -280,14 +299,14 @@ class KernelMLP:
             xdots.append(_slope_times(zdot, zs[i], self.acts[i]))
         below = None                        # act_i'(z_i) * xbar_{i+1} on the way down, xbar_0 at the end
         for i in reversed(range(len(self.rows))):
-            _weight_grad(store.grads, offsets[i], deltas[i], xdots[i], tile_table, order, routed)
+            _weight_grad(store.grads, offsets[i], deltas[i], xdots[i], tile_table, order, routed, *zeroing.args())
             zbar = below
             if ybars[i] is not None:
                 zbar = _device.empty_like(zdots[i]) if below is None else below
                 _curvature(zs[i], zdots[i], ybars[i], self.acts[i], below is not None, zbar)
             if zbar is None:
                 continue
-            _weight_grad(store.grads, offsets[i], zbar, hs[i], tile_table, order, routed)
+            _weight_grad(store.grads, offsets[i], zbar, hs[i], tile_table, order, routed, *zeroing.args())
             below = _device.empty_like(zbar, (zbar.shape[0], hs[i].shape[1]))
             z, act = (zs[i - 1], self.acts[i - 1]) if i > 0 else (below, "None")
             _input_grad(store.params, offsets[i], zbar, inst, routed, z, act, below)

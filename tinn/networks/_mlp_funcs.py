@@ -1,26 +1,25 @@
 """The MLP's per-sample ``ti.func``s, for users' own kernels (``MLP.func``, ``MLP.backward_func``).
 
 Activations live in local buffers as wide as the widest layer, indexed dynamically, so only the
-(few) layers are unrolled; each layer's activation is the ``ti.func`` of ``activations.ACTIVATIONS``.
+(few) layers are unrolled; each layer's activation is named by the plan (``activations.value`` / ``derivative``).
 """
 import taichi as ti
 
-from .activations import ACTIVATIONS
+from . import activations
 
 
-def sample_funcs(mlp, weights, grads):
-    """Per-sample forward and backward ``ti.func``s of ``mlp`` reading ``weights[instance, ...]``.
+def sample_funcs(plan, offset: int, weights, grads):
+    """Per-sample forward and backward ``ti.func``s of the MLP of ``plan`` (``_mlp_plan.MLPPlan``) whose
+    parameters start at column ``offset``, reading ``weights[instance, ...]``.
 
     The backward recomputes the forward pass and adds ``dL/dW`` to ``grads`` atomically (user
     kernels run samples in parallel), unless ``grads`` is None.
     """
-    base, with_grads = mlp._offset, grads is not None
-    sizes = mlp.layer_sizes()
-    offsets = [base + sum(r * c for r, c in sizes[:i]) for i in range(len(sizes))]
-    layers = sizes[:-1] + [(mlp.n_output_dims, sizes[-1][1])]    # the padded output rows are not computed
-    acts = [ACTIVATIONS[mlp.layer_activation(i)] for i in range(len(layers))]
-    n_in, n_out, width = mlp.n_input_dims, mlp.n_output_dims, max(max(r, c) for r, c in layers)
-    n_layers = len(layers)
+    with_grads = grads is not None
+    layers = [(layer.rows, layer.cols) for layer in plan.layers]
+    offsets = [offset + layer.start for layer in plan.layers]
+    acts = [layer.activation for layer in plan.layers]
+    n_in, n_out, width, n_layers = plan.n_inputs, plan.n_outputs, plan.width, len(layers)
 
     @ti.func
     def layer(k, inputs, li: ti.template()):
@@ -38,7 +37,7 @@ def sample_funcs(mlp, weights, grads):
     def activate(pre, li: ti.template()):
         post = ti.Vector.zero(ti.f32, width)
         for r in range(layers[li][0]):
-            post[r] = ti.static(acts[li].value)(pre[r])
+            post[r] = activations.value(acts[li], pre[r])
         return post
 
     @ti.func
@@ -77,7 +76,7 @@ def sample_funcs(mlp, weights, grads):
         for li in ti.static(list(reversed(range(n_layers)))):
             rows, cols, off = ti.static(layers[li][0], layers[li][1], offsets[li])
             for r in range(rows):
-                g[r] *= ti.static(acts[li].derivative)(zs[li, r])
+                g[r] *= activations.derivative(acts[li], zs[li, r])
             below = ti.Vector.zero(ti.f32, width)
             for r in range(rows):
                 for c in range(cols):

@@ -6,9 +6,9 @@ goes through every layer (the activation applied while the block is in cache). W
 every network of a large array, the products read the weights and write the gradients in the
 parameter store's own memory (``ParamStore.rows_view``) instead of copies.
 
-Only the first ``n_output_dims`` rows of ``W_NL`` are computed: the padded outputs are no part of
-the result and get no gradient, so their rows' gradients are zero, as in tcnn. Outputs and output
-gradients are then exactly ``(batch, n_output_dims)``, with no copy to cut or pad them.
+The layout is the MLP's plan (``_mlp_plan.MLPPlan``): only the first ``n_output_dims`` rows of ``W_NL``
+are computed, so outputs and output gradients are exactly ``(batch, n_output_dims)``, with no copy to
+cut or pad them, and the padding rows' gradients are zero, as in tcnn.
 """
 from __future__ import annotations
 
@@ -101,22 +101,18 @@ class HostMLP:
 
     # -- weights and gradients in the store -----------------------------------------
     def _split(self, flat: np.ndarray) -> list:
-        """``(..., n_params)`` -> one ``(..., rows, cols)`` view per matrix."""
-        out, start = [], 0
-        for rows, cols in self.mlp.layer_sizes():
-            out.append(flat[..., start:start + rows * cols].reshape(flat.shape[:-1] + (rows, cols)))
-            start += rows * cols
-        return out
+        """``(..., n_params)`` -> one ``(..., rows, cols)`` view per matrix (its computed rows)."""
+        return [flat[..., layer.start:layer.end].reshape(flat.shape[:-1] + (layer.rows, layer.cols))
+                for layer in self.mlp.plan.layers]
 
     def _weights(self, groups: Groups, field) -> list:
         """One ``(R, rows, cols)`` array per matrix, a row per row block (in the store's memory where it
-        allows, else a copy); the last matrix cut to its computed rows."""
+        allows, else a copy); the last matrix with its computed rows only."""
         mlp = self.mlp
         flat = mlp.store.rows_view(field, mlp._offset, mlp.n_params, groups.active)
         if flat is None:
             flat = mlp.store.read_rows(field, mlp._offset, mlp.n_params, groups.active)
-        ws = self._split(groups.per_row(flat))
-        return ws[:-1] + [ws[-1][:, : self.mlp.n_output_dims]]
+        return self._split(groups.per_row(flat))
 
     # -- forward ------------------------------------------------------------------------
     def run(self, x: np.ndarray, routing: Routing, keep: bool):
@@ -127,8 +123,8 @@ class HostMLP:
         blocks, n = Blocks(groups), len(weights)
         stack = (groups.n_rows, groups.size)
         layers, h = [], groups.gather(x)
-        for i, w in enumerate(weights):
-            act = activations.ACTIVATIONS[mlp.layer_activation(i)]
+        for i, (w, plan) in enumerate(zip(weights, mlp.plan.layers)):
+            act = activations.ACTIVATIONS[plan.activation]
             y = np.empty(stack + (w.shape[1],), np.float32) if keep or i == n - 1 else None
             z = np.empty_like(y) if keep and not act.from_output else None
             layers.append(Layer(w, act, h, z, y))
@@ -164,10 +160,9 @@ class HostMLP:
         else:
             flat = (np.zeros if blocks.split_samples else np.empty)((blocks.n_partials, groups.n_rows, mlp.n_params),
                                                                      np.float32)
-        per_layer = self._split(flat)
         if target is None or overwrite:
-            per_layer[-1][:, :, self.mlp.n_output_dims:] = 0.0      # the padded outputs' rows get no gradient
-        return flat, per_layer, target, blocks.split_samples or (target is not None and not overwrite)
+            flat[..., mlp.plan.padding_start:] = 0.0            # the padded outputs' rows get no gradient
+        return flat, self._split(flat), target, blocks.split_samples or (target is not None and not overwrite)
 
     def _commit_gradients(self, ctx, flat, target, overwrite: bool):
         """Sum the partial sums and the row blocks of each network; write or add them to the store."""
@@ -199,7 +194,7 @@ class HostMLP:
             for i in reversed(range(len(layers))):
                 layer = layers[i]
                 activations.host_times_derivative(layer.act, layer.slope_source()[index], g)
-                dW = dWs[i][partial][sel][:, : g.shape[2]]
+                dW = dWs[i][partial][sel]
                 self._add_weight_gradient(dW, g, layer.x[index], accumulate)
                 if i > 0 or input_gradient:
                     g = np.matmul(g, layer.w[sel], out=dx[index] if i == 0 else None)
@@ -263,7 +258,7 @@ class HostMLP:
                 if xbar is not None:
                     xbar = xbar if slope is None else xbar * slope
                     zbar = xbar if zbar is None else zbar + xbar
-                dW = dWs[i][partial][sel][:, : delta.shape[2]]
+                dW = dWs[i][partial][sel]
                 self._add_weight_gradient(dW, delta, xdot, accumulate)
                 xbar = None
                 if zbar is not None:

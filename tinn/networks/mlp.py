@@ -15,7 +15,8 @@ Backward: ``delta_NL+1 = out_act'(z) * dL/dy``, ``dL/dW_k = delta_{k+1}^T h_k`` 
 over the batch, ``delta_k = act'(z_k) * (delta_{k+1} W_k)``, ``dL/dx = delta_1 W_0``.
 
 One implementation serves both otypes and any width or depth (tinn has no tensor-core width
-rule). The class holds the config, the layout and the initialisation; the work is done by a backend:
+rule). The class holds the config, the layout (``MLP.plan``, a ``_mlp_plan.MLPPlan`` built once) and the
+initialisation; the work is done by a backend, each reading the plan:
 batches by ``_mlp_host.HostMLP`` on the CPU (numpy's BLAS on tinn's worker threads) or
 ``_kernel_mlp.KernelMLP`` on other archs (Taichi kernels on device buffers), chosen in
 ``MLP._batch_path``, and samples inside users' kernels by the ``ti.func``s of ``_mlp_funcs``.
@@ -31,6 +32,7 @@ from . import activations
 from ._mlp_funcs import sample_funcs
 from ._kernel_mlp import KernelMLP
 from ._mlp_host import HostMLP
+from ._mlp_plan import MLPPlan
 from .network import Network
 
 MAX_HIDDEN_LAYERS = 1024
@@ -52,9 +54,9 @@ class MLP(Network):
         super().__init__(n_input_dims, n_output_dims, n_instances=n_instances, seed=seed)
         self.otype, self.n_neurons, self.n_hidden_layers = otype, n_neurons, n_hidden_layers
         self.activation, self.output_activation = activation, output_activation
-        widths = [n_input_dims] + [n_neurons] * n_hidden_layers + [self.padded_output_width]
-        self._layers = list(zip(widths[1:], widths[:-1]))          # (rows, cols) per matrix
-        self.n_params = sum(r * c for r, c in self._layers)
+        self.plan = MLPPlan.build(n_input_dims, n_output_dims, self.padded_output_width, n_neurons, n_hidden_layers,
+                                  activation, output_activation)
+        self.n_params = self.plan.n_params
 
     @classmethod
     def from_config(cls, n_input_dims, n_output_dims, config, *, otype="CutlassMLP", **kwargs):
@@ -74,7 +76,8 @@ class MLP(Network):
         return {"otype": self.otype, **reported(self, self.KEYS)}
 
     def layer_sizes(self):
-        return list(self._layers)
+        """``(rows, cols)`` of each matrix as stored (the output matrix padded)."""
+        return self.plan.stored_sizes()
 
     def _floats_per_sample(self, training: bool) -> int:
         """The host path's batch-sized arrays: the input (gathered per network), the output and, for
@@ -82,17 +85,12 @@ class MLP(Network):
         cache-sized."""
         if not training:
             return self.n_input_dims + self.n_output_dims
-        widths = [rows for rows, _ in self._layers[:-1]] + [self.n_output_dims]
-        return self.n_input_dims + sum(width * (1 if activations.ACTIVATIONS[self.layer_activation(i)].from_output
-                                                else 2) for i, width in enumerate(widths))
-
-    def layer_activation(self, layer: int) -> str:
-        """The activation after matrix ``layer`` (the output activation after the last)."""
-        return self.output_activation if layer == len(self._layers) - 1 else self.activation
+        return self.n_input_dims + sum(layer.rows * (1 if activations.ACTIVATIONS[layer.activation].from_output
+                                                     else 2) for layer in self.plan.layers)
 
     def initial_params(self, rng):
         blocks = []
-        for i, (rows, cols) in enumerate(self._layers):
+        for i, (rows, cols) in enumerate(self.layer_sizes()):
             if self.activation == "Sine":
                 s = 30.0 / cols if i == 0 else np.sqrt(6.0 / cols)
             else:
@@ -103,7 +101,7 @@ class MLP(Network):
 
     # -- one sample inside a user's kernel -----------------------------------------
     def _sample_funcs(self, weights, grads):
-        return sample_funcs(self, weights, grads)
+        return sample_funcs(self.plan, self._offset, weights, grads)
 
     # -- batch API ---------------------------------------------------------------
     def _batch_path(self):
