@@ -256,8 +256,10 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
 
     def _gradient_mode(self, ctx: Context, mode: str) -> bool:
         """Whether the components overwrite the parameter gradients: a batch that reached every network
-        overwrites all of them; otherwise the idle ones become 0 here and the components add."""
-        overwrite = mode == "overwrite" and ctx.routing.reaches_all
+        overwrites all of them, and so does a device batch (on the device path every component's overwrite
+        covers every network of an array, so a routed batch's counts need not be known on the host);
+        otherwise the idle ones become 0 here and the components add."""
+        overwrite = mode == "overwrite" and (ctx.routing.reaches_all or is_device(ctx.x))
         if mode == "overwrite" and not overwrite:
             self._zero_gradients()
         return overwrite
