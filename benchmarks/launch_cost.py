@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""What a device-path training step costs the host, against bare launches of the same kernels.
+
+Model: a tiny ``Frequency`` encoding (4 frequencies) + a 16-wide MLP (one hidden layer, 3 outputs), L2,
+Adam, on the device path (``tinn._device.FORCE = True``) with ``ti.ndarray`` batches of ``--batch``
+samples: at 256 samples the kernels do almost nothing, so a step's time is what the host spends launching.
+
+One step is recorded (every kernel launch with its arguments), then four loops are timed, alternating in
+``--rounds`` rounds of ``--steps`` calls each (median per round, then the median of the rounds):
+
+* ``step``: ``trainer.training_step(x, target)``;
+* ``replay``: the recorded launches again, the same kernels with the same argument objects (tinn's
+  Python between them removed: the time of Taichi's launches and of the kernels themselves);
+* ``empty twins``: the same launches of empty kernels with the same signatures and arguments (Taichi's
+  per-launch cost alone: argument checks, template lookup, argument setting);
+* ``bare``: as many launches of an empty kernel without arguments (the floor of a launch).
+
+``--profile`` adds a cProfile of ``--steps`` steps: a step's time split into Taichi's launches, buffer
+creation, read-backs and tinn's own Python, and tinn's heaviest functions (file:line).
+
+    python benchmarks/launch_cost.py --rounds 7 --steps 200 --profile
+    python benchmarks/launch_cost.py --arch vulkan
+"""
+import argparse
+import cProfile
+import importlib.util
+import json
+import os
+import pstats
+import statistics
+import tempfile
+import time
+
+import numpy as np
+import taichi as ti
+from taichi.lang.kernel_impl import Kernel
+
+import tinn
+from tinn import _device
+
+CONFIG = {"loss": {"otype": "L2"}, "optimizer": {"otype": "Adam", "learning_rate": 1e-2},
+          "encoding": {"otype": "Frequency", "n_frequencies": 4},
+          "network": {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1}}
+
+
+def record(fn):
+    """The ``(kernel, args, kwargs)`` of every launch made by ``fn()``, in order."""
+    launches, real = [], Kernel.__call__
+
+    def call(kernel, *args, **kwargs):
+        launches.append((kernel, args, kwargs))
+        return real(kernel, *args, **kwargs)
+
+    Kernel.__call__ = call
+    try:
+        fn()
+    finally:
+        Kernel.__call__ = real
+    return launches
+
+
+def empty_twins(kernels, folder):
+    """For each kernel, an empty ``@ti.kernel`` with the same parameters and annotations (written to a
+    module in ``folder``: Taichi reads a kernel's source)."""
+    lines = ["import taichi as ti", ""]
+    for i, kernel in enumerate(kernels):
+        params = ", ".join(f"{a.name}: ANNOTATIONS[{i}][{j}]" for j, a in enumerate(kernel.arguments))
+        lines += ["@ti.kernel", f"def twin_{i}({params}):", "    pass", ""]
+    path = os.path.join(folder, "launch_cost_twins.py")
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+    spec = importlib.util.spec_from_file_location("launch_cost_twins", path)
+    module = importlib.util.module_from_spec(spec)
+    module.ANNOTATIONS = [[a.annotation for a in k.arguments] for k in kernels]
+    spec.loader.exec_module(module)
+    return [getattr(module, f"twin_{i}") for i in range(len(kernels))]
+
+
+@ti.kernel
+def nothing():
+    pass
+
+
+def median_ms(fn, steps):
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return 1e3 * statistics.median(times)
+
+
+def loops(model, x, y, folder):
+    """The four timed loops (see the module docstring) and the recorded launches."""
+    step = lambda: model.trainer.training_step(x, y)  # noqa: E731
+    for _ in range(5):                                # compiled, buffers kept, small tables uploaded
+        step()
+    launches = record(step)
+    kernels = list(dict.fromkeys(k for k, _, _ in launches))
+    twin = dict(zip(kernels, empty_twins(kernels, folder)))
+    twins = [(twin[k], a, kw) for k, a, kw in launches]
+
+    def replay(calls):
+        def run():
+            for kernel, args, kwargs in calls:
+                kernel(*args, **kwargs)
+            ti.sync()
+        return run
+
+    def bare():
+        for _ in launches:
+            nothing()
+        ti.sync()
+
+    def stepped():
+        step()
+        ti.sync()
+
+    return {"step": stepped, "replay": replay([(k.__call__, a, kw) for k, a, kw in launches]),
+            "empty twins": replay([(k, a, kw) for k, a, kw in twins]), "bare": bare}, launches, twins
+
+
+def per_launch(launches, twins, calls):
+    """Each launch of a step: its arguments by kind and the median µs of its empty twin alone."""
+    rows = []
+    for (kernel, args, kwargs), (twin, _, _) in zip(launches, twins):
+        values = (*args, *kwargs.values())
+        kinds = {"ndarrays": sum(isinstance(v, (ti.Ndarray, np.ndarray)) for v in values),
+                 "fields": sum(isinstance(v, ti.Field) for v in values)}
+        kinds["scalars"] = len(values) - kinds["ndarrays"] - kinds["fields"]
+        rows.append({"kernel": kernel.func.__name__, **kinds,
+                     "twin_us": round(1e3 * median_ms(lambda: twin(*args, **kwargs), calls), 2)})
+    return rows
+
+
+def profile(model, x, y, steps):
+    """A step's time (ms) by where it goes, and tinn's heaviest functions by their own time."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        model.trainer.training_step(x, y)
+    ti.sync()
+    prof.disable()
+    stats = pstats.Stats(prof).stats                  # (file, line, name) -> (cc, nc, tottime, cumtime, callers)
+    per_step = lambda s: 1e3 * s / steps  # noqa: E731
+
+    def total(pick, column):
+        return per_step(sum(v[column] for k, v in stats.items() if pick(*k)))
+
+    tinn_dir = os.path.dirname(tinn.__file__)
+    parts = {
+        "step (under the profiler)": total(lambda f, l, n: n == "training_step", 3),
+        "all kernel launches (Kernel.__call__)": total(lambda f, l, n: n == "__call__" and f.endswith("kernel_impl.py"), 3),
+        "  of which Taichi's C++ launch, kernel run included": total(lambda f, l, n: "launch_kernel" in n and f == "~", 2),
+        "read-backs (to_numpy, its copy kernel included)": total(lambda f, l, n: n == "_ndarray_to_numpy", 3),
+        "buffer creation and release (C++)": total(lambda f, l, n: n in ("<built-in method taichi._lib.core.taichi_python"
+                                                                          ".create_ndarray>", "<built-in method taichi._lib"
+                                                                          ".core.taichi_python.delete_ndarray>"), 2),
+        "tinn's own Python (self time in tinn/)": total(lambda f, l, n: f.startswith(tinn_dir), 2),
+    }
+    mine = sorted(((v[2], v[1], k) for k, v in stats.items() if k[0].startswith(tinn_dir)), reverse=True)[:12]
+    hot = [{"where": f"tinn/{os.path.relpath(f, tinn_dir)}:{l} {n}", "self_ms_per_step": round(per_step(t), 4),
+            "calls_per_step": c / steps} for t, c, (f, l, n) in mine]
+    return {k: round(v, 4) for k, v in parts.items()}, hot
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=200, help="timed calls per loop and round")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--arch", default="cpu")
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+
+    settings = dict(cpu_max_num_threads=args.threads) if args.arch == "cpu" else {}
+    tinn.init(arch=getattr(ti, args.arch), log_level=ti.WARN, **settings)
+    _device.FORCE = True
+    model = tinn.create_from_config(2, 3, CONFIG)
+    rng = np.random.default_rng(0)
+    x = _device.put(rng.random((args.batch, 2), dtype=np.float32))
+    y = _device.put(rng.random((args.batch, 3), dtype=np.float32))
+    with tempfile.TemporaryDirectory() as folder:
+        timed, launches, twins = loops(model, x, y, folder)
+        for fn in timed.values():                     # compile everything, first touch
+            for _ in range(5):
+                fn()
+        rounds = {name: [] for name in timed}
+        for _ in range(args.rounds):
+            for name, fn in timed.items():
+                rounds[name].append(median_ms(fn, args.steps))
+        launch_rows = per_launch(launches, twins, args.steps)
+    ms = {name: statistics.median(r) for name, r in rounds.items()}
+    n = len(launches)
+    result = {
+        "arch": args.arch, "batch": args.batch, "launches_per_step": n,
+        "kernels": dict(sorted({k.func.__name__: sum(1 for j, _, _ in launches if j is k) for k, _, _ in launches}.items())),
+        "ms_per_call": {k: round(v, 4) for k, v in ms.items()},
+        "rounds_ms": {k: [round(v, 4) for v in r] for k, r in rounds.items()},
+        "us_per_launch": {k: round(1e3 * ms[k] / n, 2) for k in ("replay", "empty twins", "bare")},
+        "step_over": {k: round(ms["step"] / ms[k], 2) for k in ("replay", "empty twins", "bare")},
+        "per_launch": launch_rows,
+    }
+    if args.profile:
+        result["profile_ms_per_step"], result["tinn_hot_spots"] = profile(model, x, y, args.steps * args.rounds)
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
