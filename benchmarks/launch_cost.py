@@ -121,15 +121,17 @@ def loops(model, x, y, folder):
 
 
 def per_launch(launches, twins, calls):
-    """Each launch of a step: its arguments by kind and the median µs of its empty twin alone."""
+    """Each launch of a step: its arguments by kind, the median µs of it alone (synchronised) and of its
+    empty twin alone."""
     rows = []
     for (kernel, args, kwargs), (twin, _, _) in zip(launches, twins):
         values = (*args, *kwargs.values())
         kinds = {"ndarrays": sum(isinstance(v, (ti.Ndarray, np.ndarray)) for v in values),
                  "fields": sum(isinstance(v, ti.Field) for v in values)}
         kinds["scalars"] = len(values) - kinds["ndarrays"] - kinds["fields"]
-        rows.append({"kernel": kernel.func.__name__, **kinds,
-                     "twin_us": round(1e3 * median_ms(lambda: twin(*args, **kwargs), calls), 2)})
+        alone = {name: round(1e3 * median_ms(lambda: (k(*args, **kwargs), ti.sync()), calls), 2)
+                 for name, k in (("real_us", kernel.__call__), ("twin_us", twin))}
+        rows.append({"kernel": kernel.func.__name__, **kinds, **alone})
     return rows
 
 
