@@ -36,7 +36,7 @@ import taichi as ti
 from taichi.lang.kernel_impl import Kernel
 
 import tinn
-from tinn import _device
+from tinn import _device, _probe
 
 CONFIG = {"loss": {"otype": "L2"}, "optimizer": {"otype": "Adam", "learning_rate": 1e-2},
           "encoding": {"otype": "Frequency", "n_frequencies": 4},
@@ -135,6 +135,16 @@ def per_launch(launches, twins, calls):
     return rows
 
 
+def argument_costs(rows):
+    """Least squares of an empty launch's µs on its argument counts (Taichi's copy kernels left out, their
+    host-array argument costs more): a launch's base cost and the cost of each ndarray, field and scalar."""
+    rows = [r for r in rows if r["kernel"] not in _probe.COPY_KERNELS]
+    kinds = ("ndarrays", "fields", "scalars")
+    a = np.array([[1.0] + [r[k] for k in kinds] for r in rows])
+    fit = np.linalg.lstsq(a, np.array([r["twin_us"] for r in rows]), rcond=None)[0]
+    return {name: round(float(v), 2) for name, v in zip(("base",) + kinds, fit)}
+
+
 def profile(model, x, y, steps):
     """A step's time (ms) by where it goes, and tinn's heaviest functions by their own time."""
     prof = cProfile.Profile()
@@ -203,6 +213,7 @@ def main():
         "us_per_launch": {k: round(1e3 * ms[k] / n, 2) for k in ("replay", "empty twins", "bare")},
         "step_over": {k: round(ms["step"] / ms[k], 2) for k in ("replay", "empty twins", "bare")},
         "per_launch": launch_rows,
+        "empty_launch_us_fit": argument_costs(launch_rows),
     }
     if args.profile:
         result["profile_ms_per_step"], result["tinn_hot_spots"] = profile(model, x, y, args.steps * args.rounds)
