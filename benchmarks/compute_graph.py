@@ -212,7 +212,8 @@ def main():
             for w, fn in ways.items():
                 rounds[w].append(median_us(fn, args.calls))
         us = {w: statistics.median(r) for w, r in rounds.items()}
-        rows.append({"kernels": cycle, "launches": n, "python_us": round(us["python"], 1), "graph_us": round(us["graph"], 1),
+        rows.append({"kernels": cycle, "launches": n,
+                     "python_us": round(us["python"], 1), "graph_us": round(us["graph"], 1),
                      "python_over_graph": round(us["python"] / us["graph"], 2),
                      "python_rounds_us": [round(v, 1) for v in rounds["python"]],
                      "graph_rounds_us": [round(v, 1) for v in rounds["graph"]]})

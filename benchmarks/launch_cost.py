@@ -30,6 +30,7 @@ import pstats
 import statistics
 import tempfile
 import time
+from collections import Counter
 
 import numpy as np
 import taichi as ti
@@ -160,14 +161,15 @@ def profile(model, x, y, steps):
         return per_step(sum(v[column] for k, v in stats.items() if pick(*k)))
 
     tinn_dir = os.path.dirname(tinn.__file__)
+    taichi_call = lambda name: f"<built-in method taichi._lib.core.taichi_python.{name}>"  # noqa: E731
+    buffers = (taichi_call("create_ndarray"), taichi_call("delete_ndarray"))
     parts = {
         "step (under the profiler)": total(lambda f, l, n: n == "training_step", 3),
-        "all kernel launches (Kernel.__call__)": total(lambda f, l, n: n == "__call__" and f.endswith("kernel_impl.py"), 3),
-        "  of which Taichi's C++ launch, kernel run included": total(lambda f, l, n: "launch_kernel" in n and f == "~", 2),
+        "all kernel launches (Kernel.__call__)":
+            total(lambda f, l, n: n == "__call__" and f.endswith("kernel_impl.py"), 3),
+        "  of which Taichi's C++ launch, kernel run included": total(lambda f, l, n: n == taichi_call("launch_kernel"), 2),
         "read-backs (to_numpy, its copy kernel included)": total(lambda f, l, n: n == "_ndarray_to_numpy", 3),
-        "buffer creation and release (C++)": total(lambda f, l, n: n in ("<built-in method taichi._lib.core.taichi_python"
-                                                                          ".create_ndarray>", "<built-in method taichi._lib"
-                                                                          ".core.taichi_python.delete_ndarray>"), 2),
+        "buffer creation and release (C++)": total(lambda f, l, n: n in buffers, 2),
         "tinn's own Python (self time in tinn/)": total(lambda f, l, n: f.startswith(tinn_dir), 2),
     }
     mine = sorted(((v[2], v[1], k) for k, v in stats.items() if k[0].startswith(tinn_dir)), reverse=True)[:12]
@@ -207,7 +209,7 @@ def main():
     n = len(launches)
     result = {
         "arch": args.arch, "batch": args.batch, "launches_per_step": n,
-        "kernels": dict(sorted({k.func.__name__: sum(1 for j, _, _ in launches if j is k) for k, _, _ in launches}.items())),
+        "kernels": dict(sorted(Counter(k.func.__name__ for k, _, _ in launches).items())),
         "ms_per_call": {k: round(v, 4) for k, v in ms.items()},
         "rounds_ms": {k: [round(v, 4) for v in r] for k, r in rounds.items()},
         "us_per_launch": {k: round(1e3 * ms[k] / n, 2) for k in ("replay", "empty twins", "bare")},
