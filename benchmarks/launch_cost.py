@@ -5,7 +5,7 @@ Model: a tiny ``Frequency`` encoding (4 frequencies) + a 16-wide MLP (one hidden
 Adam, on the device path (``tinn._device.FORCE = True``) with ``ti.ndarray`` batches of ``--batch``
 samples: at 256 samples the kernels do almost nothing, so a step's time is what the host spends launching.
 
-One step is recorded (every kernel launch with its arguments), then four loops are timed, alternating in
+One step is recorded (every kernel launch with its arguments), then five loops are timed, alternating in
 ``--rounds`` rounds of ``--steps`` calls each (median per round, then the median of the rounds):
 
 * ``step``: ``trainer.training_step(x, target)``;
@@ -14,6 +14,9 @@ One step is recorded (every kernel launch with its arguments), then four loops a
 * ``empty twins``: the same launches of empty kernels with the same signatures and arguments (Taichi's
   per-launch cost alone: argument checks, template lookup, argument setting);
 * ``bare``: as many launches of an empty kernel without arguments (the floor of a launch).
+* ``graph of twins``: the empty twins as one Taichi compute graph (``ti.graph``), their template
+  parameters left out and the launches with a host array (Taichi's read-back copies) too, as a graph
+  requires: what launching the step's kernels at once would cost.
 
 ``--profile`` adds a cProfile of ``--steps`` steps: a step's time split into Taichi's launches, buffer
 creation, read-backs and tinn's own Python, and tinn's heaviest functions (file:line).
@@ -35,6 +38,7 @@ from collections import Counter
 import numpy as np
 import taichi as ti
 from taichi.lang.kernel_impl import Kernel
+from taichi.types.annotations import Template
 
 import tinn
 from tinn import _device, _probe
@@ -60,21 +64,52 @@ def record(fn):
     return launches
 
 
-def empty_twins(kernels, folder):
+def empty_twins(kernels, folder, templates=True):
     """For each kernel, an empty ``@ti.kernel`` with the same parameters and annotations (written to a
-    module in ``folder``: Taichi reads a kernel's source)."""
+    module in ``folder``: Taichi reads a kernel's source); without ``templates``, its ``ti.template()``
+    parameters left out (as a compute graph needs)."""
+    kept = [[a for a in k.arguments if templates or not isinstance(a.annotation, Template)] for k in kernels]
     lines = ["import taichi as ti", ""]
-    for i, kernel in enumerate(kernels):
-        params = ", ".join(f"{a.name}: ANNOTATIONS[{i}][{j}]" for j, a in enumerate(kernel.arguments))
+    for i, arguments in enumerate(kept):
+        params = ", ".join(f"{a.name}: ANNOTATIONS[{i}][{j}]" for j, a in enumerate(arguments))
         lines += ["@ti.kernel", f"def twin_{i}({params}):", "    pass", ""]
-    path = os.path.join(folder, "launch_cost_twins.py")
+    name = f"launch_cost_twins_{'all' if templates else 'graph'}"
+    path = os.path.join(folder, name + ".py")
     with open(path, "w") as f:
         f.write("\n".join(lines))
-    spec = importlib.util.spec_from_file_location("launch_cost_twins", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    module.ANNOTATIONS = [[a.annotation for a in k.arguments] for k in kernels]
+    module.ANNOTATIONS = [[a.annotation for a in arguments] for arguments in kept]
     spec.loader.exec_module(module)
     return [getattr(module, f"twin_{i}") for i in range(len(kernels))]
+
+
+def graph_of_twins(launches, folder):
+    """One compute graph of the empty twins (templates left out) of every launch that a graph can hold
+    (none with a host array: Taichi's read-back copies), bound to the recorded arrays and numbers; returns
+    a call that runs it and syncs, and how many launches it holds."""
+    held = [(k, a) for k, a, kw in launches if not kw and not any(isinstance(v, np.ndarray) for v in a)]
+    kernels = list(dict.fromkeys(k for k, _ in held))
+    twin = dict(zip(kernels, empty_twins(kernels, folder, templates=False)))
+    builder, values = ti.graph.GraphBuilder(), {}
+    for i, (kernel, args) in enumerate(held):
+        symbols = []
+        for j, (a, v) in enumerate(zip(kernel.arguments, args)):
+            if isinstance(a.annotation, Template):
+                continue
+            name = f"launch{i}_{a.name}"
+            if isinstance(v, ti.Ndarray):
+                symbols.append(ti.graph.Arg(ti.graph.ArgKind.NDARRAY, name, v.dtype, ndim=len(v.shape)))
+            else:
+                symbols.append(ti.graph.Arg(ti.graph.ArgKind.SCALAR, name, a.annotation))
+            values[name] = v
+        builder.dispatch(twin[kernel], *symbols)
+    graph = builder.compile()
+
+    def run():
+        graph.run(values)
+        ti.sync()
+    return run, len(held)
 
 
 @ti.kernel
@@ -92,7 +127,8 @@ def median_ms(fn, steps):
 
 
 def loops(model, x, y, folder):
-    """The four timed loops (see the module docstring) and the recorded launches."""
+    """The five timed loops (see the module docstring), the recorded launches, their empty twins, and how
+    many launches the graph holds."""
     step = lambda: model.trainer.training_step(x, y)  # noqa: E731
     for _ in range(5):                                # compiled, buffers kept, small tables uploaded
         step()
@@ -117,8 +153,10 @@ def loops(model, x, y, folder):
         step()
         ti.sync()
 
+    in_graph, n_graph = graph_of_twins(launches, folder)
     return {"step": stepped, "replay": replay([(k.__call__, a, kw) for k, a, kw in launches]),
-            "empty twins": replay([(k, a, kw) for k, a, kw in twins]), "bare": bare}, launches, twins
+            "empty twins": replay([(k, a, kw) for k, a, kw in twins]), "bare": bare,
+            "graph of twins": in_graph}, launches, twins, n_graph
 
 
 def per_launch(launches, twins, calls):
@@ -196,7 +234,7 @@ def main():
     x = _device.put(rng.random((args.batch, 2), dtype=np.float32))
     y = _device.put(rng.random((args.batch, 3), dtype=np.float32))
     with tempfile.TemporaryDirectory() as folder:
-        timed, launches, twins = loops(model, x, y, folder)
+        timed, launches, twins, n_graph = loops(model, x, y, folder)
         for fn in timed.values():                     # compile everything, first touch
             for _ in range(5):
                 fn()
@@ -212,7 +250,9 @@ def main():
         "kernels": dict(sorted(Counter(k.func.__name__ for k, _, _ in launches).items())),
         "ms_per_call": {k: round(v, 4) for k, v in ms.items()},
         "rounds_ms": {k: [round(v, 4) for v in r] for k, r in rounds.items()},
-        "us_per_launch": {k: round(1e3 * ms[k] / n, 2) for k in ("replay", "empty twins", "bare")},
+        "graph_launches": n_graph,
+        "us_per_launch": {**{k: round(1e3 * ms[k] / n, 2) for k in ("replay", "empty twins", "bare")},
+                          "graph of twins": round(1e3 * ms["graph of twins"] / n_graph, 2)},
         "step_over": {k: round(ms["step"] / ms[k], 2) for k in ("replay", "empty twins", "bare")},
         "per_launch": launch_rows,
         "empty_launch_us_fit": argument_costs(launch_rows),

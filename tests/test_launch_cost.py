@@ -75,3 +75,17 @@ def test_argument_costs_recover_a_linear_cost():
 def test_graph_leaves_the_same_arrays_as_python_launches():
     """Eight launches of the tinn-like cycle as one compute graph, against the same launches from Python."""
     assert compute_graph.same_result(64, 8, 8)
+
+
+def test_graph_of_twins_holds_the_launches_without_host_arrays(arrays, tmp_path):
+    """A step's launches as one graph of empty twins: the read-back's copy kernel (a host array argument)
+    is left out, the template field is dropped, and running it leaves every array as it was."""
+    a, out, f = arrays
+    launches = launch_cost.record(lambda: (scaled(a, out, 2.0, f), out.to_numpy()))
+    assert [k.func.__name__ for k, _, _ in launches] == ["scaled", "ndarray_to_ext_arr"]
+    run, held = launch_cost.graph_of_twins(launches, str(tmp_path))
+    assert held == 1
+    out.fill(-1.0)
+    run()
+    np.testing.assert_array_equal(out.to_numpy(), -1.0)
+    np.testing.assert_array_equal(a.to_numpy(), np.arange(8))
