@@ -5,7 +5,8 @@ Every implementation runs as its own process (`tinn_image.py`, `peers/torch_imag
 eager and with ``--compile``, `peers/drjit_image.py`), alternating implementations
 within each repetition so that machine noise spreads evenly. Peers that are not
 installed in ``--peer-python`` are skipped with a note. Prints the medians of train and
-inference samples/s, ms per step, PSNR, peak memory, and tinn's ratio to each peer;
+inference samples/s, ms per step, PSNR, peak memory, tinn's kernel launches and read-backs per
+training step, and tinn's ratio to each peer;
 ``--json`` prints the raw runs and medians as JSON instead.
 
     python benchmarks/bench_image.py --batches 16 18 --steps 30 --reps 3
@@ -91,21 +92,24 @@ def main():
                           file=sys.stderr)
 
     summary = {f"{i}@{b}": {k: median(runs[i, b], k) for k in (
-        "train_samples_per_s", "ms_per_step_median", "infer_samples_per_s", "psnr", "peak_rss_mib")}
+        "train_samples_per_s", "ms_per_step_median", "infer_samples_per_s", "psnr", "peak_rss_mib",
+        "launches_per_step", "read_backs_per_step")}
         for i, b in runs}
     if args.json:
         print(json.dumps({"summary": summary, "runs": {f"{i}@{b}": r for (i, b), r in runs.items()}}, indent=1))
         return
 
     print(f"\nmedians of {args.reps} runs, {args.steps} timed steps each, {args.threads} threads\n")
-    print("| impl | batch | train M samples/s | ms/step | inference M samples/s | PSNR dB | peak MiB |")
-    print("|---|---|---|---|---|---|---|")
+    print("| impl | batch | train M samples/s | ms/step | inference M samples/s | PSNR dB | peak MiB | "
+          "launches / read-backs per step |")
+    print("|---|---|---|---|---|---|---|---|")
     for (i, b) in runs:
         s = summary[f"{i}@{b}"]
         fmt = lambda v, f: "–" if v is None else format(v, f)  # noqa: E731
         print(f"| {i} | 2^{b.bit_length() - 1} | {fmt(s['train_samples_per_s'] and s['train_samples_per_s'] / 1e6, '.3f')}"
               f" | {fmt(s['ms_per_step_median'], '.1f')} | {fmt(s['infer_samples_per_s'] and s['infer_samples_per_s'] / 1e6, '.2f')}"
-              f" | {fmt(s['psnr'], '.2f')} | {fmt(s['peak_rss_mib'], '.0f')} |")
+              f" | {fmt(s['psnr'], '.2f')} | {fmt(s['peak_rss_mib'], '.0f')} | "
+              f"{fmt(s['launches_per_step'], 'g')} / {fmt(s['read_backs_per_step'], 'g')} |")
     if "tinn" in impls:
         print("\ntinn / peer ratios (median samples/s)\n")
         print("| peer | " + " | ".join(f"train 2^{b.bit_length() - 1}" for b in batches) + " | inference |")

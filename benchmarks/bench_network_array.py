@@ -12,6 +12,9 @@ Implementations, each in its own process:
 * ``tinn-loop``: separate single-network tinn models called one after another
   (timed on ``--loop-models`` of them; samples/s does not depend on how many).
 
+Beside the time, tinn's rows give what one call costs the host after the warm-up: kernel launches and
+read-backs per training step and per inference call (for ``tinn-loop``, of one of its models).
+
     python benchmarks/bench_network_array.py --k 4096 --samples 64 256 --reps 3
     python benchmarks/bench_network_array.py --arch cuda --impls tinn torch   # tinn on CUDA, PyTorch on the GPU
 """
@@ -33,6 +36,10 @@ CONFIG = {"loss": {"otype": "RelativeL2"},
           "network": {"otype": "FullyFusedMLP", "n_neurons": WIDTH, "n_hidden_layers": HIDDEN}}
 
 
+COLUMNS = ("train_samples_per_s", "infer_samples_per_s", "launches_per_step", "read_backs_per_step",
+           "infer_launches_per_call", "infer_read_backs_per_call")
+"""What a worker reports (PyTorch's workers report the first two)."""
+
 WARMUP = 3
 """Untimed calls first (compilation, first touch of the step's memory), as in the image benchmark."""
 
@@ -52,6 +59,7 @@ def run_tinn(k, s, steps, loop_models, arch="cpu"):
     import numpy as np
     import taichi as ti
     import tinn
+    from _launches import per_call
     tinn.init(arch=getattr(ti, arch), log_level=ti.WARN)
     rng = np.random.default_rng(0)
     if loop_models:
@@ -61,6 +69,7 @@ def run_tinn(k, s, steps, loop_models, arch="cpu"):
         train = timed(lambda: [m.trainer.training_step(x[i], y[i]) for i, m in enumerate(models)], steps)
         infer = timed(lambda: [m.network.inference(x[i]) for i, m in enumerate(models)], steps)
         n = loop_models * s
+        model, x, y = models[0], x[0], y[0]
     else:
         model = tinn.create_from_config(2, N_OUT, CONFIG, n_instances=k)
         x = rng.random((k, s, 2), dtype=np.float32)
@@ -70,7 +79,10 @@ def run_tinn(k, s, steps, loop_models, arch="cpu"):
         train = timed(lambda: model.trainer.training_step(x, y), steps)
         infer = timed(lambda: (model.network.inference(x), ti.sync()), steps)
         n = k * s
-    return {"train_samples_per_s": n / train, "infer_samples_per_s": n / infer}
+    costs = {"{}_per_step": per_call(lambda: model.trainer.training_step(x, y)),
+             "infer_{}_per_call": per_call(lambda: model.network.inference(x))}
+    return {"train_samples_per_s": n / train, "infer_samples_per_s": n / infer,
+            **{key.format(what): c[what] for key, c in costs.items() for what in ("launches", "read_backs")}}
 
 
 def run_torch(k, s, steps, threads, device="cpu"):
@@ -116,6 +128,12 @@ def run_torch(k, s, steps, threads, device="cpu"):
     return {"train_samples_per_s": k * s / timed(step, steps), "infer_samples_per_s": k * s / timed(infer, steps)}
 
 
+def counts(medians, key):
+    """'launches / read-backs' of one call (``key`` a COLUMNS name with ``{}``), '–' where not counted."""
+    launches, reads = medians[key.format("launches")], medians[key.format("read_backs")]
+    return "–" if launches is None else f"{launches:g} / {reads:g}"
+
+
 def worker(args):
     if args.impl == "torch":
         result = run_torch(args.k[0], args.samples[0], args.steps, args.threads, "cuda" if args.arch == "cuda" else "cpu")
@@ -157,20 +175,21 @@ def main():
                         continue
                     runs.setdefault((impl, k, s), []).append(json.loads(proc.stdout.strip().splitlines()[-1]))
                     print(f"rep {rep} {impl} K={k} S={s}: {runs[impl, k, s][-1]}", file=sys.stderr)
-    med = {key: {m: statistics.median(r[m] for r in rs) for m in ("train_samples_per_s", "infer_samples_per_s")}
+    med = {key: {m: statistics.median(r[m] for r in rs) if m in rs[0] else None for m in COLUMNS}
            for key, rs in runs.items()}
     if args.json:
         print(json.dumps({f"{i}@K={k},S={s}": v for (i, k, s), v in med.items()}, indent=1))
         return
     print(f"\nmedians of {args.reps} runs ({args.steps} timed steps each after {WARMUP} untimed), "
           f"{args.threads} threads\n")
-    print("| impl | K | samples/network | train M samples/s | inference M samples/s | train ratio tinn/impl | inference ratio |")
-    print("|---|---|---|---|---|---|---|")
+    print("| impl | K | samples/network | train M samples/s | inference M samples/s | train ratio tinn/impl | "
+          "inference ratio | launches / read-backs per step | per inference |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for (impl, k, s), v in med.items():
         t = med.get(("tinn", k, s))
         ratio = lambda key: f"{t[key] / v[key]:.2f}×" if t else "–"  # noqa: E731
         print(f"| {impl} | {k} | {s} | {v['train_samples_per_s'] / 1e6:.3f} | {v['infer_samples_per_s'] / 1e6:.3f} | "
-              f"{ratio('train_samples_per_s')} | {ratio('infer_samples_per_s')} |")
+              f"{ratio('train_samples_per_s')} | {ratio('infer_samples_per_s')} | {counts(v, '{}_per_step')} | {counts(v, 'infer_{}_per_call')} |")
 
 
 if __name__ == "__main__":

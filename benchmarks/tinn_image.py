@@ -4,7 +4,9 @@
 Trains ``config_hash.json`` on random bilinear lookups of the image (the example's own
 sampling kernel), then runs inference over every pixel centre. The last stdout line is a
 JSON dict with ``train_samples_per_s``, ``infer_samples_per_s``, ``ms_per_step_median``,
-``final_loss``, ``psnr``, ``startup_s`` and ``peak_rss_mib``.
+``final_loss``, ``psnr``, ``startup_s``, ``peak_rss_mib``, and what one call costs the host after the
+warm-up: ``launches_per_step`` / ``read_backs_per_step`` of a training step (the batch's draw not
+counted) and ``infer_launches_per_call`` / ``infer_read_backs_per_call`` of one inference call.
 
 ``--arch`` picks the Taichi arch (``cpu``, ``cuda``, ``vulkan``, ...). On a GPU arch the batches are
 drawn on the device into ``ti.ndarray``s (as tcnn's sample draws them on the GPU), so a step moves
@@ -25,6 +27,7 @@ import taichi as ti  # noqa: E402
 
 import _common as C  # noqa: E402
 import tinn  # noqa: E402
+from _launches import per_call  # noqa: E402
 from mlp_learning_an_image import bilinear_lookup, pixel_centres  # noqa: E402
 
 
@@ -72,18 +75,21 @@ def main():
         img_d, xy_d, target_d = ti.ndarray(ti.f32, img.shape), ti.ndarray(ti.f32, (args.batch, 2)), ti.ndarray(ti.f32, (args.batch, 3))
         img_d.from_numpy(img)
 
-        def train_step():
+        def draw():
             draw_batch(img_d, xy_d, target_d)
-            return model.trainer.training_step(xy_d, target_d)
+            return xy_d, target_d
     else:
         rng = np.random.default_rng(args.seed)
         xy = np.empty((args.batch, 2), np.float32)
         target = np.empty((args.batch, 3), np.float32)
 
-        def train_step():
+        def draw():
             rng.random(out=xy, dtype=np.float32)
             bilinear_lookup(img, xy, target)
-            return model.trainer.training_step(xy, target)
+            return xy, target
+
+    def train_step():
+        return model.trainer.training_step(*draw())
 
     t = time.perf_counter()
     for i in range(args.warmup):
@@ -97,6 +103,8 @@ def main():
             t = time.perf_counter()
             loss = train_step()
             times.append(time.perf_counter() - t)
+    batch = draw()
+    step_cost = per_call(lambda: model.trainer.training_step(*batch))
     result = {
         "impl": "tinn", "batch": args.batch, "steps": args.steps,
         "train_samples_per_s": args.batch * args.steps / sum(times),
@@ -105,6 +113,7 @@ def main():
         "ms_per_step_min": 1e3 * min(times), "warmup_s": warmup_s, "startup_s": startup,
         "threads": args.threads, "arch": args.arch, "image": desc, "train_foreign_cores": round(mon.foreign_cores, 3),
         "train_self_cores": round(mon.self_cores, 3),
+        "launches_per_step": step_cost["launches"], "read_backs_per_step": step_cost["read_backs"],
     }
     if not args.no_infer:
         coords = pixel_centres(H, W)
@@ -118,6 +127,8 @@ def main():
             outs = [model.network.inference(c) for c in chunks]
             ti.sync()
         out = np.concatenate([tinn._device.host(o) for o in outs])
+        infer_cost = per_call(lambda: model.network.inference(chunks[0]))
+        result.update(infer_launches_per_call=infer_cost["launches"], infer_read_backs_per_call=infer_cost["read_backs"])
         result.update(infer_samples_per_s=len(coords) / imon.wall, infer_pixels=len(coords),
                       infer_foreign_cores=round(imon.foreign_cores, 3), psnr=C.psnr(out.reshape(H, W, 3), img))
     result["peak_rss_mib"] = round(C.peak_rss_mib(), 1)
