@@ -148,3 +148,33 @@ def test_a_bad_device_step_raises_at_the_trainers_next_read(rng, device_path):
     with pytest.raises(ValueError, match="x must be finite"):
         trainer.params()
     trainer.params()
+
+
+@pytest.mark.parametrize("K", [1, 3])
+def test_inference_writes_into_the_callers_buffer(rng, device_path, K):
+    """``inference(x, out=...)``: the outputs land in the caller's buffer (equal to a plain call); on the device
+    the network's last kernel writes there (no copy kernel); dense arrays and host arrays too."""
+    model = tinn.create_from_config(2, 3, config_hash(), n_instances=K).network
+    x = rng.random((K, 100, 2) if K > 1 else (300, 2), dtype=np.float32)
+    xd = _device.put(x)
+    expected = model.inference(xd).to_numpy()
+    out = _device.buffer(expected.shape)
+    with counting() as seen:
+        assert model.inference(xd, out=out) is out
+    np.testing.assert_array_equal(out.to_numpy(), expected)
+    if K == 1:
+        assert "_columns" not in seen.kernels and seen.kernels["_layer_forward"] == 3
+    host = np.full(expected.shape, np.nan, np.float32)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(_device, "FORCE", False)
+        assert model.inference(x, out=host) is host
+        np.testing.assert_allclose(host, expected, rtol=1e-4, atol=1e-6)
+
+
+def test_inference_refuses_a_wrong_output_buffer(rng, device_path):
+    model = tinn.create_from_config(2, 3, config_hash()).network
+    x = _device.put(rng.random((64, 2), dtype=np.float32))
+    for out, error in [(np.empty((64, 3), np.float32), TypeError), (_device.buffer((64, 2)), ValueError),
+                       (_device.buffer((64, 3), ti.i32), TypeError)]:
+        with pytest.raises(error, match="out must"):
+            model.inference(x, out=out)

@@ -304,6 +304,17 @@ def columns(a, begin: int, n: int):
     return out
 
 
+def copy_into(dst, src):
+    """``dst[...] = src`` for two batches of one shape and kind (a numpy copy, or one copy kernel); returns ``dst``."""
+    if not is_device(dst):
+        np.copyto(dst, src)
+    elif len(dst.shape) == 3:
+        _regroup(flatten(src) if len(src.shape) == 3 else src, dst, True)
+    elif dst.shape[1]:
+        _columns(src, 0, dst, 0, dst.shape[1], _COPY)
+    return dst
+
+
 def add_to_columns(dst, begin: int, src):
     """``dst[:, begin:begin + n] += src`` for a ``(batch, n)`` ``src``, in place; ``dst`` of either kind,
     ``src`` of ``dst``'s kind or numpy."""

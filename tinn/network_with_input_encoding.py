@@ -88,6 +88,9 @@ class NetworkWithInputEncoding(DifferentiableObject):
     def _inference(self, x, routing):
         return self.network._inference(self.encoding._inference(self._encoding_input(x), routing), routing)
 
+    def _inference_into(self, x, routing, out):
+        return self.network._inference_into(self.encoding._inference(self._encoding_input(x), routing), routing, out)
+
     def _forward(self, x, routing):
         encoded, enc_ctx = self.encoding._forward(self._encoding_input(x), routing)
         y, net_ctx = self.network._forward(encoded, routing)

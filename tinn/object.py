@@ -18,8 +18,9 @@ Parameter gradients follow tcnn's ``GradientMode``: ``mode="overwrite"``
 from __future__ import annotations
 
 import numpy as np
+import taichi as ti
 
-from ._device import flatten, full_like, host, is_device, same_kind, unflatten
+from ._device import copy_into, flatten, full_like, host, is_device, same_kind, unflatten
 from ._kernels import fill_columns
 from ._runtime import RuntimeBound, as_batch, callers_kind
 from ._rng import Pcg32
@@ -186,21 +187,50 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         y = np.ascontiguousarray(host(y)[:, : self.n_output_dims])
         return y.reshape(routing.dense + (-1,)) if routing.dense else y
 
-    def inference(self, x, instance=None) -> np.ndarray:
+    def inference(self, x, instance=None, *, out=None) -> np.ndarray:
         """Outputs ``(batch, n_output_dims)`` for inputs ``(batch, n_input_dims)``; with a network array,
         ``instance`` ``(batch,)`` int32 routes each sample, or ``x`` is a dense ``(K, B_k, n_input_dims)``.
         A batch larger than :func:`chunk_samples` allows runs in chunks (bounded memory). Results have the
-        kind of array the caller passed (numpy, or ``ti.ndarray``), here and in every method below."""
+        kind of array the caller passed (numpy, or ``ti.ndarray``), here and in every method below.
+
+        ``out``: a float32 array of the result's shape and of ``x``'s kind to write the outputs into (and
+        return); on the device path the network's last kernel writes there, with no copy."""
         caller = x
         x, routing = self._prepare(x, instance)
+        if out is not None:
+            self._check_out(out, caller, routing)
         chunk = chunk_samples(self, training=False)
+        if out is not None and routing.dense is None and (routing.batch <= chunk or is_device(x)):
+            y = self._inference_into(x, routing, out)
+            return out if y is out else callers_kind(y, caller)
         if routing.batch <= chunk or is_device(x):       # a device batch is not cut
-            return callers_kind(self._finish(self._inference(x, routing), routing, x), caller)
-        y = np.empty((routing.batch, self.n_output_dims), np.float32)
+            y = callers_kind(self._finish(self._inference(x, routing), routing, x), caller)
+            return y if out is None else copy_into(out, y)
+        y = np.empty((routing.batch, self.n_output_dims), np.float32) if out is None else out.reshape(routing.batch, -1)
         for lo in range(0, routing.batch, chunk):
             hi = min(lo + chunk, routing.batch)
             y[lo:hi] = host(self._inference(x[lo:hi], routing.chunk(lo, hi)))[:, : self.n_output_dims]
+        if out is not None:
+            return out
         return callers_kind(y.reshape(routing.dense + (-1,)) if routing.dense else y, caller)
+
+    def _check_out(self, out, caller, routing):
+        """``out`` must have the result's shape, float32 and the caller's kind (``TypeError`` / ``ValueError``)."""
+        shape = routing.dense + (self.n_output_dims,) if routing.dense else (routing.batch, self.n_output_dims)
+        if is_device(caller) != is_device(out) or not (is_device(out) or isinstance(out, np.ndarray)):
+            raise TypeError(f"out must be of x's kind ({type(caller).__name__}), got {type(out).__name__}")
+        dtype = out.dtype if is_device(out) else np.dtype(out.dtype)
+        if dtype not in (ti.f32, np.float32):
+            raise TypeError(f"out must have dtype float32, got {out.dtype}")
+        if tuple(out.shape) != shape:
+            raise ValueError(f"out must have shape {shape}, got {tuple(out.shape)}")
+        if isinstance(out, np.ndarray) and not out.flags.c_contiguous:
+            raise ValueError("out must be C-contiguous")
+
+    def _inference_into(self, x, routing, out):
+        """Outputs of a flat batch written into ``out`` ``(batch, n_output_dims)`` (a component whose last kernel
+        can write there overrides this); returns ``out``."""
+        return copy_into(out, self._finish(self._inference(x, routing), routing, x))
 
     def forward(self, x, instance=None):
         """``(output, ctx)``: the output as :meth:`inference` gives it, at the training weights; keep

@@ -179,29 +179,29 @@ class KernelMLP:
             return None
         return fused_kernels(plan, FUSED_TILE[arch])
 
-    def run(self, x, routing, keep: bool):
-        """``(y, ctx)``: outputs ``(batch, n_output_dims)`` (a ``ti.ndarray``) and, if ``keep``, what the
-        backward needs (each layer's input and pre-activation)."""
+    def run(self, x, routing, keep: bool, out=None):
+        """``(y, ctx)``: outputs ``(batch, n_output_dims)`` (a ``ti.ndarray``: ``out`` if given, written by the
+        last kernel) and, if ``keep``, what the backward needs (each layer's input and pre-activation)."""
         instance = routing.instance
         store = self.mlp.store
         weights = store.params if keep else store.inference_params
         h = _device.on_device(x)                                   # one upload, not one per kernel
         fused = self._fused_kernels(instance)
         if fused is not None:
-            return self._run_fused(fused, weights, x, h, routing, keep)
+            return self._run_fused(fused, weights, x, h, routing, keep, out)
         inst, routed = routing.kernel_ids(h)
-        hs, zs = self._layers(weights, h, inst, routed, keep)
+        hs, zs = self._layers(weights, h, inst, routed, keep, out)
         ctx = Context(self.mlp, x, routing, hs=hs, zs=zs, inst=inst, routed=routed) if keep else None
         return hs[-1], ctx
 
-    def _layers(self, weights, h, inst, routed, keep: bool):
+    def _layers(self, weights, h, inst, routed, keep: bool, y=None):
         """``(hs, zs)``: the per-layer kernels' pass over a device batch ``h`` ``(batch, n_input_dims)``; ``hs`` is
-        ``h`` then each layer's output ``(batch, rows_i)``, ``zs`` each pre-activation (the outputs again unless
-        ``keep``)."""
+        ``h`` then each layer's output ``(batch, rows_i)`` (the last one ``y`` if given), ``zs`` each pre-activation
+        (the outputs again unless ``keep``)."""
         B = h.shape[0]
         hs, zs, offsets = [h], [], self.offsets
         for i, rows in enumerate(self.rows):
-            out = _device.buffer((B, rows))
+            out = y if y is not None and i == len(self.rows) - 1 else _device.buffer((B, rows))
             z = _device.buffer((B, rows)) if keep else out
             _layer_forward(weights, offsets[i], h, inst, routed, self.acts[i], keep, z, out)
             hs.append(out)
@@ -209,13 +209,13 @@ class KernelMLP:
             h = out
         return hs, zs
 
-    def _run_fused(self, fused, weights, x, h, routing, keep):
+    def _run_fused(self, fused, weights, x, h, routing, keep, out=None):
         B, T, L = x.shape[0], fused.T, fused.n_layers
         padded = -(-B // T) * T
         ctx = Context(self.mlp, x, routing, fused=fused, h=h) if keep else None
         zs = self._pool.take((L, fused.width, padded), ctx) if keep else self._none3
         hs = self._pool.take((max(L - 1, 1), fused.width, padded), ctx) if keep else self._none3
-        y = _device.buffer((B, self.rows[-1]))
+        y = _device.buffer((B, self.rows[-1])) if out is None else out
         fused.forward(weights, self.mlp._offset, h, padded, keep, zs, hs, y)
         if keep:
             ctx.zs, ctx.hs = zs, hs

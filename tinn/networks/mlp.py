@@ -114,6 +114,13 @@ class MLP(Network):
     def _inference(self, x, routing):
         return self._batch_path().run(x, routing, keep=False)[0]
 
+    def _inference_into(self, x, routing, out):
+        """The kernel path writes its last layer straight into a device ``out``; else as every object does."""
+        path = self._batch_path()
+        if isinstance(path, KernelMLP) and _device.is_device(out):
+            return path.run(x, routing, keep=False, out=out)[0]
+        return super()._inference_into(x, routing, out)
+
     def _forward(self, x, routing):
         return self._batch_path().run(x, routing, keep=True)
 
