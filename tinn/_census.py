@@ -236,33 +236,38 @@ class Faults:
                       "skipped)")
 
 
+def loss_checks(census: "Census | None") -> tuple:
+    """The loss kernel's census arguments ``(facts, values, mask, fault record, fault values, step)``: a census's
+    (its ``target`` and ``pdf`` are then checked by the loss kernel), or unused placeholders."""
+    if census is None:
+        return unused((1,)), unused((1,), ti.f32), unused((1,)), unused((1,)), unused((1,), ti.f32), 0
+    faults = census.faults
+    if faults is None:
+        return census.facts, census.values, census.mask, unused((1,)), unused((1,), ti.f32), 0
+    return census.facts, census.values, census.mask, faults.record, faults.values, faults.next_step()
+
+
 class LossValue:
     """A loss that stays on the device until it is read: ``float(loss)``, formatting, comparisons and arithmetic
-    read it (one wait for the device, then kept). ``sums``: the ``(K,)`` per-network sums of the loss kernel;
-    ``mean_over``: ``"one"`` (a single network), ``"all"`` (a dense array: the mean over networks) or
-    ``"active"`` (a routed array: the mean over the networks with samples, ``n_active``). Reading it first
-    settles ``settle`` (the trainer's faults: an earlier bad step raises its ``ValueError`` here) and, for
-    a step with a census, raises if that step's batch was bad."""
+    read it (one wait for the device, then kept). ``sums``: the ``(K,)`` per-network sums of the loss kernel,
+    averaged as ``routing.mean`` says. With a ``census`` (a trainer's step), reading it first settles the
+    trainer's faults (an earlier bad step raises its ``ValueError`` here), then raises if this step's batch
+    was bad."""
 
-    def __init__(self, sums, mean_over: str, census=None, settle=None, n_active: int | None = None):
-        self._sums, self._mean_over, self._census, self._settle, self._n_active = sums, mean_over, census, settle, n_active
+    def __init__(self, sums, routing, census=None):
+        self._sums, self._routing, self._census = sums, routing, census
         self._value = self._per_network = None
 
     def _read(self) -> float:
         if self._value is None:
-            if self._settle is not None:
-                self._settle()
-            if self._census is not None:
-                self._census.check()
+            census, n_active = self._census, None
+            if census is not None:
+                if census.faults is not None:
+                    census.faults.settle(census.n_instances)
+                census.check()
+                n_active = int(census.read()[0][N_ACTIVE])
             sums = self._sums.to_numpy().astype(np.float64)
-            if self._mean_over == "one":
-                value = sums[0]
-            elif self._mean_over == "all":
-                value = sums.mean()
-            else:
-                n_active = self._n_active if self._census is None else int(self._census.read()[0][N_ACTIVE])
-                value = sums.sum() / max(n_active, 1)
-            self._value, self._per_network = float(value), sums
+            self._value, self._per_network = self._routing.mean(sums, n_active), sums
         return self._value
 
     @property

@@ -24,7 +24,7 @@ import numpy as np
 import taichi as ti
 
 from . import _census, _device
-from ._census import LossValue, PerNetwork, unused
+from ._census import ROWS_PER_TASK, LossValue, PerNetwork, loss_checks, unused
 from ._kernels import F32_1D, F32_2D, I32_1D, specialised
 from ._runtime import RuntimeBound, to_numpy, as_batch, as_instances, callers_kind, is_cpu
 from .registry import losses
@@ -197,49 +197,22 @@ class Loss(Object, RuntimeBound):
         batches, ``checked``) the kernel also checks ``target`` and ``pdf`` there.
         """
         B, D = t.shape
-        K, whole, census = routing.n_instances, routing.whole, routing.census
-        on_device, weighted = _device.is_device(p), q is not None
-        if census is not None:
-            inv = census.inv
-        elif routing.routed and routing.dense is None:
-            with np.errstate(divide="ignore"):
-                inv = (1.0 / (whole.counts * D)).astype(np.float32)               # inf only where never read
-        else:
-            inv = np.full(K, 1.0 / (whole.batch // K * D), np.float32)
-        ids, routed = routing.kernel_ids(p)
-        if on_device:
-            t, q = _device.on_device(t), _device.on_device(q) if weighted else _device.unread()
-            inv = _device.on_device(inv)
-        elif not weighted:
-            q = _UNREAD
+        weighted, census = q is not None, routing.census if checked else None
+        inv, (ids, routed) = routing.normalisers(D), routing.kernel_ids(p)
         grad = _device.empty_like(p)
-        check = on_device and census is not None and checked
-        if on_device:
-            sums = _device.buffer((K,))
-            facts, values, mask = (census.facts, census.values, census.mask) if check else (unused((1,)), unused((1,), ti.f32), unused((1,)))
-            faults = census.faults if check and census.faults is not None else None
-            step = faults.next_step() if faults is not None else 0
-            per_task = _census.ROWS_PER_TASK if is_cpu() else 16
-            _kernel(type(self), per_task)(
-                p, t, q, weighted, ids, routed, inv, float(loss_scale), grad, unused((1,), ti.f32), True, sums, check,
-                facts, values, mask, *((faults.record, faults.values) if faults else (unused((1,)), unused((1,), ti.f32))),
-                step, -(-B // per_task))
-            mean_over = "active" if routing.routed and routing.dense is None else "all" if routing.routed else "one"
-            n_active = None if census is not None or mean_over != "active" else int(np.count_nonzero(whole.counts))
-            settle = None if faults is None else (lambda: faults.settle(K))     # an earlier bad step raises first
-            loss = LossValue(sums, mean_over, census if check else None, settle, n_active)
+        if _device.is_device(p):
+            t, inv = _device.on_device(t), _device.on_device(inv)
+            q = _device.unread() if q is None else _device.on_device(q)
+            sums, per_task = _device.buffer((routing.n_instances,)), ROWS_PER_TASK if is_cpu() else 16
+            _kernel(type(self), per_task)(p, t, q, weighted, ids, routed, inv, float(loss_scale), grad, unused((1,), ti.f32),
+                                          True, sums, census is not None, *loss_checks(census), -(-B // per_task))
+            loss = LossValue(sums, routing, census)
             return loss, grad, PerNetwork(loss)
         rows = np.empty(B, np.float32)
-        _kernel(type(self), _census.ROWS_PER_TASK)(
-            p, t, q, weighted, ids, routed, inv, float(loss_scale), grad, rows, False, _UNREAD[0], False,
-            *_HOST_UNUSED, 0, 0)
-        if not routing.routed:
-            loss = float(rows.sum(dtype=np.float64))
-            return loss, grad, np.array([loss])
+        _kernel(type(self), ROWS_PER_TASK)(p, t, _UNREAD if q is None else q, weighted, ids, routed, inv,
+                                           float(loss_scale), grad, rows, False, _UNREAD[0], False, *_HOST_UNUSED, 0, 0)
         per_network = routing.sum_per_network(rows)
-        if routing.dense is not None:
-            return float(per_network.mean()), grad, per_network
-        return float(per_network.sum() / np.count_nonzero(whole.counts)), grad, per_network
+        return routing.mean(per_network), grad, per_network
 
 
 def _loss(name: str, doc: str, **attrs):

@@ -241,11 +241,34 @@ class Routing:
         bad), else the host ids of the networks with samples (``None``: all of them)."""
         return self.active if self.census is None else self.census.mask
 
+    def normalisers(self, n_dims: int):
+        """Per network, the ``1 / (B_k * n_dims)`` its samples' losses are scaled by, ``(n_instances,)`` float32 (a
+        chunk's are the whole batch's): a census's, on the device, or a host array."""
+        if self.census is not None:
+            return self.census.inv
+        whole = self.whole
+        if self.routed and self.dense is None:
+            with np.errstate(divide="ignore"):
+                return (1.0 / (whole.counts * n_dims)).astype(np.float32)       # inf only where never read
+        return np.full(self.n_instances, 1.0 / (whole.batch // self.n_instances * n_dims), np.float32)
+
     def sum_per_network(self, values: np.ndarray) -> np.ndarray:
         """Per network, the sum of a host ``(batch,)`` array over its samples: ``(n_instances,)`` float64."""
+        if not self.routed:
+            return np.array([values.sum(dtype=np.float64)])
         if self.dense is not None:
             return values.reshape(self.n_instances, -1).sum(axis=1, dtype=np.float64)
         return np.bincount(self.instance, weights=values, minlength=self.n_instances)
+
+    def mean(self, per_network: np.ndarray, n_active: int | None = None) -> float:
+        """The batch's loss from its per-network losses: a single network's own, the mean over a dense array's
+        networks, or over the networks with samples of a routed one (``n_active`` of them: counted on the host
+        unless given)."""
+        if not self.routed or self.dense is not None:
+            return float(per_network.mean())
+        if n_active is None:
+            n_active = int(np.count_nonzero(self.whole.counts))
+        return float(per_network.sum() / max(n_active, 1))
 
     def has_checked(self, a) -> bool:
         """Whether ``a`` is one of the arrays whose values were checked for this batch (``checked``)."""
