@@ -48,7 +48,8 @@ from .._runtime import is_cpu
 from ..registry import encodings
 from ..keys import OFF, POSITIVE_INT, Key, Options, above, between, one_of, reported
 from ..object import Context
-from ._grid_kernels import OFFSET_MASK, grid_kernels
+from ._grid_funcs import OFFSET_MASK
+from ._grid_kernels import grid_kernels
 from .encoding import Encoding, next_multiple
 
 MAX_BASE = {1: 0xFFFFFFFF, 2: 0xFFFF, 3: 0x659, 4: 0xFF}   # largest res with res^D < 2^32
