@@ -14,12 +14,16 @@ the corners whose slot is ``r`` (at most one per entry), and a tile takes as man
 claimed entry has claims.
 """
 import taichi as ti
+from taichi.lang import impl
 
 from .._kernels import F32_2D
 
 T = 128                 # threads per block, one sample each
 MAX_BLOCKS = 256        # about two blocks per multiprocessor of a large GPU; fewer blocks, fewer global adds
-SHARED_WORDS = 12288    # 48 KiB, CUDA's static shared memory per block
+SHARED_BYTES = 48 << 10
+"""Shared memory a block may take on CUDA (its static limit); other archs take ``OTHER_SHARED_BYTES``."""
+OTHER_SHARED_BYTES = 32 << 10
+"""Vulkan guarantees 16 KiB; desktop GPUs, Apple's and Mesa's llvmpipe offer 32 KiB or more."""
 
 
 def shared_words(size: int, F: int) -> int:
@@ -29,7 +33,8 @@ def shared_words(size: int, F: int) -> int:
 
 
 def fits(size: int, F: int) -> bool:
-    return shared_words(size, F) <= SHARED_WORDS
+    budget = SHARED_BYTES if impl.current_cfg().arch == ti.cuda else OTHER_SHARED_BYTES
+    return shared_words(size, F) * 4 <= budget
 
 
 def n_blocks(B: int) -> int:

@@ -1,4 +1,4 @@
-"""The grid encoding's Taichi kernels and per-sample funcs (the formulas, first and second order: ``grid.py``)."""
+"""The grid encoding's batch kernels and the funcs a user's kernel calls (the per-level formulas: ``_grid_funcs.py``)."""
 import taichi as ti
 
 from .._kernels import F32_2D, I32_1D, specialised
