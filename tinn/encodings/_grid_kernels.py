@@ -1,20 +1,15 @@
-"""The grid encoding's Taichi kernels and per-sample funcs (the formulas, first and second order: ``grid.py``)."""
+"""The grid encoding's batch kernels and the funcs a user's kernel calls (the per-level formulas: ``_grid_funcs.py``)."""
 import taichi as ti
 
 from .._kernels import F32_2D, I32_1D, specialised
 from .._runtime import FieldTree, is_cpu
+from . import _grid_block as block
+from ._grid_funcs import DENSE, HASHED, MODULO, level_funcs
 
-PRIMES = (1, 2654435761, 805459861, 3674653429)
-HASHED, DENSE, MODULO = 0, 1, 2          # how a level reduces its vertex index to a table entry
 # Taichi 1.7's CPU backend hands a parallel range to its threads in chunks of 512 iterations (a
 # shorter range runs on one thread, whatever ti.loop_config says), so per-thread work is spread
 # one iteration per chunk.
 CPU_CHUNK = 512
-INT32_MIN_F32, INT32_MAX_F32 = -2.0 ** 31, 2.0 ** 31 - 128     # the float32 values at the ends of the int32 range
-OFFSET_MASK = (1 << 30) - 1
-"""An encoding's column offset in its store and its parameter indices are below 2^30 (``GridEncoding``
-checks it): masking them with this changes neither, but shows LLVM that their sum cannot overflow, so
-that it folds the sum into the load addresses (unmasked, the runtime offset cost ~40 % of a forward)."""
 
 
 @specialised
@@ -63,13 +58,17 @@ class _GridKernels:
         cpu = is_cpu()
         n_workers = max(1, ti.lang.impl.current_cfg().cpu_max_num_threads) if cpu else 1
 
-        runs = []                                           # (index mode, first level, last level + 1)
+        runs, kinds = [], []                                # (index mode, first level, last level + 1)
         for l, (scale, res, entries, offset, hashed) in enumerate(levels):
             mode = HASHED if hashed else DENSE if res ** D <= entries else MODULO
-            if runs and runs[-1][0] == mode:
+            kind = (mode, not cpu and block.fits(entries, F))       # off the CPU: aggregated per block?
+            if kinds and kinds[-1] == kind:
                 runs[-1] = (mode, runs[-1][1], l + 1)
             else:
                 runs.append((mode, l, l + 1))
+                kinds.append(kind)
+        block_runs = [run for run, (_, shared) in zip(runs, kinds) if shared]
+        atomic_runs = [run for run, (_, shared) in zip(runs, kinds) if not shared]
         # Table indices and offsets are below the encoding's entry count: masking them with the power of
         # two above it changes nothing, but shows LLVM that they are small and non-negative, so that it
         # folds them into the load addresses, as it did the constants of unrolled levels (~15% of a forward).
@@ -80,168 +79,9 @@ class _GridKernels:
                                (n_workers, K, n) if private else None)
         geometry, scratch = self._tables[1:]
 
-        @ti.func
-        def grid_index(lv, mode: ti.template(), p):
-            """tcnn's index of vertex p modulo the level's table size, with a division only where needed:
-            hashed  (XOR_d p_d pi_d) & (size - 1)     (hashed tables are powers of two);
-            dense   p_0 + res (p_1 + res (p_2 + res p_3)), wrapping in u32 like tcnn's sum_d p_d res^d,
-                    then mod size (DENSE: only when beyond the table, which inputs in [0, 1) rarely are).
-            Any u32 p gives an index inside the level's table. (No ``u32 -= ...``: SPIR-V cannot negate it.)"""
-            idx = ti.u32(0)
-            if ti.static(mode == HASHED):
-                for d in ti.static(range(D)):
-                    idx = idx ^ (p[d] * ti.u32(PRIMES[d]))
-                idx = idx & (lv.size - 1)
-            else:
-                for d in ti.static(range(D - 1, -1, -1)):
-                    idx = idx * lv.res + p[d]
-                if ti.static(mode == DENSE):
-                    if idx >= lv.size:
-                        idx = idx % lv.size
-                else:
-                    idx = idx % lv.size
-            return idx
-
-        @ti.func
-        def locate(xs, lv):
-            """Lower corner p (u32), interpolation weights w and their first and second derivatives dw, ddw
-            in t of point xs (any finite xs)."""
-            # tcnn casts floor(pos) to int, then to uint32; clamping pos to the int32 range first keeps that
-            # cast defined and t finite for any input (x * scale may overflow to inf), without changing a
-            # position that fits
-            pos = ti.min(ti.max(xs * lv.scale + 0.5, INT32_MIN_F32), INT32_MAX_F32)
-            pf = ti.floor(pos)
-            t = pos - pf
-            w, dw, ddw = t, ti.Vector.one(ti.f32, D), ti.Vector.zero(ti.f32, D)
-            if ti.static(interp == "Smoothstep"):
-                w, dw, ddw = t * t * (3.0 - 2.0 * t), 6.0 * t * (1.0 - t), 6.0 - 12.0 * t
-            return ti.cast(ti.cast(pf, ti.i32), ti.u32), w, dw, ddw
-
-        def corners():
-            """Static list of corner offsets: 2^D of them (one for Nearest)."""
-            n_corners = 1 if interp == "Nearest" else 1 << D
-            return [tuple((c >> d) & 1 for d in range(D)) for c in range(n_corners)]
-
-        @ti.func
-        def corner_weight(w, bits: ti.template(), skip: ti.template()):
-            """prod over dims d not in skip (a tuple) of (w_d if the corner is upper in d else 1 - w_d)."""
-            weight = 1.0
-            if ti.static(interp != "Nearest"):
-                for d in ti.static(range(D)):
-                    if ti.static(d not in skip):
-                        weight *= w[d] if ti.static(bits[d]) else 1.0 - w[d]
-            return weight
-
-        def sign(bits, d):
-            return 1.0 if bits[d] else -1.0
-
-        @ti.func
-        def corner_slopes(w, dw, bits: ti.template(), scale):
-            """d weight / dx_d of the corner for every d: sign_d scale w'_d prod_{d' != d}(...)."""
-            s = ti.Vector.zero(ti.f32, D)
-            for d in ti.static(range(D)):
-                s[d] = ti.static(sign(bits, d)) * corner_weight(w, bits, (d,)) * scale * dw[d]
-            return s
-
-        @ti.func
-        def corner_curvature(w, dw, ddw, bits: ti.template(), scale, gs):
-            """sum_d gs_d d^2 weight / dx_d dx_e of the corner, for every e."""
-            h = ti.Vector.zero(ti.f32, D)
-            for e in ti.static(range(D)):
-                for d in ti.static(range(D)):
-                    if ti.static(d == e):
-                        if ti.static(interp == "Smoothstep"):
-                            h[e] += gs[d] * ti.static(sign(bits, d)) * corner_weight(w, bits, (d,)) * ddw[d]
-                    else:
-                        h[e] += gs[d] * ti.static(sign(bits, d) * sign(bits, e)) * corner_weight(w, bits, (d, e)) \
-                            * dw[d] * dw[e]
-            return h * (scale * scale)
-
-        @ti.func
-        def entry(lv, mode: ti.template(), p, bits: ti.template()):
-            """Index of the corner's first feature, relative to the encoding's parameters: (offset + index) F."""
-            idx = grid_index(lv, mode, p + ti.Vector(bits, ti.u32))
-            return ti.cast((lv.offset & entry_mask) + (idx & entry_mask), ti.i32) * F
-
-        @ti.func
-        def at(base, i):
-            """Column ``base + i`` of the parameter fields (see ``OFFSET_MASK``)."""
-            return (base & OFFSET_MASK) + (i & OFFSET_MASK)
-
-        # -- one sample, one level: shared by the batch kernels and the in-kernel funcs --
-        @ti.func
-        def level_features(weights: ti.template(), base, k, xs, lv, mode: ti.template()):
-            p, w, _, _ = locate(xs, lv)
-            acc = ti.Vector.zero(ti.f32, F)
-            for bits in ti.static(corners()):
-                weight = corner_weight(w, bits, ())
-                e = at(base, entry(lv, mode, p, bits))
-                for f in ti.static(range(F)):
-                    acc[f] += weight * weights[k, e + f]
-            return acc
-
-        @ti.func
-        def level_scatter(add: ti.template(), G: ti.template(), base, slot, k, xs, lv, mode: ti.template(), dy,
-                          second: ti.template(), gs):
-            """add(G, base, slot, k, i, coefficient * dL/dy_f) for every corner entry i (relative to the
-            encoding): the corner's weight (dL/dθ), or with ``second`` its slope along gs, sum_d gs_d s_d
-            (dL2/dθ)."""
-            if ti.static(not second or interp != "Nearest"):
-                p, w, dw, _ = locate(xs, lv)
-                for bits in ti.static(corners()):
-                    coefficient = 0.0
-                    if ti.static(second):
-                        coefficient = gs.dot(corner_slopes(w, dw, bits, lv.scale))
-                    else:
-                        coefficient = corner_weight(w, bits, ())
-                    e = entry(lv, mode, p, bits)
-                    for f in ti.static(range(F)):
-                        add(G, base, slot, k, e + f, coefficient * dy[f])
-
-        @ti.func
-        def level_input_gradient(weights: ti.template(), base, k, xs, lv, mode: ti.template(), dy):
-            g = ti.Vector.zero(ti.f32, D)
-            if ti.static(interp != "Nearest"):
-                p, w, dw, _ = locate(xs, lv)
-                for bits in ti.static(corners()):
-                    e = at(base, entry(lv, mode, p, bits))
-                    value = 0.0
-                    for f in ti.static(range(F)):
-                        value += dy[f] * weights[k, e + f]
-                    g += corner_slopes(w, dw, bits, lv.scale) * value
-            return g
-
-        @ti.func
-        def level_second_order(weights: ti.template(), base, k, xs, lv, mode: ti.template(), dy, gs):
-            """(dL2/d(dL/dy_l) (F values), dL2/dx (D values)) of one level for L2 = <gs, dL/dx>."""
-            d_dy, h = ti.Vector.zero(ti.f32, F), ti.Vector.zero(ti.f32, D)
-            if ti.static(interp != "Nearest"):
-                p, w, dw, ddw = locate(xs, lv)
-                for bits in ti.static(corners()):
-                    e = at(base, entry(lv, mode, p, bits))
-                    slope = gs.dot(corner_slopes(w, dw, bits, lv.scale))
-                    value = 0.0
-                    for f in ti.static(range(F)):
-                        theta = weights[k, e + f]
-                        d_dy[f] += slope * theta
-                        value += dy[f] * theta
-                    h += corner_curvature(w, dw, ddw, bits, lv.scale, gs) * value
-            return d_dy, h
-
-        @ti.func
-        def row(a: ti.template(), b, n: ti.template(), start):
-            v = ti.Vector.zero(ti.f32, n)
-            for i in ti.static(range(n)):
-                v[i] = a[b, start + i]
-            return v
-
-        @ti.func
-        def gs_row(second: ti.template(), g: ti.template(), b):
-            """Row b of dL2/d(dL/dx) for the second order; nothing read for the first."""
-            v = ti.Vector.zero(ti.f32, D)
-            if ti.static(second):
-                v = row(g, b, D, 0)
-            return v
+        fn = level_funcs(D, F, interp, entry_mask)
+        at, row, gs_row, level_features, level_scatter = fn.at, fn.row, fn.gs_row, fn.level_features, fn.level_scatter
+        level_input_gradient, level_second_order = fn.level_input_gradient, fn.level_second_order
 
         # -- batch kernels ---------------------------------------------------------
         @ti.func
@@ -286,20 +126,27 @@ class _GridKernels:
         def add_atomic(G: ti.template(), base, w_id, k, i, v):
             ti.atomic_add(G[k, at(base, i)], v)
 
-        @ti.kernel
-        def scatter(add: ti.template(), G: ti.template(), base: ti.i32, x: F32_2D, inst: I32_1D, dy: F32_2D,
-                    routed: ti.template(), second: ti.template(), g: F32_2D):
-            B = x.shape[0]
-            for i in range(n_iterations(B)):
-                start, end = samples(i, B)
-                w_id = i // CPU_CHUNK                   # owns scratch[w_id] (add_atomic ignores it)
-                for mode, first, stop in ti.static(runs):
-                    for l in range(first, stop):
-                        lv = geometry[l]
-                        for b in range(start, end):
-                            k = inst[b] if ti.static(routed) else 0
-                            level_scatter(add, G, base, w_id, k, row(x, b, D, 0), lv, mode, row(dy, b, F, l * F),
-                                          second, gs_row(second, g, b))
+        def scatter_kernel(runs):
+            """The kernel adding each sample's gradients of the levels of ``runs`` with ``add``."""
+
+            @ti.kernel
+            def scatter(add: ti.template(), G: ti.template(), base: ti.i32, x: F32_2D, inst: I32_1D, dy: F32_2D,
+                        routed: ti.template(), second: ti.template(), g: F32_2D):
+                B = x.shape[0]
+                for i in range(n_iterations(B)):
+                    start, end = samples(i, B)
+                    w_id = i // CPU_CHUNK                   # owns scratch[w_id] (add_atomic ignores it)
+                    for mode, first, stop in ti.static(runs):
+                        for l in range(first, stop):
+                            lv = geometry[l]
+                            for b in range(start, end):
+                                k = inst[b] if ti.static(routed) else 0
+                                level_scatter(add, G, base, w_id, k, row(x, b, D, 0), lv, mode, row(dy, b, F, l * F),
+                                              second, gs_row(second, g, b))
+
+            return scatter
+
+        scatter = scatter_kernel(runs)
 
         @ti.kernel
         def reduce_private(G: ti.template(), base: ti.i32, overwrite: ti.template()):
@@ -382,8 +229,17 @@ class _GridKernels:
                 reduce_private(G, base, overwrite)
             elif cpu:
                 scatter_levels(G, base, x, inst, dy, routed, overwrite, second, g)
-            else:
+            elif block_scatter is None or routed:
                 scatter(add_atomic, G, base, x, inst, dy, routed, second, g)
+            else:
+                block_scatter(G, base, x, dy, block.n_blocks(x.shape[0]), second, g)
+                scatter_atomic(add_atomic, G, base, x, inst, dy, routed, second, g)
+
+        block_scatter, scatter_atomic = None, None
+        if block_runs:              # the levels of small tables per block, the others per sample
+            block_scatter = block.block_scatter(D, F, interp, fn, geometry, block_runs,
+                                                [levels[l][2] for _, first, stop in block_runs for l in range(first, stop)])
+            scatter_atomic = scatter_kernel(atomic_runs)
 
         # -- one sample inside a user's kernel --------------------------------------
         def sample_funcs(weights, grads, base: int):
@@ -418,6 +274,7 @@ class _GridKernels:
             return forward, vjp
 
         self.private, self.cpu = private, cpu
+        self.block_levels = sum(stop - first for _, first, stop in block_runs)    # aggregated per block
         self.forward, self.backward_params, self.backward_input = forward, backward_params, backward_input
         self.backward_backward = backward_backward
         self.sample_funcs = sample_funcs

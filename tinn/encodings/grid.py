@@ -22,7 +22,8 @@ The backward pass on the CPU scatters ``weight * dL/dy`` into per-thread private
 count. Those tables take threads x instances x n_params floats, so they are used only while that
 stays within ``SCRATCH_BUDGET_BYTES``; beyond it each level's gradients are owned by one thread,
 which adds the whole batch into them in sample order (no tables, no atomics; up to L threads busy;
-bit-identical whatever the thread count). Other archs add atomically. The input gradient is analytic,
+bit-identical whatever the thread count). Other archs add atomically, per sample, except on levels whose
+table fits a block's shared memory: those are summed per block first (``_grid_block.py``). The input gradient is analytic,
 and so is the second order (``backward_backward_input``, tcnn's non-JIT formulas): for
 ``L2 = sum_b <G_b, dL/dx_b>`` and a corner c of level l with slopes
 ``s_{c,d} = d weight_c / dx_d = ±scale_l w'_d prod_{d' != d}(...)``::
@@ -33,8 +34,9 @@ and so is the second order (``backward_backward_input``, tcnn's non-JIT formulas
 
 with ``ds_{c,d}/dx_d = ±scale_l^2 w''_d prod_{d' != d}(...)`` (0 unless Smoothstep) and, for e != d,
 ``±±scale_l^2 w'_d w'_e prod_{d' != d, e}(...)``. Nearest has no second-order terms.
-Any finite input is defined: tcnn's unsigned 32-bit index arithmetic wherever scale_l * x + 0.5 fits
-in int32, a position clamped to that range beyond it; every read and write stays in the level's table.
+Any float input is defined: tcnn's unsigned 32-bit index arithmetic wherever scale_l * x + 0.5 fits
+in int32, a position clamped to that range beyond it; NaN reads as 0 and |x| > 2^64 (infinities too) as
++-2^64, decided on the bits before any float math; every read and write stays in the level's table.
 """
 
 import dataclasses
@@ -48,7 +50,8 @@ from .._runtime import is_cpu
 from ..registry import encodings
 from ..keys import OFF, POSITIVE_INT, Key, Options, above, between, one_of, reported
 from ..object import Context
-from ._grid_kernels import OFFSET_MASK, grid_kernels
+from ._grid_funcs import OFFSET_MASK
+from ._grid_kernels import grid_kernels
 from .encoding import Encoding, next_multiple
 
 MAX_BASE = {1: 0xFFFFFFFF, 2: 0xFFFF, 3: 0x659, 4: 0xFF}   # largest res with res^D < 2^32
