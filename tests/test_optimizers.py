@@ -158,11 +158,11 @@ def test_a_new_optimizer_is_keys_state_and_two_methods():
 
     @ti.kernel
     def momentum_step(P: ti.template(), po: ti.i32, G: ti.template(), go: ti.i32, n: ti.i32, v: F32_1D,
-                      active: I32_1D, inv_scale: ti.f32, lr: F32_1D, mu: ti.f32):
+                      active: I32_1D, inv_scale: ti.f32, lr: ti.f32, lr_scale: F32_1D, mu: ti.f32):
         for k, i in ti.ndrange(active.shape[0], n):
             if active[k]:
                 v[k * n + i] = mu * v[k * n + i] + G[k, go + i] * inv_scale
-                P[k, po + i] -= lr[k] * v[k * n + i]
+                P[k, po + i] -= lr * lr_scale[k] * v[k * n + i]
 
     class Momentum(Optimizer):
         otype = "Momentum"
@@ -175,7 +175,7 @@ def test_a_new_optimizer_is_keys_state_and_two_methods():
         def update(self, step):
             s = self.slot
             momentum_step(s.params, s.p_off, s.grads, s.g_off, s.n, self.velocity, step.mask, 1.0 / step.loss_scale,
-                          self.learning_rates(step), self.hparams["momentum"])
+                          self.learning_rate, self.lr_scale(step), self.hparams["momentum"])
 
     rng = np.random.default_rng(3)
     opt = Momentum(learning_rate=0.1, momentum=0.5)

@@ -121,14 +121,14 @@ def _adam_kernel(n_matrix: int, n: int, flags: tuple):
     def step(P: ti.template(), po: ti.i32, I: ti.template(), io: ti.i32, G: ti.template(), go: ti.i32,
              m: F32_1D, v: F32_1D,
              matrix_steps: I32_1D, param_steps: I32_1D, active: I32_1D, steps: I32_1D, bias: F32_1D,
-             inv_scale: ti.f32, lr: F32_1D, beta1: ti.f32, beta2: ti.f32, eps: ti.f32, l2_reg: ti.f32,
+             inv_scale: ti.f32, lr: ti.f32, lr_scale: F32_1D, beta1: ti.f32, beta2: ti.f32, eps: ti.f32, l2_reg: ti.f32,
              nm_l2_reg: ti.f32, nm_lr_factor: ti.f32, rel_decay: ti.f32, abs_decay: ti.f32, wclip: ti.f32,
              gclip: ti.f32):
         if ti.static(opt_matrix and m_tasks > 0):
             for task in range(active.shape[0] * m_tasks):
                 k, c = task // m_tasks, task % m_tasks
                 if active[k] != 0:
-                    a_t, T = lr[k] * bias_at(bias, matrix_steps[k] + 1, beta1, beta2), adabound_step(steps, k)
+                    a_t, T = lr * lr_scale[k] * bias_at(bias, matrix_steps[k] + 1, beta1, beta2), adabound_step(steps, k)
                     for i in range(c * chunk, ti.min(c * chunk + chunk, n_matrix)):
                         w = P[k, po + i]
                         g = G[k, go + i] * inv_scale + l2_reg * w
@@ -142,7 +142,7 @@ def _adam_kernel(n_matrix: int, n: int, flags: tuple):
             for task in range(active.shape[0] * nm_tasks):
                 k, c = task // nm_tasks, task % nm_tasks
                 if active[k] != 0:
-                    a_k, T = lr[k] * nm_lr_factor, adabound_step(steps, k)
+                    a_k, T = lr * lr_scale[k] * nm_lr_factor, adabound_step(steps, k)
                     for j in range(c * chunk, ti.min(c * chunk + chunk, n_nm)):
                         i, s = n_matrix + j, k * n_nm + j
                         w0, g = P[k, po + i], G[k, go + i] * inv_scale
@@ -223,7 +223,7 @@ class Adam(Optimizer):
         _adam_kernel(self.n_matrix, s.n, flags)(
             s.params, s.p_off, I, io, s.grads, s.g_off, self.first_moments, self.second_moments, self.matrix_steps,
             self.param_steps, step.mask, self._steps, self.kernel_array("bias", self._bias_correction()),
-            1.0 / step.loss_scale, self.learning_rates(step),
+            1.0 / step.loss_scale, self.learning_rate, self.lr_scale(step),
             h["beta1"], h["beta2"], h["epsilon"], h["l2_reg"], h["non_matrix_l2_reg"],
             h["non_matrix_learning_rate_factor"], h["relative_decay"], h["absolute_decay"],
             h["clipping_magnitude"], h["gradient_clipping_magnitude"])

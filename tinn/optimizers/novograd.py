@@ -24,7 +24,7 @@ from .optimizer import (ABSOLUTE_DECAY, EPSILON, F32_1D, F32_2D, I32_1D, LEARNIN
 @ti.kernel
 def _novograd_step(P: ti.template(), po: ti.i32, G: ti.template(), go: ti.i32, n_matrix: ti.i32, m: F32_2D,
                    v: F32_2D, layer_start: I32_1D, layer_of: I32_1D, active: I32_1D, steps: I32_1D,
-                   loss_scale: ti.f32, lr: F32_1D, beta1: ti.f32, beta2: ti.f32, eps: ti.f32, rel_decay: ti.f32,
+                   loss_scale: ti.f32, lr: ti.f32, lr_scale: F32_1D, beta1: ti.f32, beta2: ti.f32, eps: ti.f32, rel_decay: ti.f32,
                    abs_decay: ti.f32):
     for k, l in ti.ndrange(active.shape[0], v.shape[1]):
         if active[k]:
@@ -41,7 +41,7 @@ def _novograd_step(P: ti.template(), po: ti.i32, G: ti.template(), go: ti.i32, n
             mi = b1 * m[k, i] + (1.0 - b1) * g / (ti.sqrt(v[k, layer_of[i]]) + eps)
             m[k, i] = mi
             w = P[k, po + i]
-            a = lr[k]
+            a = lr * lr_scale[k]
             decayed = (1.0 - rel_decay * a) * w - ti.select(w < 0.0, -1.0, 1.0) * abs_decay * a
             P[k, po + i] = decayed - a * mi
 
@@ -67,5 +67,6 @@ class Novograd(Optimizer):
             h, s = self.hparams, self.slot
             _novograd_step(s.params, s.p_off, s.grads, s.g_off, self.n_matrix, self.first_moments,
                            self.per_layer_second_moments, self._layer_start, self._layer_of, step.mask,
-                           self._steps, step.loss_scale, self.learning_rates(step), h["beta1"], h["beta2"],
+                           self._steps, step.loss_scale, self.learning_rate, self.lr_scale(step),
+                           h["beta1"], h["beta2"],
                            h["epsilon"], h["relative_decay"], h["absolute_decay"])

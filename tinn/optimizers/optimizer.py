@@ -17,9 +17,9 @@ counters live in int32 kernel arrays (``steps_array()``), counted by the kernels
 ``step_counts()`` and ``state_dict()`` read them back.
 
 Runtime scalars (learning rate, betas, ...) are kernel arguments, so changing them
-never recompiles. The learning rate reaches a kernel as a per-instance ``(K,)``
-array, ``learning_rate * lr_scale``: wrappers such as ``ExponentialDecay`` scale it
-per network without touching the nested optimizer's configured value.
+never recompiles. The learning rate reaches a kernel as the scalar ``learning_rate`` and a
+float32 ``(K,)`` array ``lr_scale(step)`` (ones, or a wrapper's schedule): wrappers such as
+``ExponentialDecay`` scale it per network without touching the nested optimizer's value.
 
 Writing an optimizer (the whole contract; wrappers: see ``wrapper.py``):
 
@@ -28,7 +28,7 @@ Writing an optimizer (the whole contract; wrappers: see ``wrapper.py``):
 * ``create_state()`` — allocate them, once ``n_instances``, ``n_params``, ``n_matrix``,
   ``layer_sizes`` and ``slot`` (where its weights and gradients live) are set;
 * ``update(step)`` — one step (:class:`~tinn.optimizers.step.Step`) of the instances with
-  ``step.mask[k] != 0``; ``learning_rates(step)`` gives the ``(K,)`` learning rates;
+  ``step.mask[k] != 0``, network ``k`` at learning rate ``learning_rate * lr_scale(step)[k]``;
 * ``inference_weights()`` — ``(field, offset)`` of separate inference weights (tcnn's
   ``custom_weights``), if it keeps any.
 
@@ -45,7 +45,7 @@ from .._runtime import RuntimeBound
 from ..keys import INT32_MAX, NON_NEGATIVE, UNIT_INTERVAL, Key, Options
 from ..object import Object, ParametricObject
 from ..params import ParamStore
-from .step import Step, check_device_mask, count_steps, host_mask, new_counter, scaled_rates
+from .step import Step, check_device_mask, count_steps, host_mask, new_counter
 
 
 def zeros(shape, dtype):
@@ -172,7 +172,8 @@ class Optimizer(Object, RuntimeBound):
         if self.n_matrix > self.n_params:
             raise ValueError(f"layer_sizes cover {self.n_matrix} params, more than the {self.n_params} to optimize")
         self._steps = new_counter(self.n_instances)
-        self._lr_scaled = _device.buffer((self.n_instances,), ti.f32)
+        self._unit_scale = _device.buffer((self.n_instances,), ti.f32)
+        self._unit_scale.fill(1.0)
 
     def create_state(self):
         """Allocate the state arrays named in ``STATE`` (called once bound, when ``n_params > 0``)."""
@@ -242,12 +243,10 @@ class Optimizer(Object, RuntimeBound):
         if self.n_params:
             self.update(step)
 
-    def learning_rates(self, step: Step):
-        """Each network's learning rate, float32 ``(K,)``: ``learning_rate``, times ``step.lr_scale`` if any."""
-        lr = np.float32(self.learning_rate)
-        if step.lr_scale is None:
-            return self.kernel_array("lr", np.full(self.n_instances, lr, np.float32))
-        return scaled_rates(self._lr_scaled, lr, step.lr_scale)
+    def lr_scale(self, step: Step):
+        """float32 ``(K,)`` kernel array by which the kernels multiply ``learning_rate`` (a scalar
+        argument) per network: the step's schedule, else ones."""
+        return self._unit_scale if step.lr_scale is None else step.lr_scale
 
     def steps_array(self):
         """The int32 ``(K,)`` kernel array of completed steps (:meth:`step_counts` without the read-back)."""
@@ -262,7 +261,7 @@ class Optimizer(Object, RuntimeBound):
 
     def update(self, step: Step):
         """One step of the instances with ``step.mask[k] != 0`` on ``slot``: gradients divided by
-        ``step.loss_scale``, learning rates :meth:`learning_rates`."""
+        ``step.loss_scale``, learning rate ``learning_rate * lr_scale(step)[k]``."""
         raise NotImplementedError(f"{type(self).__name__} does not implement update()")
 
     def _children(self) -> list:

@@ -11,11 +11,11 @@ from .optimizer import F32_1D, I32_1D, LEARNING_RATE, Optimizer, l2_reg
 
 @ti.kernel
 def _sgd_step(P: ti.template(), po: ti.i32, G: ti.template(), go: ti.i32, n: ti.i32, active: I32_1D,
-              loss_scale: ti.f32, lr: F32_1D, l2_reg: ti.f32):
+              loss_scale: ti.f32, lr: ti.f32, lr_scale: F32_1D, l2_reg: ti.f32):
     for k, i in ti.ndrange(active.shape[0], n):
         if active[k]:
             w = P[k, po + i]
-            P[k, po + i] = w - lr[k] * (G[k, go + i] / loss_scale + l2_reg * w)
+            P[k, po + i] = w - lr * lr_scale[k] * (G[k, go + i] / loss_scale + l2_reg * w)
 
 
 @optimizers.register("SGD")
@@ -25,5 +25,5 @@ class SGD(Optimizer):
 
     def update(self, step):
         s = self.slot
-        _sgd_step(s.params, s.p_off, s.grads, s.g_off, s.n, step.mask, step.loss_scale, self.learning_rates(step),
-                  self.hparams["l2_reg"])
+        _sgd_step(s.params, s.p_off, s.grads, s.g_off, s.n, step.mask, step.loss_scale, self.learning_rate,
+                  self.lr_scale(step), self.hparams["l2_reg"])

@@ -103,7 +103,8 @@ class Shampoo(Optimizer):
         if not len(rows):
             return
         h, s, loss_scale = self.hparams, self.slot, step.loss_scale
-        lr, steps = _device.host(self.learning_rates(step)), self._steps.to_numpy()
+        lr = np.float32(self.learning_rate) * _device.host(self.lr_scale(step))
+        steps = self._steps.to_numpy()
         params = s.read(s.params, s.p_off)
         w = params[rows]
         raw = s.read(s.grads, s.g_off)[rows] / np.float32(loss_scale)

@@ -14,7 +14,7 @@ import numpy as np
 import taichi as ti
 
 from .. import _device
-from .._kernels import F32_1D, I32_1D
+from .._kernels import I32_1D
 
 
 @dataclass(frozen=True)
@@ -62,18 +62,6 @@ def _count(steps: I32_1D, mask: I32_1D):
 def count_steps(steps, mask):
     """``steps[k] += mask[k]``: the per-network step counter, counted where it lives."""
     _count(steps, mask)
-
-
-@ti.kernel
-def _scale(out: F32_1D, lr: ti.f32, scale: F32_1D):
-    for k in range(out.shape[0]):
-        out[k] = lr * scale[k]
-
-
-def scaled_rates(out, lr: float, scale):
-    """``out[k] = float32(lr) * scale[k]``: per-network learning rates under a wrapper's schedule."""
-    _scale(out, lr, scale)
-    return out
 
 
 def new_counter(n_instances: int):
