@@ -23,9 +23,13 @@ network) is not an error: it gives a non-finite loss, as in tcnn.
 import numpy as np
 import taichi as ti
 
-from . import _device
-from ._kernels import F32_1D, F32_2D, specialised
-from ._runtime import RuntimeBound, to_numpy, as_batch, as_instances, callers_kind
+from . import _buffers, _kind, _ndarray_ops
+from ._kernels import specialised
+from ._types import F32_1D, F32_2D
+from ._batch import as_batch, as_instances
+from ._host_ops import to_numpy
+from ._kind import callers_kind
+from ._program import RuntimeBound
 from .registry import losses
 from .keys import Options
 from .object import Object
@@ -115,7 +119,7 @@ class Loss(Object, RuntimeBound):
             raise ValueError(f"pdf must have the target's shape {t.shape}, got {q.shape}")
         if routing is None and instance is None:
             routing = Routing(p.shape[0])
-        elif routing is None and _device.is_device(instance) and _device.is_device(p):
+        elif routing is None and _kind.is_device(instance) and _kind.is_device(p):
             ids, n_instances, counts = device_ids(instance, p.shape[0], n_instances)
             routing = Routing(p.shape[0], n_instances, ids, counts=counts)
         elif routing is None:
@@ -123,10 +127,10 @@ class Loss(Object, RuntimeBound):
             routing = Routing(p.shape[0], n_instances, as_instances(instance, p.shape[0], n_instances))
         elif routing.batch != int(np.prod(p.shape[:-1])):
             raise ValueError(f"prediction has {int(np.prod(p.shape[:-1]))} samples, its routing {routing.batch}")
-        flat = _device.flatten if dense and len(p.shape) == 3 else (lambda a: a)
+        flat = _kind.flatten if dense and len(p.shape) == 3 else (lambda a: a)
         loss, grad, per_network = self._evaluate(flat(p), flat(t), None if q is None else flat(q), routing,
                                                  loss_scale)
-        grad = callers_kind(_device.unflatten(grad, p.shape[:2]) if len(p.shape) == 3 else grad, prediction)
+        grad = callers_kind(_kind.unflatten(grad, p.shape[:2]) if len(p.shape) == 3 else grad, prediction)
         if not per_instance:
             return loss, grad
         return loss, grad, per_network if per_network is not None else np.array([loss])
@@ -143,26 +147,26 @@ class Loss(Object, RuntimeBound):
         """
         B, D = t.shape
         K, dense, whole = routing.n_instances, routing.dense is not None, routing.whole
-        on_device = _device.is_device(p)        # the device path: every batch array there, K floats back
+        on_device = _kind.is_device(p)        # the device path: every batch array there, K floats back
         if not routing.routed or dense:
             inv = 1.0 / (whole.batch // K * D)
-            inv_n = _device.full(B, inv) if on_device else np.full(B, inv, np.float32)
+            inv_n = _buffers.full(B, inv) if on_device else np.full(B, inv, np.float32)
         else:
             with np.errstate(divide="ignore"):
                 inv_network = (1.0 / (whole.counts * D)).astype(np.float32)       # inf only where never read
-            inv_n = _device.gather(inv_network, routing.ids) if on_device else inv_network[routing.instance]
+            inv_n = _ndarray_ops.gather(inv_network, routing.ids) if on_device else inv_network[routing.instance]
         weighted = q is not None
         if on_device:
-            t, q = _device.on_device(t), _device.on_device(q) if weighted else _device.unread()
+            t, q = _kind.DEVICE.adopt(t), _kind.DEVICE.adopt(q) if weighted else _buffers.unread()
         elif not weighted:
             q = _UNREAD
-        grad = _device.empty_like(p)
-        rows = _device.empty_like(p, (B,))
+        grad = _kind.empty_like(p)
+        rows = _kind.empty_like(p, (B,))
         _kernel(type(self))(p, t, q, weighted, inv_n, float(loss_scale), grad, rows)
         if not routing.routed:
-            return _device.total(rows), grad, None
+            return _kind.DEVICE.total(rows), grad, None
         if on_device:
-            per_network = _device.network_sums(rows, routing.tiles, K)
+            per_network = _ndarray_ops.network_sums(rows, routing.tiles, K)
         elif dense:
             per_network = rows.reshape(K, -1).sum(axis=1, dtype=np.float64)
         else:

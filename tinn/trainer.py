@@ -31,8 +31,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import serialization
-from . import _device
-from ._runtime import RuntimeBound, as_batch, values_checked
+from . import _buffers, _device, _kind
+from ._batch import as_batch, values_checked
+from ._program import RuntimeBound
 from .object import Context, DifferentiableObject, chunk_samples
 from .routing import Routing
 
@@ -140,7 +141,7 @@ class Trainer(RuntimeBound):
         if pdf is not None:
             pdf = as_batch(pdf, model.n_output_dims, "pdf", allow_dense=dense, positive=True)
         if _device.active():                        # the device path: one upload each, then nothing comes back
-            x, target, pdf = (a if a is None or _device.is_device(a) else _device.put(a) for a in (x, target, pdf))
+            x, target, pdf = (a if a is None or _kind.is_device(a) else _buffers.put(a) for a in (x, target, pdf))
         return x, target, instance, pdf
 
     def _forward(self, x, target, instance, pdf, routing=None) -> Context:
@@ -176,7 +177,7 @@ class Trainer(RuntimeBound):
         """
         x, target, instance, pdf = self._checked(x, target, instance, pdf)
         with values_checked(x, target, pdf):
-            if int(np.prod(x.shape[:-1])) <= chunk_samples(self.model, training=True) or _device.is_device(x):
+            if int(np.prod(x.shape[:-1])) <= chunk_samples(self.model, training=True) or _kind.is_device(x):
                 # one pass (a device batch is never cut)
                 ctx = self._forward(x, target, instance, pdf)
                 self.backward(ctx)

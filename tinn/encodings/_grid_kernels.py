@@ -1,8 +1,10 @@
 """The grid encoding's Taichi kernels and per-sample funcs (the formulas, first and second order: ``grid.py``)."""
 import taichi as ti
 
-from .._kernels import F32_2D, I32_1D, specialised
-from .._runtime import FieldTree, is_cpu
+from .._device import is_cpu
+from .._kernels import specialised
+from .._memory import FieldTree
+from .._types import F32_2D, I32_1D
 
 PRIMES = (1, 2654435761, 805459861, 3674653429)
 HASHED, DENSE, MODULO = 0, 1, 2          # how a level reduces its vertex index to a table entry

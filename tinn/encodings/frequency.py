@@ -19,8 +19,9 @@ import numpy as np
 import taichi as ti
 
 from .._kernels import specialised
-from .. import _blas, _device
-from .._runtime import is_cpu
+from .. import _blas
+from .._device import is_cpu
+from .._kind import HOST, ops_of
 from ..registry import encodings
 from ..keys import Key, between
 from ..object import Context
@@ -90,7 +91,7 @@ class FrequencyEncoding(PerDimEncoding):
         return value, slope, curvature
 
     def _forward(self, x, routing):
-        if _device.is_device(x) or not is_cpu():
+        if ops_of(x) is not HOST or not is_cpu():                # numpy's sin/cos for host batches on the CPU
             return super()._forward(x, routing)
         theta = np.multiply(np.float32(math.pi), x.T, order="C")      # phase() at octave 0, (D, B)
         n_restarts = -(-self.n_frequencies // RESTART)

@@ -19,7 +19,7 @@ import numpy as np
 import taichi as ti
 
 from .._kernels import specialised
-from .._runtime import is_cpu
+from .._device import is_cpu
 from ..registry import optimizers
 from ..keys import NON_NEGATIVE, Key
 from .optimizer import (ABSOLUTE_DECAY, EPSILON, F32_1D, I32_1D, LEARNING_RATE, RELATIVE_DECAY, Optimizer, beta,

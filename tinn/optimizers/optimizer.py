@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import _device
-from .._kernels import F32_1D, F32_2D, F32_3D, I32_1D, I32_2D  # noqa: F401 (the optimizers' aliases)
-from .._runtime import RuntimeBound, current_program
+from .. import _buffers
+from .._types import F32_1D, F32_2D, F32_3D, I32_1D, I32_2D  # noqa: F401 (the optimizers' aliases)
+from .._program import RuntimeBound, current_program
 from ..keys import NON_NEGATIVE, UNIT_INTERVAL, Key, Options
 from ..object import Object, ParametricObject
 from ..params import ParamStore
@@ -43,7 +43,7 @@ from ..params import ParamStore
 
 def zeros(shape, dtype):
     """A zeroed ``ti.ndarray``: optimizer state that no model kernel reads (no per-array recompiles)."""
-    return _device.buffer(shape, dtype)
+    return _buffers.buffer(shape, dtype)
 
 
 class Slot:
@@ -244,9 +244,9 @@ class Optimizer(Object, RuntimeBound):
 
     def kernel_array(self, name: str, values: np.ndarray):
         """``values``, a small host array that this optimizer's kernels only read, as their argument
-        (:class:`tinn._device.Mirror`: on the device path uploaded only when it changes)."""
+        (:class:`tinn._buffers.Mirror`: on the device path uploaded only when it changes)."""
         if name not in self._mirrors:
-            self._mirrors[name] = _device.Mirror()
+            self._mirrors[name] = _buffers.Mirror()
         return self._mirrors[name](values)
 
     def update(self, active: np.ndarray, loss_scale: float, lr: np.ndarray):
