@@ -12,7 +12,7 @@ import taichi as ti
 
 from ._device import active
 from ._host_ops import HOST, to_numpy
-from ._kind import ops_of
+from ._kind import is_device, ops_of
 from ._program import check_live
 
 _VALUES_CHECKED: set = set()
@@ -32,7 +32,7 @@ def values_checked(*arrays):
 
 
 def _dtype_name(a) -> str:
-    return {ti.f32: "float32", ti.i32: "int32"}.get(a.dtype, str(a.dtype)) if isinstance(a, ti.Ndarray) \
+    return {ti.f32: "float32", ti.i32: "int32"}.get(a.dtype, str(a.dtype)) if is_device(a) \
         else str(a.dtype)
 
 
@@ -61,9 +61,9 @@ def as_batch(a, n_dims, name: str = "x", *, dtype=np.float32, allow_dense: bool 
     """
     if id(a) in _VALUES_CHECKED:
         finite = positive = False
-    if isinstance(a, ti.Ndarray):
+    if is_device(a):
         check_live(a, name)
-    if not (isinstance(a, ti.Ndarray) and active() and len(a.shape) in (2, 3)):
+    if not (is_device(a) and active() and len(a.shape) in (2, 3)):
         a = to_numpy(a, name)                     # the host path (a ti.ndarray read in place on x64)
     width = n_dims or "dims"
     shapes = f"(batch, {width})" + (f" or (n_instances, batch, {width})" if allow_dense else "")

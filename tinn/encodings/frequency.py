@@ -22,6 +22,7 @@ from .._kernels import specialised
 from .. import _blas
 from .._device import is_cpu
 from .._kind import HOST, ops_of
+from .._types import F32_2D, F32_4D
 from ..registry import encodings
 from ..keys import Key, between
 from ..object import Context
@@ -39,7 +40,7 @@ def _expand_kernel(n_frequencies: int, n_dims: int, n_padding: int, fill: float)
     width = 2 * n_frequencies
 
     @ti.kernel
-    def expand(sincos: ti.types.ndarray(dtype=ti.f32, ndim=4), y: ti.types.ndarray(dtype=ti.f32, ndim=2)):
+    def expand(sincos: F32_4D, y: F32_2D):
         """``sincos[r, 0 / 1, d, b]``: sin / cos of the phase at octave ``r * RESTART`` -> ``y``."""
         for b, d in ti.ndrange(y.shape[0], n_dims):
             s, c = 0.0, 0.0
