@@ -41,7 +41,7 @@ from taichi.lang.kernel_impl import Kernel
 from taichi.types.annotations import Template
 
 import tinn
-from tinn import _device, _probe
+from tinn import _buffers, _device, _probe
 
 CONFIG = {"loss": {"otype": "L2"}, "optimizer": {"otype": "Adam", "learning_rate": 1e-2},
           "encoding": {"otype": "Frequency", "n_frequencies": 4},
@@ -231,8 +231,8 @@ def main():
     _device.FORCE = True
     model = tinn.create_from_config(2, 3, CONFIG)
     rng = np.random.default_rng(0)
-    x = _device.put(rng.random((args.batch, 2), dtype=np.float32))
-    y = _device.put(rng.random((args.batch, 3), dtype=np.float32))
+    x = _buffers.put(rng.random((args.batch, 2), dtype=np.float32))
+    y = _buffers.put(rng.random((args.batch, 3), dtype=np.float32))
     with tempfile.TemporaryDirectory() as folder:
         timed, launches, twins, n_graph = loops(model, x, y, folder)
         for fn in timed.values():                     # compile everything, first touch

@@ -17,7 +17,7 @@ from taichi.lang._ndarray import Ndarray
 from taichi.lang.kernel_impl import Kernel
 
 import tinn
-from tinn import _device
+from tinn import _buffers, _device, _kind
 from tinn.networks import _kernel_mlp
 from tinn.routing import TILE, Routing
 from reference import (assert_close, mlp_backward_ref, mlp_forward_ref, mlp_second_order_ref, mlp_shapes,
@@ -159,7 +159,7 @@ def test_tiles_cover_each_network_once(rng, ids_on_device):
     a network's tiles consecutive; and the counts."""
     inst = np.concatenate([np.full(300, 3), np.full(5, 0), rng.integers(0, 6, 400)]).astype(np.int32)
     rng.shuffle(inst)
-    routing = Routing(len(inst), 7, _device.put(inst, ti.i32) if ids_on_device else inst)
+    routing = Routing(len(inst), 7, _buffers.put(inst, ti.i32) if ids_on_device else inst)
     np.testing.assert_array_equal(routing.counts, np.bincount(inst, minlength=7))
     table, order = (a.to_numpy() for a in routing.tiles)
     assert sorted(order.tolist()) == list(range(len(inst)))
@@ -188,7 +188,7 @@ def test_device_training_equals_host_training(rng, monkeypatch, loss):
         with path(False):
             loss_h = host.trainer.training_step(x, t)
         with path(True):
-            loss_d = device.trainer.training_step(_device.put(x), _device.put(t))
+            loss_d = device.trainer.training_step(_buffers.put(x), _buffers.put(t))
         assert loss_d == pytest.approx(loss_h, rel=1e-4)
     np.testing.assert_allclose(device.network.params(), host.network.params(), rtol=1e-3, atol=1e-5)
 
@@ -230,7 +230,7 @@ def compare_second_order(host, device, x, v, dy, instance=None, tol=1e-4):
         with path(on_device):
             _, ctx = model.forward(x, instance)
             d_dy, d_x = model.backward_backward_input(ctx, v, dy)
-            results.append((_device.host(d_dy), _device.host(d_x), model.gradients()))
+            results.append((_kind.host(d_dy), _kind.host(d_x), model.gradients()))
     for got, want in zip(results[1], results[0]):
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol * max(np.abs(want).max(), 1e-6))
@@ -296,8 +296,8 @@ def test_kernel_second_order_through_a_hash_grid_equals_blas(rng, monkeypatch):
     x, v, dy = (rng.random((B, 3), dtype=np.float32), rng.normal(size=(B, 3)).astype(np.float32),
                 rng.normal(size=(B, 2)).astype(np.float32))
     with path(True):
-        _, ctx = device.forward(_device.put(x))
-        results = device.backward_backward_input(ctx, _device.put(v), _device.put(dy))
+        _, ctx = device.forward(_buffers.put(x))
+        results = device.backward_backward_input(ctx, _buffers.put(v), _buffers.put(dy))
     assert all(isinstance(r, ti.Ndarray) for r in results)
     compare_second_order(host, device, x, v, dy, tol=2e-4)
 
@@ -381,7 +381,7 @@ def assert_steps_stay_on_the_device(model, n_in, rng, monkeypatch):
     back and hand no numpy array to any of tinn's kernels (the optimizer's masks, rates and tables are
     device copies kept between steps); only the loss comes back, and it falls."""
     B = 1 << 15                                                   # more than the model has parameter rows
-    x, t = _device.put(rng.random((B, n_in), dtype=np.float32)), _device.put(rng.random((B, 3), dtype=np.float32))
+    x, t = _buffers.put(rng.random((B, n_in), dtype=np.float32)), _buffers.put(rng.random((B, 3), dtype=np.float32))
     first = model.trainer.training_step(x, t)                     # compiles outside the instrumented steps
     seam = _Seam(monkeypatch, B)
     losses = [model.trainer.training_step(x, t) for _ in range(3)]
@@ -408,7 +408,7 @@ def test_device_array_training_equals_host_training(rng, monkeypatch):
         with path(False):
             loss_h, per_h = host.trainer.training_step(x, t, inst, per_instance=True)
         with path(True):
-            loss_d, per_d = device.trainer.training_step(_device.put(x), _device.put(t), _device.put(inst, ti.i32),
+            loss_d, per_d = device.trainer.training_step(_buffers.put(x), _buffers.put(t), _buffers.put(inst, ti.i32),
                                                          per_instance=True)
         assert loss_d == pytest.approx(loss_h, rel=1e-4)
         np.testing.assert_allclose(per_d, per_h, rtol=1e-4)
@@ -422,9 +422,9 @@ def test_a_network_array_step_on_the_device_stays_there(rng, monkeypatch, device
     come back. Its result equals a step of the same batch with the ids from the host."""
     K, B = 16, 1 << 15
     models = [tinn.create_from_config(2, 3, ARRAY_CONFIG, n_instances=K) for _ in range(2)]
-    x, t = _device.put(rng.random((B, 2), dtype=np.float32)), _device.put(rng.random((B, 3), dtype=np.float32))
+    x, t = _buffers.put(rng.random((B, 2), dtype=np.float32)), _buffers.put(rng.random((B, 3), dtype=np.float32))
     inst = rng.integers(0, K - 1, B).astype(np.int32)                      # the last network gets no samples
-    ids = _device.put(inst, ti.i32)
+    ids = _buffers.put(inst, ti.i32)
     first = models[0].trainer.training_step(x, t, ids)                   # compiles outside the instrumented steps
     assert first == pytest.approx(models[1].trainer.training_step(x, t, inst), rel=1e-5)
     seam = _Seam(monkeypatch, B)
@@ -446,7 +446,7 @@ def test_dense_device_array_equals_host_array(rng, monkeypatch):
         with path(False):
             loss_h, per_h = host.trainer.training_step(x, t, per_instance=True)
         with path(True):
-            loss_d, per_d = device.trainer.training_step(_device.put(x), _device.put(t), per_instance=True)
+            loss_d, per_d = device.trainer.training_step(_buffers.put(x), _buffers.put(t), per_instance=True)
         assert loss_d == pytest.approx(loss_h, rel=1e-4)
         np.testing.assert_allclose(per_d, per_h, rtol=1e-4)
     np.testing.assert_allclose(device.network.params(), host.network.params(), rtol=1e-3, atol=1e-5)
@@ -455,9 +455,9 @@ def test_dense_device_array_equals_host_array(rng, monkeypatch):
         dx_h = host.network.backward(ctx, dy)
         second_h = host.network.backward_backward_input(ctx, v, dy)
     with path(True):
-        y_d, ctx = device.network.forward(_device.put(x))
-        dx_d = device.network.backward(ctx, _device.put(dy))
-        second_d = device.network.backward_backward_input(ctx, _device.put(v), _device.put(dy))
+        y_d, ctx = device.network.forward(_buffers.put(x))
+        dx_d = device.network.backward(ctx, _buffers.put(dy))
+        second_d = device.network.backward_backward_input(ctx, _buffers.put(v), _buffers.put(dy))
     for d, h in [(y_d, y_h), (dx_d, dx_h), *zip(second_d, second_h)]:
         assert isinstance(d, ti.Ndarray) and d.shape == h.shape
         assert_close(d.to_numpy(), h, rtol=2e-3, atol_rel=2e-4, atol=1e-6)
@@ -468,7 +468,7 @@ def test_a_dense_network_array_step_on_the_device_stays_there(rng, monkeypatch, 
     a kernel as numpy (the batch is flattened and its ids made on the device), the loss falls."""
     K, S = 16, 1 << 11
     model = tinn.create_from_config(2, 3, ARRAY_CONFIG, n_instances=K)
-    x, t = _device.put(rng.random((K, S, 2), dtype=np.float32)), _device.put(rng.random((K, S, 3), dtype=np.float32))
+    x, t = _buffers.put(rng.random((K, S, 2), dtype=np.float32)), _buffers.put(rng.random((K, S, 3), dtype=np.float32))
     first = model.trainer.training_step(x, t)                   # compiles outside the instrumented steps
     seam = _Seam(monkeypatch, K * S)
     losses = [model.trainer.training_step(x, t) for _ in range(3)]
@@ -481,12 +481,12 @@ def test_a_device_output_gradient_of_another_batch_is_refused(rng, device_path):
     """backward with a ti.ndarray dL_doutput whose batch is not the forward pass's raises before any kernel
     runs (a kernel would read past its end); the gradients stay as they were."""
     net = tinn.create_network(2, 3, {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1})
-    _, ctx = net.forward(_device.put(rng.random((256, 2), dtype=np.float32)))
-    net.backward(ctx, _device.put(rng.random((256, 3), dtype=np.float32)))
+    _, ctx = net.forward(_buffers.put(rng.random((256, 2), dtype=np.float32)))
+    net.backward(ctx, _buffers.put(rng.random((256, 3), dtype=np.float32)))
     before = net.gradients().copy()
     for rows in (128, 257):
         with pytest.raises(ValueError, match="dL_doutput has"):
-            net.backward(ctx, _device.put(np.ones((rows, 3), np.float32)))
+            net.backward(ctx, _buffers.put(np.ones((rows, 3), np.float32)))
     np.testing.assert_array_equal(net.gradients(), before)
 
 
@@ -497,10 +497,10 @@ def test_device_ids_are_checked_before_any_update(rng, device_path, bad, error):
     found on the device (the step reads nothing back), the update is skipped and the error comes with the loss."""
     model = tinn.create_from_config(2, 3, ARRAY_CONFIG, n_instances=4)
     before = model.network.params().copy()
-    x, t = _device.put(rng.random((64, 2), dtype=np.float32)), _device.put(rng.random((64, 3), dtype=np.float32))
-    ids = {np.float32: _device.put(np.zeros(64, np.float32)), "short": _device.put(np.zeros(63, np.int32), ti.i32),
-           "negative": _device.put(np.full(64, -1, np.int32), ti.i32),
-           "large": _device.put(np.full(64, 4, np.int32), ti.i32)}[bad]
+    x, t = _buffers.put(rng.random((64, 2), dtype=np.float32)), _buffers.put(rng.random((64, 3), dtype=np.float32))
+    ids = {np.float32: _buffers.put(np.zeros(64, np.float32)), "short": _buffers.put(np.zeros(63, np.int32), ti.i32),
+           "negative": _buffers.put(np.full(64, -1, np.int32), ti.i32),
+           "large": _buffers.put(np.full(64, 4, np.int32), ti.i32)}[bad]
     if error is TypeError or bad == "short":              # the kind, dtype and shape: before any kernel runs
         with pytest.raises(error, match="instance"):
             model.trainer.training_step(x, t, ids)
@@ -518,8 +518,8 @@ def test_a_second_order_on_the_device_stays_there(rng, monkeypatch, device_path)
     B = 1 << 15
     net = tinn.create_network(2, 3, {"otype": "CutlassMLP", "n_neurons": 32, "n_hidden_layers": 3,
                                      "activation": "Softplus", "output_activation": "Sigmoid"})
-    x, v = _device.put(rng.random((B, 2), dtype=np.float32)), _device.put(rng.normal(size=(B, 2)).astype(np.float32))
-    dy = _device.put(rng.normal(size=(B, 3)).astype(np.float32))
+    x, v = _buffers.put(rng.random((B, 2), dtype=np.float32)), _buffers.put(rng.normal(size=(B, 2)).astype(np.float32))
+    dy = _buffers.put(rng.normal(size=(B, 3)).astype(np.float32))
     _, ctx = net.forward(x)
     net.backward_backward_input(ctx, v, dy)                      # compiles outside the instrumented call
     seam = _Seam(monkeypatch, B)
@@ -619,7 +619,7 @@ def test_an_encoding_keeps_a_device_batch_on_the_device(monkeypatch, device_path
     nothing batch-sized back and hand no batch-sized numpy array to a kernel."""
     B = 1 << 12                                               # more than any of these has parameters
     enc, batch = encoding_and_batch(name, B)
-    x, dy, v = (_device.put(a) for a in batch)
+    x, dy, v = (_buffers.put(a) for a in batch)
     encoding_passes(enc, x, dy, v)                            # compiles outside the instrumented passes
     seam = _Seam(monkeypatch, B)
     out = encoding_passes(enc, x, dy, v)
@@ -638,9 +638,9 @@ def test_an_encoding_on_the_device_path_equals_the_host_path(name):
     with path(False):
         host = encoding_passes(enc, *batch)
     with path(True):
-        device = encoding_passes(enc, *(_device.put(a) for a in batch))
+        device = encoding_passes(enc, *(_buffers.put(a) for a in batch))
     for p in PASSES:
-        h, d = host[p], _device.host(device[p])
+        h, d = host[p], _kind.host(device[p])
         assert d.shape == h.shape, p
         np.testing.assert_allclose(d, h, rtol=2e-5, atol=2e-5 * max(1.0, np.abs(h).max(initial=0.0)), err_msg=p)
 
@@ -659,7 +659,7 @@ def test_pool_reuses_a_buffer_once_its_owner_is_gone():
     class Owner:
         pass
 
-    pool = _device.Pool()
+    pool = _buffers.Pool()
     first_owner, second_owner = Owner(), Owner()
     a = pool.take((3, 4), first_owner)
     b = pool.take((3, 4), second_owner)            # the first owner is alive: a new buffer

@@ -12,7 +12,7 @@ import pytest
 import taichi as ti
 
 import tinn
-from tinn import _device
+from tinn import _buffers, _device
 from tinn._census import LossValue
 from tinn._probe import counting
 from tinn.registry import load_config
@@ -35,8 +35,8 @@ def config_hash():
 
 
 def batch(rng, B, n_in, n_out, K=None):
-    x, t = _device.put(rng.random((B, n_in), dtype=np.float32)), _device.put(rng.random((B, n_out), dtype=np.float32))
-    ids = None if K is None else _device.put(rng.integers(0, K, B).astype(np.int32), ti.i32)
+    x, t = _buffers.put(rng.random((B, n_in), dtype=np.float32)), _buffers.put(rng.random((B, n_out), dtype=np.float32))
+    ids = None if K is None else _buffers.put(rng.integers(0, K, B).astype(np.int32), ti.i32)
     return x, t, ids
 
 
@@ -56,7 +56,7 @@ def test_a_device_step_reads_nothing_back_and_launches_few_kernels(rng, device_p
 def test_a_device_second_order_call_keeps_its_launch_count(rng, device_path):
     model = tinn.create_from_config(2, 3, config_hash())
     x, _, _ = batch(rng, 256, 2, 3)
-    dy, v = _device.put(rng.random((256, 3), dtype=np.float32)), _device.put(rng.random((256, 2), dtype=np.float32))
+    dy, v = _buffers.put(rng.random((256, 3), dtype=np.float32)), _buffers.put(rng.random((256, 2), dtype=np.float32))
     for _ in range(2):
         _, ctx = model.network.forward(x)
         model.network.backward_backward_input(ctx, v, dy)
@@ -75,7 +75,7 @@ def test_a_device_loss_behaves_as_the_loss(rng, device_path):
         m.setattr(_device, "FORCE", False)
         reference = tinn.create_from_config(2, 3, config_hash())
         expected = reference.trainer.forward(host_x, host_t).loss
-    loss = model.trainer.forward(_device.put(host_x), _device.put(host_t)).loss
+    loss = model.trainer.forward(_buffers.put(host_x), _buffers.put(host_t)).loss
     assert float(loss) == pytest.approx(expected, rel=1e-5)
     assert loss == pytest.approx(expected, rel=1e-5) and loss > 0 and 2 * loss > loss and -loss < 0
     assert f"{loss:.3e}" == f"{float(loss):.3e}" and abs(loss - float(loss)) == 0
@@ -108,7 +108,7 @@ def test_a_bad_device_batch_skips_its_update_and_raises_when_read(rng, device_pa
     config = dict(config_hash(), optimizer={"otype": "EMA", "nested": {"otype": "Adam", "learning_rate": 1e-2}})
     model = tinn.create_from_config(2, 3, config, n_instances=K)
     trainer = model.trainer
-    put = _device.put
+    put = _buffers.put
     good = _bad(rng, None, 256, K)
 
     def step(x, t, pdf, ids):
@@ -137,7 +137,7 @@ def test_a_bad_device_step_raises_at_the_trainers_next_read(rng, device_path):
     """Unread, a bad step's error comes from the next call that reads from the device: a later step's loss, or
     ``params()``; the steps between them update as usual."""
     model = tinn.create_from_config(2, 3, config_hash())
-    trainer, put = model.trainer, _device.put
+    trainer, put = model.trainer, _buffers.put
     x, t, pdf, _ = _bad(rng, "x", 128, 1)
     trainer.training_step(put(x), put(t))
     good = trainer.training_step(put(t[:, :2].copy()), put(t))
@@ -156,9 +156,9 @@ def test_inference_writes_into_the_callers_buffer(rng, device_path, K):
     the network's last kernel writes there (no copy kernel); dense arrays and host arrays too."""
     model = tinn.create_from_config(2, 3, config_hash(), n_instances=K).network
     x = rng.random((K, 100, 2) if K > 1 else (300, 2), dtype=np.float32)
-    xd = _device.put(x)
+    xd = _buffers.put(x)
     expected = model.inference(xd).to_numpy()
-    out = _device.buffer(expected.shape)
+    out = _buffers.buffer(expected.shape)
     with counting() as seen:
         assert model.inference(xd, out=out) is out
     np.testing.assert_array_equal(out.to_numpy(), expected)
@@ -173,8 +173,8 @@ def test_inference_writes_into_the_callers_buffer(rng, device_path, K):
 
 def test_inference_refuses_a_wrong_output_buffer(rng, device_path):
     model = tinn.create_from_config(2, 3, config_hash()).network
-    x = _device.put(rng.random((64, 2), dtype=np.float32))
-    for out, error in [(np.empty((64, 3), np.float32), TypeError), (_device.buffer((64, 2)), ValueError),
-                       (_device.buffer((64, 3), ti.i32), TypeError)]:
+    x = _buffers.put(rng.random((64, 2), dtype=np.float32))
+    for out, error in [(np.empty((64, 3), np.float32), TypeError), (_buffers.buffer((64, 2)), ValueError),
+                       (_buffers.buffer((64, 3), ti.i32), TypeError)]:
         with pytest.raises(error, match="out must"):
             model.inference(x, out=out)

@@ -14,7 +14,6 @@ import textwrap
 from itertools import product
 
 import numpy as np
-import pytest
 
 from reference import grid_geometry, grid_index
 

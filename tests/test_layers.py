@@ -1,15 +1,18 @@
-"""The package's floors: no module imports one that (directly or not) imports it back.
+"""The package's floors, as ``docs/architecture.md`` states them: a module imports only from its own floor
+or the floors below, and no module imports one that (directly or not) imports it back.
 
-Registries and factories (``tinn.registry``) sit below the components; ``tinn.config``
-(``create_from_config``) sits above the model and trainer it wires. Imports inside functions
-count too: a lazy import hides a circle from Python, not from a reader.
+The floors are read from the document's table (``## The layers``), so the table and the code cannot
+drift apart: a new module must be placed in it, and an import that climbs a floor fails here. Imports
+inside functions count too: a lazy import hides a circle from Python, not from a reader.
 """
 import ast
 import os
+import re
 
 import tinn
 
 ROOT = os.path.dirname(tinn.__file__)
+DOC = os.path.join(os.path.dirname(ROOT), "docs", "architecture.md")
 
 
 def import_graph() -> dict:
@@ -35,6 +38,44 @@ def import_graph() -> dict:
     return graph
 
 
+def doc_floors() -> list:
+    """``[(floor name, [module patterns])]`` from the table, bottom floor first: ``x.py`` names ``tinn.x``,
+    ``dir/`` the package ``tinn.dir`` and everything in it, ``__init__.py`` the package ``tinn``."""
+    text = open(DOC, encoding="utf-8").read()
+    table = text.split("## The layers", 1)[1].split("\n## ", 1)[0]
+    floors = []
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 3 or cells[0] in ("floor", "") or set(cells[0]) <= set("-"):
+            continue
+        floors.append((cells[0], re.findall(r"`([\w/.]+(?:\.py|/))`", cells[1])))
+    return floors
+
+
+def floor_of(module: str, floors: list) -> list:
+    """The indices of the floors whose patterns name ``module``."""
+    found = []
+    for i, (_, patterns) in enumerate(floors):
+        for p in patterns:
+            if p == "__init__.py":
+                hit = module == "tinn"
+            elif p.endswith("/"):
+                package = "tinn." + p[:-1].replace("/", ".")
+                hit = module == package or module.startswith(package + ".")
+            else:
+                hit = module == "tinn." + p[:-3].replace("/", ".")
+            if hit:
+                found.append(i)
+    return found
+
+
+def climbing_imports(graph: dict, floors: list) -> list:
+    """``(module, its floor, import, that floor)`` for every import of a module on a higher floor."""
+    level = {m: floor_of(m, floors)[0] for m in graph}
+    return sorted((m, floors[level[m]][0], d, floors[level[d]][0]) for m, deps in graph.items() for d in deps
+                  if level[d] > level[m])
+
+
 def reaches(graph, start, goal, seen=None) -> bool:
     seen = set() if seen is None else seen
     for dep in graph[start]:
@@ -48,6 +89,24 @@ def test_no_import_circle():
     assert "tinn.registry" in graph and "tinn.config" in graph
     circles = sorted(m for m in graph if reaches(graph, m, m))
     assert circles == []
+
+
+def test_every_module_is_on_exactly_one_floor_of_the_documented_table():
+    floors = doc_floors()
+    assert len(floors) >= 6 and floors[0][0] == "plumbing" and floors[-1][0] == "top"
+    misplaced = {m: [floors[i][0] for i in floor_of(m, floors)] for m in import_graph()}
+    assert {m: f for m, f in misplaced.items() if len(f) != 1} == {}
+
+
+def test_each_floor_imports_only_from_its_own_floor_or_below():
+    assert climbing_imports(import_graph(), doc_floors()) == []
+
+
+def test_an_import_that_climbs_a_floor_is_caught():
+    """The check itself can fail: a plumbing module importing a component is reported."""
+    floors = [("plumbing", ["_types.py"]), ("components", ["encodings/"])]
+    graph = {"tinn._types": {"tinn.encodings.grid"}, "tinn.encodings.grid": {"tinn._types"}}
+    assert climbing_imports(graph, floors) == [("tinn._types", "plumbing", "tinn.encodings.grid", "components")]
 
 
 def test_the_registry_is_on_the_ground_floor():

@@ -12,7 +12,7 @@ import taichi as ti
 from taichi.lang.kernel_impl import Kernel
 
 import tinn
-from tinn import _device, _kernels
+from tinn import _buffers, _kernels
 from tinn._probe import counting
 from tinn.networks import _kernel_mlp
 from reference import assert_close, mlp_backward_ref, mlp_forward_ref, mlp_shapes, mlp_unflatten, padded, random_weights
@@ -155,9 +155,9 @@ def test_a_training_step_launches_each_layers_products_only(rng, monkeypatch, de
               "network": {"otype": "FullyFusedMLP", "n_neurons": 64, "n_hidden_layers": depth,
                           "output_activation": out_act}}
     model = tinn.create_from_config(2, 3, config, n_instances=n_instances)
-    x = _device.put(rng.random((B, 2), dtype=np.float32))
-    target = _device.put(rng.random((B, 3), dtype=np.float32))
-    instance = _device.put(rng.integers(0, n_instances, B).astype(np.int32), ti.i32) if n_instances > 1 else None
+    x = _buffers.put(rng.random((B, 2), dtype=np.float32))
+    target = _buffers.put(rng.random((B, 3), dtype=np.float32))
+    instance = _buffers.put(rng.integers(0, n_instances, B).astype(np.int32), ti.i32) if n_instances > 1 else None
     layers = depth + 1
     expected = Counter({"_layer_forward": layers, "_weight_grad": layers, "_input_grad": layers})
     if out_act != "None":

@@ -12,7 +12,7 @@ import pytest
 import taichi as ti
 
 import tinn
-from tinn import _device
+from tinn import _buffers, _device
 from tinn._probe import counting
 from tinn.registry import optimizers
 
@@ -83,7 +83,7 @@ def train(name: str, on_device: bool, monkeypatch, masks=MASKS):
     store, seen = m.store, []
     for i, mask in enumerate(masks):
         store.write(store.grads, store.offset, gradients(m, i))
-        active = _device.put(np.array(mask, np.int32), ti.i32) if on_device else np.flatnonzero(mask)
+        active = _buffers.put(np.array(mask, np.int32), ti.i32) if on_device else np.flatnonzero(mask)
         with counting() as s:
             opt.step(active=active)
         seen.append(s)
@@ -124,7 +124,7 @@ def test_an_all_zero_device_mask_leaves_everything_untouched(monkeypatch, name):
     before = snapshot(m, opt)
     store = m.store
     store.write(store.grads, store.offset, np.full((K, m.n_params), np.nan, np.float32))
-    zero = _device.put(np.zeros(K, np.int32), ti.i32)
+    zero = _buffers.put(np.zeros(K, np.int32), ti.i32)
     with counting() as seen:
         opt.step(active=zero)
     if name not in HOST_ONLY:
@@ -142,7 +142,7 @@ def test_step_takes_no_model_and_checks_active_before_anything(monkeypatch):
     with pytest.raises(RuntimeError, match="allocate"):
         tinn.create_optimizer(ADAM).step()
     before = snapshot(m, opt)
-    for bad in (_device.put(np.ones(K, np.float32)), _device.put(np.ones(K + 1, np.int32), ti.i32)):
+    for bad in (_buffers.put(np.ones(K, np.float32)), _buffers.put(np.ones(K + 1, np.int32), ti.i32)):
         with pytest.raises(ValueError, match="int32 mask of shape"):
             opt.step(active=bad)
     for bad in ([K], [-1], [[0]]):

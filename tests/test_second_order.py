@@ -12,7 +12,7 @@ import pytest
 import taichi as ti
 
 import tinn
-from tinn import _device
+from tinn import _buffers, _device, _kind
 from tinn.networks import activations
 from reference import (ACTIVATIONS, EncodingRef, act_grad_ref, act_ref, act_second_ref, assert_close,
                        fd_gradient, fd_input_gradient, mlp_backward_ref, mlp_forward_ref, mlp_second_order_ref,
@@ -324,10 +324,10 @@ def test_grid_model_on_the_device_path_equals_the_host_path(monkeypatch):
     for kind, device_path in (("host", False), ("numpy", True), ("ti.ndarray", True)):
         monkeypatch.setattr(_device, "FORCE", device_path)
         model = tinn.NetworkWithInputEncoding(3, 2, *cfg, seed=3)
-        put = _device.put if kind == "ti.ndarray" else np.asarray
+        put = _buffers.put if kind == "ti.ndarray" else np.asarray
         _, ctx = model.forward(put(x))
         d_dy, d_x = model.backward_backward_input(ctx, put(v), put(g))
-        results[kind] = [_device.host(d_dy), _device.host(d_x), model.gradients()]
+        results[kind] = [_kind.host(d_dy), _kind.host(d_x), model.gradients()]
     for kind in ("numpy", "ti.ndarray"):
         for got, want in zip(results[kind], results["host"]):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())

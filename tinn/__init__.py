@@ -7,7 +7,7 @@
     y_hat = model.network.inference(x)
 """
 from . import ad, encodings, losses, networks, optimizers
-from ._runtime import RuntimeResetError, init
+from ._program import RuntimeResetError, init
 from .config import (TrainableModel, create_encoding, create_from_config, create_loss, create_network,
                      create_optimizer, load_config)
 from .encodings import Encoding

@@ -22,8 +22,8 @@ loss is read, or at the trainer's next call that reads from the device, whicheve
 import numpy as np
 import taichi as ti
 
-from . import _device
-from ._kernels import F32_1D, F32_2D, I32_1D, I32_2D
+from . import _buffers
+from ._types import F32_1D, F32_2D, I32_1D, I32_2D
 
 X_ROW, TARGET_ROW, PDF_ROW, ID_LO, ID_HI, N_ACTIVE = range(6)
 """Slots of a census's ``facts`` (int32): the first bad row of each array, the ids' range, the networks with samples."""
@@ -157,7 +157,7 @@ def _census_kernel(x: F32_2D, ids: I32_1D, routed: ti.template(), n_dims: ti.i32
 
 def unused(shape: tuple, dtype=ti.i32):
     """A ``ti.ndarray`` of ``shape`` for an argument a kernel does not use (kept per program)."""
-    return _device.kept(("unused", shape, dtype), lambda: _device.buffer(shape, dtype))
+    return _buffers.kept(("unused", shape, dtype), lambda: _buffers.buffer(shape, dtype))
 
 
 class Census:
@@ -170,7 +170,7 @@ class Census:
         B, K = x.shape[0], n_instances
         routed = ids is not None
         self.batch, self.n_instances, self.routed, self.faults = B, K, routed, faults
-        buffer = _device.buffer
+        buffer = _buffers.buffer
         self.facts, self.values = buffer((N_FACTS,), ti.i32), buffer((N_FACTS,))
         self.counts, self.mask, self.inv = buffer((K,), ti.i32), buffer((K,), ti.i32), buffer((K,))
         if routed:
@@ -214,7 +214,7 @@ class Faults:
     :meth:`settle`. ``step`` counts the trainer's deferred steps (the kernels are told each one's number)."""
 
     def __init__(self):
-        self.record, self.values = _device.buffer((2 + N_FACTS,), ti.i32), _device.buffer((N_FACTS,))
+        self.record, self.values = _buffers.buffer((2 + N_FACTS,), ti.i32), _buffers.buffer((N_FACTS,))
         self.step, self._settled = 0, 0
 
     def next_step(self) -> int:

@@ -1,5 +1,5 @@
 """Kernel plumbing shared by every component: one way to build a kernel specialised to a config,
-the ndarray type aliases, chunking, and the row/column copies of parameter memory.
+chunking, and the row/column copies of parameter memory.
 
 :func:`specialised` caches a kernel factory per Taichi program and per configuration constants, and
 forgets the kernels of a program once ``ti.init`` has replaced it. Kernels take fields as
@@ -17,14 +17,10 @@ import functools
 import numpy as np
 import taichi as ti
 
-from ._runtime import current_program, is_cpu
+from ._device import is_cpu
+from ._program import current_program
+from ._types import F32_2D, I32_1D
 
-F32_1D = ti.types.ndarray(dtype=ti.f32, ndim=1)
-F32_2D = ti.types.ndarray(dtype=ti.f32, ndim=2)
-F32_3D = ti.types.ndarray(dtype=ti.f32, ndim=3)
-I32_1D = ti.types.ndarray(dtype=ti.i32, ndim=1)
-I32_2D = ti.types.ndarray(dtype=ti.i32, ndim=2)
-I64_1D = ti.types.ndarray(dtype=ti.i64, ndim=1)
 
 CHUNK = 1024
 """Columns per parallel task of the copies on the CPU (:func:`columns_per_task`)."""

@@ -36,6 +36,7 @@ import taichi as ti
 from taichi.lang.field import ScalarField
 from taichi.lang.matrix import MatrixField
 
+from ._batch import check_id_range
 from .object import DifferentiableObject
 
 
@@ -203,9 +204,7 @@ class GradientStage(_Stage):
     def _forward(self, call):
         call.rows, call.x, call.inst = self._rows()
         if call.inst is not None and len(call.inst):
-            lo, hi = int(call.inst.min()), int(call.inst.max())
-            if lo < 0 or hi >= self.network.n_instances:
-                raise ValueError(f"instance ids must lie in [0, {self.network.n_instances}), got values in [{lo}, {hi}]")
+            check_id_range(int(call.inst.min()), int(call.inst.max()), self.network.n_instances)
         if not np.isfinite(call.x).all():
             raise ValueError("x must be finite")
         self.network._check_runtime()

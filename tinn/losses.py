@@ -23,10 +23,15 @@ network) is not an error: it gives a non-finite loss, as in tcnn.
 import numpy as np
 import taichi as ti
 
-from . import _census, _device
+from . import _buffers, _census, _kind
 from ._census import ROWS_PER_TASK, LossValue, PerNetwork, loss_checks, unused
-from ._kernels import F32_1D, F32_2D, I32_1D, specialised
-from ._runtime import RuntimeBound, to_numpy, as_batch, as_instances, callers_kind, is_cpu
+from ._kernels import specialised
+from ._types import F32_1D, F32_2D, I32_1D
+from ._batch import as_batch, as_instances
+from ._device import is_cpu
+from ._host_ops import to_numpy
+from ._kind import callers_kind
+from ._program import RuntimeBound
 from .registry import losses
 from .keys import Options
 from .object import Object
@@ -165,7 +170,7 @@ class Loss(Object, RuntimeBound):
             raise ValueError(f"pdf must have the target's shape {t.shape}, got {q.shape}")
         if routing is None and instance is None:
             routing = Routing(p.shape[0])
-        elif routing is None and _device.is_device(instance) and _device.is_device(p):
+        elif routing is None and _kind.is_device(instance) and _kind.is_device(p):
             ids, n_instances, counts = device_ids(instance, p.shape[0], n_instances)
             routing = Routing(p.shape[0], n_instances, ids, counts=counts)
         elif routing is None:
@@ -173,10 +178,10 @@ class Loss(Object, RuntimeBound):
             routing = Routing(p.shape[0], n_instances, as_instances(instance, p.shape[0], n_instances))
         elif routing.batch != int(np.prod(p.shape[:-1])):
             raise ValueError(f"prediction has {int(np.prod(p.shape[:-1]))} samples, its routing {routing.batch}")
-        flat = _device.flatten if dense and len(p.shape) == 3 else (lambda a: a)
+        flat = _kind.flatten if dense and len(p.shape) == 3 else (lambda a: a)
         loss, grad, per_network = self._evaluate(flat(p), flat(t), None if q is None else flat(q), routing,
                                                  loss_scale, checked)
-        grad = callers_kind(_device.unflatten(grad, p.shape[:2]) if len(p.shape) == 3 else grad, prediction)
+        grad = callers_kind(_kind.unflatten(grad, p.shape[:2]) if len(p.shape) == 3 else grad, prediction)
         if not per_instance:
             return loss, grad
         return loss, grad, per_network
@@ -199,11 +204,11 @@ class Loss(Object, RuntimeBound):
         B, D = t.shape
         weighted, census = q is not None, routing.census if checked else None
         inv, (ids, routed) = routing.normalisers(D), routing.kernel_ids(p)
-        grad = _device.empty_like(p)
-        if _device.is_device(p):
-            t, inv = _device.on_device(t), _device.on_device(inv)
-            q = _device.unread() if q is None else _device.on_device(q)
-            sums, per_task = _device.buffer((routing.n_instances,)), ROWS_PER_TASK if is_cpu() else 16
+        grad = _kind.empty_like(p)
+        if _kind.is_device(p):
+            t, inv = _kind.DEVICE.adopt(t), _kind.DEVICE.adopt(inv)
+            q = _buffers.unread() if q is None else _kind.DEVICE.adopt(q)
+            sums, per_task = _buffers.buffer((routing.n_instances,)), ROWS_PER_TASK if is_cpu() else 16
             _kernel(type(self), per_task)(p, t, q, weighted, ids, routed, inv, float(loss_scale), grad, unused((1,), ti.f32),
                                           True, sums, census is not None, *loss_checks(census), -(-B // per_task))
             loss = LossValue(sums, routing, census)

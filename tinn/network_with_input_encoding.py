@@ -7,8 +7,8 @@ encoding, and are initialised in that order from one pcg32 generator.
 import numpy as np
 import taichi as ti
 
-from . import _device
-from .registry import create_encoding, create_network, load_config
+from . import _buffers, _device, _kind
+from .registry import build_encoding, build_network, load_config
 from .object import Context, DifferentiableObject
 from .params import allocate, check_sizes
 from .networks.network import OUTPUT_ALIGNMENT
@@ -28,13 +28,13 @@ class NetworkWithInputEncoding(DifferentiableObject):
     def __init__(self, n_input_dims: int, n_output_dims: int, encoding_config=None, network_config=None, *,
                  n_instances: int = 1, seed: int = 1337):
         super().__init__(n_instances, seed)
-        self.encoding = create_encoding(n_input_dims, load_config(encoding_config or {}),
+        self.encoding = build_encoding(n_input_dims, load_config(encoding_config or {}),
                                         alignment=OUTPUT_ALIGNMENT, n_instances=n_instances, seed=seed)
         if not self.encoding.padded_output_width:
             raise ValueError(f"encoding '{self.encoding.name}' of the {n_input_dims} input dims has no outputs, so "
                              "the network would have no inputs (use it inside a Composite to drop some dims)")
         check_sizes(self.encoding)
-        self.network = create_network(self.encoding.padded_output_width, n_output_dims,
+        self.network = build_network(self.encoding.padded_output_width, n_output_dims,
                                       load_config(network_config or {}), n_instances=n_instances, seed=seed)
         self.n_input_dims, self.n_output_dims = self.encoding.n_input_dims, self.network.n_output_dims
         self.padded_output_width = self.network.padded_output_width
@@ -78,8 +78,8 @@ class NetworkWithInputEncoding(DifferentiableObject):
     def _encoding_input(self, x):
         """On the device path the encoding gets the batch on the device (uploaded once if it came as numpy);
         on the host path, the numpy batch."""
-        if _device.active() and not _device.is_device(x):
-            return _device.put(x)
+        if _device.active() and not _kind.is_device(x):
+            return _buffers.put(x)
         return x
 
     def _floats_per_sample(self, training):
@@ -115,5 +115,5 @@ class NetworkWithInputEncoding(DifferentiableObject):
         d_dy, d_e = net._second_order_end(ctx.net_ctx, state, e_dot, overwrite)
         if d_e is not None:
             through = self.encoding._backward(ctx.enc_ctx, d_e, True, overwrite=False)
-            dx = through if dx is None else _device.add(dx, through)
+            dx = through if dx is None else _kind.add(dx, through)
         return d_dy, dx

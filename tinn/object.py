@@ -20,13 +20,14 @@ from __future__ import annotations
 import numpy as np
 import taichi as ti
 
-from ._device import copy_into, flatten, full_like, host, is_device, same_kind, unflatten
 from ._kernels import fill_columns
-from ._runtime import RuntimeBound, as_batch, callers_kind
+from ._batch import as_batch
+from ._kind import callers_kind, copy_into, flatten, full_like, host, is_device, same_kind, unflatten
+from ._program import RuntimeBound
 from ._rng import Pcg32
 from ._sample import SampleFuncs
 from .keys import check_int, check_seed
-from .params import ParamStore, allocate
+from .params import ParamStore
 from .routing import Routing
 
 GRADIENT_MODES = ("overwrite", "accumulate")
@@ -109,10 +110,11 @@ class ParametricObject(Object, RuntimeBound):
 
     @property
     def store(self) -> ParamStore:
-        """The parameter store (see ``tinn.params.allocate``): models allocate it when they are built;
-        a component built on its own allocates it on first use."""
+        """The parameter store that ``tinn.params.allocate`` bound: a model allocates it in its constructor,
+        ``create_encoding`` / ``create_network`` for a component on its own. Reading it allocates nothing."""
         if self._store is None:
-            allocate(self)
+            raise RuntimeError(f"this {type(self).__name__} has no parameter memory: build it with tinn.create_encoding "
+                               f"or tinn.create_network (which allocate it), or call tinn.params.allocate on it")
         return self._store
 
     def reset_params(self, seed: int):

@@ -21,7 +21,8 @@ import numpy as np
 import taichi as ti
 
 from ._kernels import copy_columns, fill_columns, rows_copy
-from ._runtime import MAX_ELEMENTS, FieldTree, RuntimeBound, check_allocation, current_program, host_view
+from ._memory import MAX_ELEMENTS, FieldTree, check_allocation, host_view
+from ._program import RuntimeBound, current_program
 
 VIEW_MIN = 1 << 18
 """Floats from which a block of all instances' parameters is used in place instead of copied (1 MiB)."""

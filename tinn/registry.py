@@ -2,7 +2,8 @@
 
 ``create_encoding``, ``create_network``, ``create_loss`` and ``create_optimizer`` look a
 config's ``otype`` up case-insensitively (tcnn's aliases included) and build the registered
-class. A config is a dict or a path to a JSON file, which may contain comments. Every
+class (``create_encoding`` / ``create_network`` also allocate its parameters; ``build_encoding`` /
+``build_network`` give the structure a model allocates as one). A config is a dict or a path to a JSON file, which may contain comments. Every
 component module imports its registry from here; the top-level model and
 ``create_from_config`` live a floor above, in ``tinn.config``.
 """
@@ -13,6 +14,7 @@ import os
 import commentjson
 
 from .keys import check_int, check_seed, describe
+from .params import allocate
 
 
 def load_config(config) -> dict:
@@ -100,8 +102,9 @@ def _build(registry: Registry, config, *args, **kwargs):
     return cls.from_config(*args, config, otype=name, **kwargs)
 
 
-def create_encoding(n_input_dims: int, config, *, alignment: int = 0, n_instances: int = 1, seed: int = 1337):
-    """An encoding of ``n_input_dims`` inputs. ``alignment`` pads the output width (tcnn's torch API: 0)."""
+def build_encoding(n_input_dims: int, config, *, alignment: int = 0, n_instances: int = 1, seed: int = 1337):
+    """An encoding of ``n_input_dims`` inputs, structure only (no parameter memory): a part of a model or
+    composite, whose owner allocates one store for all its parts. ``alignment`` pads the output width."""
     enc = _build(encodings, config, _check_dims(n_input_dims, "n_input_dims"),
                  n_instances=_check_instances(n_instances), seed=check_seed(seed))
     if alignment:
@@ -109,11 +112,28 @@ def create_encoding(n_input_dims: int, config, *, alignment: int = 0, n_instance
     return enc
 
 
-def create_network(n_input_dims: int, n_output_dims: int, config, *, n_instances: int = 1, seed: int = 1337):
-    """An MLP from ``n_input_dims`` to ``n_output_dims``."""
+def build_network(n_input_dims: int, n_output_dims: int, config, *, n_instances: int = 1, seed: int = 1337):
+    """An MLP from ``n_input_dims`` to ``n_output_dims``, structure only (see :func:`build_encoding`)."""
     return _build(networks, config, _check_dims(n_input_dims, "n_input_dims"),
                   _check_dims(n_output_dims, "n_output_dims"), n_instances=_check_instances(n_instances),
                   seed=check_seed(seed))
+
+
+def create_encoding(n_input_dims: int, config, *, alignment: int = 0, n_instances: int = 1, seed: int = 1337):
+    """An encoding of ``n_input_dims`` inputs, ready to use: built, then its parameter store allocated and
+    initialised from ``seed`` (``tinn.params.allocate``). ``alignment`` pads the output width (tcnn's torch
+    API: 0)."""
+    enc = build_encoding(n_input_dims, config, alignment=alignment, n_instances=n_instances, seed=seed)
+    allocate(enc)
+    return enc
+
+
+def create_network(n_input_dims: int, n_output_dims: int, config, *, n_instances: int = 1, seed: int = 1337):
+    """An MLP from ``n_input_dims`` to ``n_output_dims``, ready to use (its parameters allocated, as
+    :func:`create_encoding`)."""
+    net = build_network(n_input_dims, n_output_dims, config, n_instances=n_instances, seed=seed)
+    allocate(net)
+    return net
 
 
 def create_loss(config):

@@ -35,10 +35,11 @@ import functools
 import numpy as np
 import taichi as ti
 
-from . import _device
+from . import _buffers, _kind
 from ._census import TILE, Census
-from ._kernels import F32_2D, I32_1D, I32_2D, I64_1D
-from ._runtime import as_instances, check_live
+from ._types import F32_2D, I32_1D, I32_2D, I64_1D
+from ._batch import as_instances, check_id_range, check_ids
+from ._program import check_live
 
 
 
@@ -119,32 +120,27 @@ def _tile_table(offsets: I32_2D, tiles: I32_2D):
 
 
 def check_device_ids(instance, batch: int):
-    """A device ``instance`` array's kind, dtype and shape, as :func:`~tinn._runtime.as_instances` checks numpy ones
+    """A device ``instance`` array's kind, dtype and shape, as :func:`~tinn._batch.as_instances` checks numpy ones
     (its values are checked on the device)."""
     check_live(instance, "instance")
-    if instance.dtype != ti.i32:
-        raise TypeError(f"instance must have dtype int32, got {instance.dtype}")
-    if tuple(instance.shape) != (batch,):
-        raise ValueError(f"instance must have shape ({batch},), got {tuple(instance.shape)}")
+    check_ids(instance, batch)
     return instance
 
 
 def device_ids(instance, batch: int, n_instances: int | None):
-    """A device batch's ``(batch,)`` int32 ``ti.ndarray`` of ids checked as :func:`~tinn._runtime.as_instances`
+    """A device batch's ``(batch,)`` int32 ``ti.ndarray`` of ids checked as :func:`~tinn._batch.as_instances`
     checks numpy ones, their range found on the device together with the samples of each network (one
     read-back of ``n_instances + 2`` integers); ``n_instances=None`` takes the largest id + 1 (the range is
     read first). Returns ``(ids, n_instances, counts)``, ``counts`` ``(n_instances,)`` int64."""
     check_device_ids(instance, batch)
     if n_instances is None:                     # a census of no networks: the range alone
-        span = _device.buffer((2,), ti.i32)
+        span = _buffers.buffer((2,), ti.i32)
         _id_census(instance, span)
         n_instances = max(int(span.to_numpy()[1]) + 1, 1)
-    census = _device.buffer((n_instances + 2,), ti.i32)
+    census = _buffers.buffer((n_instances + 2,), ti.i32)
     _id_census(instance, census)
     census = census.to_numpy().astype(np.int64)
-    lo, hi = int(census[-2]), int(census[-1])
-    if lo < 0 or hi >= n_instances:
-        raise ValueError(f"instance ids must lie in [0, {n_instances}), got values in [{lo}, {hi}]")
+    check_id_range(int(census[-2]), int(census[-1]), n_instances)
     return instance, n_instances, census[:-2]
 
 
@@ -195,18 +191,18 @@ class Routing:
 
         ``census=(n_target_dims, faults)``: a training step's device batch, described by a census on the device
         (device ids are then checked there too, not here)."""
-        if census is not None and _device.is_device(x):
+        if census is not None and _kind.is_device(x):
             return cls._described(x, instance, n_instances, *census)
         if len(x.shape) == 2:                   # a numpy array or a ti.ndarray
-            if _device.is_device(instance) and _device.is_device(x):
+            if _kind.is_device(instance) and _kind.is_device(x):
                 ids, _, counts = device_ids(instance, x.shape[0], n_instances)
                 return x, cls(x.shape[0], n_instances, ids, counts=counts)
             return x, cls(x.shape[0], n_instances, as_instances(instance, x.shape[0], n_instances))
         if x.shape[0] != n_instances:
             raise ValueError(f"a dense batch needs shape ({n_instances}, batch, {x.shape[-1]}), got {x.shape}")
         k, b = x.shape[:2]
-        ids = _device.dense_ids(k, b) if _device.is_device(x) else np.repeat(np.arange(k, dtype=np.int32), b)
-        return _device.flatten(x), cls(k * b, k, ids, (k, b))
+        ids = _buffers.dense_ids(k, b) if _kind.is_device(x) else np.repeat(np.arange(k, dtype=np.int32), b)
+        return _kind.flatten(x), cls(k * b, k, ids, (k, b))
 
     @classmethod
     def _described(cls, x, instance, n_instances: int, n_dims: int, faults) -> tuple:
@@ -215,15 +211,15 @@ class Routing:
         if len(x.shape) == 3:
             if x.shape[0] != n_instances:
                 raise ValueError(f"a dense batch needs shape ({n_instances}, batch, {x.shape[-1]}), got {tuple(x.shape)}")
-            dense, ids, x = tuple(x.shape[:2]), _device.dense_ids(*x.shape[:2]), _device.flatten(x)
+            dense, ids, x = tuple(x.shape[:2]), _buffers.dense_ids(*x.shape[:2]), _kind.flatten(x)
         elif instance is None:
             ids = None
             if n_instances != 1:
                 as_instances(None, x.shape[0], n_instances)          # the error: an array needs ids
-        elif _device.is_device(instance):
+        elif _kind.is_device(instance):
             ids = check_device_ids(instance, x.shape[0])
         else:
-            ids = _device.put(as_instances(instance, x.shape[0], n_instances), ti.i32)
+            ids = _buffers.put(as_instances(instance, x.shape[0], n_instances), ti.i32)
         census = Census(x, ids, n_instances, n_dims, faults)
         return x, cls(x.shape[0], n_instances, census.ids, dense, census=census)
 
@@ -293,7 +289,7 @@ class Routing:
             return np.full(self.n_instances, self.dense[1], np.int64)
         if self.census is not None:                     # read back (a wait for the device)
             return self.census.counts.to_numpy().astype(np.int64)
-        if _device.is_device(self.instance):            # the caller's device ids, checked
+        if _kind.is_device(self.instance):            # the caller's device ids, checked
             return device_ids(self.instance, self.batch, self.n_instances)[2]
         return np.bincount(self.instance, minlength=self.n_instances)
 
@@ -308,16 +304,16 @@ class Routing:
     def ids(self):
         """The ids as an int32 ``ti.ndarray`` (the device path): the caller's own, a dense batch's (made on the
         device once per shape), or uploaded once."""
-        if _device.is_device(self.instance):
+        if _kind.is_device(self.instance):
             return self.instance
-        return _device.dense_ids(*self.dense) if self.dense else _device.put(self.instance, ti.i32)
+        return _buffers.dense_ids(*self.dense) if self.dense else _buffers.put(self.instance, ti.i32)
 
     def kernel_ids(self, x):
         """``(ids, routed)`` for a kernel over the batch ``x``: of ``x``'s kind (``ti.ndarray`` for a device
         batch), a one-element placeholder for a single network's batch."""
         if self.instance is None:
-            return (_device.zeros_i32() if _device.is_device(x) else np.zeros(1, np.int32)), False
-        return (self.ids if _device.is_device(x) else self.instance), True
+            return (_buffers.zeros_i32() if _kind.is_device(x) else np.zeros(1, np.int32)), False
+        return (self.ids if _kind.is_device(x) else self.instance), True
 
     @functools.cached_property
     def tiles(self) -> tuple:
@@ -332,11 +328,11 @@ class Routing:
         per = -(-counts // TILE)
         offsets = np.zeros((2, self.n_instances + 1), np.int32)     # first sample, first tile of each network
         offsets[0, 1:], offsets[1, 1:] = np.cumsum(counts), np.cumsum(per)
-        offsets_d = _device.put(offsets, ti.i32)
-        cursor = _device.buffer((self.n_instances,), ti.i32)
-        order = _device.buffer((self.batch,), ti.i32)
+        offsets_d = _buffers.put(offsets, ti.i32)
+        cursor = _buffers.buffer((self.n_instances,), ti.i32)
+        order = _buffers.buffer((self.batch,), ti.i32)
         _sort_ids(self.ids, offsets_d, cursor, order)
-        table = _device.buffer((int(offsets[1, -1]), 3), ti.i32)
+        table = _buffers.buffer((int(offsets[1, -1]), 3), ti.i32)
         _tile_table(offsets_d, table)
         return table, order
 

@@ -39,12 +39,12 @@ inference weights, optimizer state) in one pickle-free ``.npz`` file;
 from __future__ import annotations
 
 import numpy as np
-import taichi as ti
 
 from . import serialization
-from . import _device
+from . import _buffers, _device, _kind
 from ._census import Faults
-from ._runtime import RuntimeBound, as_batch
+from ._batch import as_batch
+from ._program import RuntimeBound
 from .object import Context, DifferentiableObject, chunk_samples
 from .routing import Routing
 
@@ -151,7 +151,7 @@ class Trainer(RuntimeBound):
         ``instance_losses`` (per network, ``(n_instances,)``) added. Checks every value first (on the device a
         read-back)."""
         self._settle()
-        host = not _device.is_device(x)
+        host = not _kind.is_device(x)
         x, target, instance, pdf = self._checked(x, target, instance, pdf, deferred=False)
         ctx = self._forward(x, target, instance, pdf)
         ctx.instance_losses = np.asarray(ctx.instance_losses)
@@ -167,7 +167,7 @@ class Trainer(RuntimeBound):
         dense = model.n_instances > 1 and instance is None      # a (K, B_k, dims) batch
 
         def checked(a, n_dims, name, **values):
-            if deferred and _device.is_device(a) and _device.active():        # checked by the census
+            if deferred and _kind.is_device(a) and _device.active():        # checked by the census
                 values = {}
             return as_batch(a, n_dims, name, allow_dense=dense, **values)
 
@@ -180,16 +180,16 @@ class Trainer(RuntimeBound):
             if pdf.shape != target.shape:
                 raise ValueError(f"pdf must have the target's shape {tuple(target.shape)}, got {tuple(pdf.shape)}")
         if _device.active():                        # the device path: one upload each, then nothing comes back
-            x, target, pdf = (a if a is None or _device.is_device(a) else _device.put(a) for a in (x, target, pdf))
+            x, target, pdf = (a if a is None or _kind.is_device(a) else _buffers.put(a) for a in (x, target, pdf))
         return x, target, instance, pdf
 
     def _forward(self, x, target, instance, pdf, routing=None) -> Context:
         """Forward and loss of a checked batch (``routing``: the chunk of a larger batch it is, else built here;
         for device batches by a census, which checks them on the device)."""
         if routing is None:
-            if _device.is_device(x) and self._faults is None:
+            if _kind.is_device(x) and self._faults is None:
                 self._faults = Faults()
-            census = (self.model.n_output_dims, self._faults) if _device.is_device(x) else None
+            census = (self.model.n_output_dims, self._faults) if _kind.is_device(x) else None
             x, routing = Routing.of(x, instance, self.model.n_instances, census=census)
         routing.checked = (x, target, pdf)
         y, ctx = self.model.forward(x, routing)
@@ -219,9 +219,9 @@ class Trainer(RuntimeBound):
         batches on the device path reads nothing back and returns the loss unread (module docstring); for host
         arrays it is a float.
         """
-        host = not _device.is_device(x)
+        host = not _kind.is_device(x)
         x, target, instance, pdf = self._checked(x, target, instance, pdf, deferred=True)
-        if _device.is_device(x) or int(np.prod(x.shape[:-1])) <= chunk_samples(self.model, training=True):
+        if _kind.is_device(x) or int(np.prod(x.shape[:-1])) <= chunk_samples(self.model, training=True):
             ctx = self._forward(x, target, instance, pdf)          # one pass (a device batch is never cut)
             self.backward(ctx)
             loss, losses, active = ctx.loss, ctx.instance_losses, ctx.routing.step_mask

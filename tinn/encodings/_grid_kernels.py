@@ -1,8 +1,10 @@
 """The grid encoding's batch kernels and the funcs a user's kernel calls (the per-level formulas: ``_grid_funcs.py``)."""
 import taichi as ti
 
-from .._kernels import F32_2D, I32_1D, specialised
-from .._runtime import FieldTree, is_cpu
+from .._device import is_cpu
+from .._kernels import specialised
+from .._memory import FieldTree
+from .._types import F32_2D, I32_1D
 from . import _grid_block as block
 from ._grid_funcs import DENSE, HASHED, MODULO, level_funcs
 

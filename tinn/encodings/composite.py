@@ -27,7 +27,8 @@ overlap (explicit ``dims_to_encode_begin``) tinn *sums* them, which is the true 
 tcnn lets the later slice overwrite the earlier. Input dims no entry reads get 0.
 
 Batches are numpy arrays or ``ti.ndarray``s (the device path): the slices, concatenations and
-element-wise sums and products are ``tinn._device``'s, which keep a ``ti.ndarray`` on the device.
+element-wise sums and products are the batch's operations (``tinn._kind.ops_of``: numpy's for numpy, small
+kernels that keep a ``ti.ndarray`` on the device), picked once per call.
 
 ``hyperparams()`` lists every nested entry with its resolved ``n_dims_to_encode`` and
 ``dims_to_encode_begin`` (tcnn drops them), so a composite rebuilds from it exactly.
@@ -43,10 +44,9 @@ from math import lcm
 import numpy as np
 import taichi as ti
 
-from .. import _device
-from .._device import add_to_columns, columns, concatenate, fold, multiply
+from .._kind import ops_of
 from .._kernels import static_chunks
-from ..registry import create_encoding, encodings
+from ..registry import build_encoding, encodings
 from ..keys import NON_NEGATIVE, POWER_OF_TWO, REQUIRED, Key, between, reported
 from ..object import Context
 from .encoding import Encoding, next_multiple
@@ -110,7 +110,7 @@ class CompositeEncoding(Encoding):
         self.n_input_dims = n_input_dims
         entries = _resolve(where, n_input_dims, nested)
         self.slices = [(begin, n) for begin, n, _ in entries]
-        self.nested = [create_encoding(n, cfg, n_instances=n_instances, seed=seed) for _, n, cfg in entries]
+        self.nested = [build_encoding(n, cfg, n_instances=n_instances, seed=seed) for _, n, cfg in entries]
         self.n_params = sum(e.n_params for e in self.nested)
         if self.reduction == "Concatenation":
             start = 0
@@ -166,11 +166,9 @@ class CompositeEncoding(Encoding):
 
     # -- batch API -------------------------------------------------------------------
     def _run(self, x, routing, keep: bool):
-        if self.n_params:
-            self.store                           # bind the nested encodings before they touch parameters
-        outs, ctxs = [], []
+        ops, outs, ctxs = ops_of(x), [], []
         for e, (begin, n) in zip(self.nested, self.slices):
-            xi = columns(x, begin, n)
+            xi = ops.columns(x, begin, n)
             if keep:
                 y, c = e._forward(xi, routing)
                 ctxs.append(c)
@@ -178,9 +176,9 @@ class CompositeEncoding(Encoding):
                 y = e._inference(xi, routing)
             outs.append(y)
         if self.reduction == "Concatenation":
-            y = concatenate(outs)
+            y = ops.concatenate(outs)
         else:
-            y = fold(outs, "+" if self.reduction == "Sum" else "*")
+            y = ops.fold(outs, "+" if self.reduction == "Sum" else "*")
         if not keep:
             return y, None
         return y, Context(self, x, routing, nested=ctxs, outs=outs if self.reduction == "Product" else None)
@@ -197,8 +195,6 @@ class CompositeEncoding(Encoding):
     # -- one sample inside a user's kernel ------------------------------------------------
     def _layout(self, weights, grads):
         """Static layout: per nested encoding (its forward and vjp funcs, input begin, dims, output column, width)."""
-        if self.n_params:
-            self.store                           # bind the nested encodings before their funcs capture fields
         out, column = [], 0
         for e, (begin, n) in zip(self.nested, self.slices):
             out.append(e._sample_funcs(weights, grads) + (begin, n, column, e.padded_output_width))
@@ -253,29 +249,30 @@ class CompositeEncoding(Encoding):
             return dx
         return func, backward_func
 
-    def _nested_gradients(self, ctx, dL_dy):
+    def _nested_gradients(self, ops, ctx, dL_dy):
         """Per nested encoding ``(k, encoding, input begin, dims, its output gradient)``: a slice of ``dL_dy``
         (Concatenation), ``dL_dy`` itself (Sum) or ``dL_dy`` times the other factors (Product)."""
         column = 0
         for k, (e, (begin, n)) in enumerate(zip(self.nested, self.slices)):
             width = e.padded_output_width
             if self.reduction == "Concatenation":
-                g = columns(dL_dy, column, width)
+                g = ops.columns(dL_dy, column, width)
                 column += width
             elif self.reduction == "Sum":
-                g = _device.contiguous(dL_dy)
+                g = ops.contiguous(dL_dy)
             else:
-                g = _times_others(dL_dy, ctx.outs, k)
+                g = _times_others(ops, dL_dy, ctx.outs, k)
             yield k, e, begin, n, g
 
     def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
-        dx = _device.full_like(ctx.x, 0.0) if input_gradient else None
-        for k, e, begin, n, g in self._nested_gradients(ctx, dL_dy):
+        ops = ops_of(ctx.x, dL_dy)
+        dx = ops.full_like(ctx.x, 0.0) if input_gradient else None
+        for k, e, begin, n, g in self._nested_gradients(ops, ctx, dL_dy):
             if not (input_gradient or e.n_params):
                 continue
             dxi = e._backward(ctx.nested[k], g, input_gradient, overwrite)
             if input_gradient:
-                add_to_columns(dx, begin, dxi)
+                ops.add_to_columns(dx, begin, dxi)
         return dx
 
     def _backward_backward_input(self, ctx, dL_ddLdx, dL_dy, overwrite):
@@ -284,30 +281,32 @@ class CompositeEncoding(Encoding):
         dL2/d(dL_dy) concatenates or sums the ``t_k``. Product: ``g_k = dL_dy prod_(j != k) y_j``, so
         dL2/d(dL_dy) = ``sum_k t_k prod_(j != k) y_j``, and factor j also gets the first-order backward of
         ``dL_dy sum_(k != j) t_k prod_(i != j, k) y_i`` (its parameters' and inputs' share through the others)."""
-        dx, ts = _device.full_like(ctx.x, 0.0), []
-        for k, e, begin, n, g in self._nested_gradients(ctx, dL_dy):
-            t, dxi = e._backward_backward_input(ctx.nested[k], columns(dL_ddLdx, begin, n), g, overwrite)
+        ops = ops_of(ctx.x, dL_ddLdx, dL_dy)
+        dx, ts = ops.full_like(ctx.x, 0.0), []
+        for k, e, begin, n, g in self._nested_gradients(ops, ctx, dL_dy):
+            t, dxi = e._backward_backward_input(ctx.nested[k], ops.columns(dL_ddLdx, begin, n), g, overwrite)
             ts.append(t)
             if dxi is not None:
-                add_to_columns(dx, begin, dxi)
+                ops.add_to_columns(dx, begin, dxi)
         if self.reduction == "Concatenation":
-            return concatenate(ts), dx
+            return ops.concatenate(ts), dx
         if self.reduction == "Sum":
-            return fold(ts, "+"), dx
+            return ops.fold(ts, "+"), dx
         outs = ctx.outs
-        d_dy = fold([_times_others(t, outs, k) for k, t in enumerate(ts)], "+")
+        d_dy = ops.fold([_times_others(ops, t, outs, k) for k, t in enumerate(ts)], "+")
         for j, (e, (begin, n)) in enumerate(zip(self.nested, self.slices)):
-            others = [_times_others(t, outs, j, k) for k, t in enumerate(ts) if k != j]
+            others = [_times_others(ops, t, outs, j, k) for k, t in enumerate(ts) if k != j]
             if others:                               # a single factor has no share through the others
-                add_to_columns(dx, begin, e._backward(ctx.nested[j], multiply(dL_dy, fold(others, "+")), True, False))
+                g = ops.multiply(dL_dy, ops.fold(others, "+"))
+                ops.add_to_columns(dx, begin, e._backward(ctx.nested[j], g, True, False))
         return d_dy, dx
 
 
-def _times_others(a, factors: list, *skip: int):
+def _times_others(ops, a, factors: list, *skip: int):
     """``a`` times the element-wise product of ``factors`` but those at the indices ``skip`` (``a`` itself,
-    contiguous, if none is left)."""
+    contiguous, if none is left), with the batch operations ``ops``."""
     rest = [f for i, f in enumerate(factors) if i not in skip]
-    return multiply(a, fold(rest, "*")) if rest else _device.contiguous(a)
+    return ops.multiply(a, ops.fold(rest, "*")) if rest else ops.contiguous(a)
 
 
 @encodings.register("NRC", "OneBlobFrequency")

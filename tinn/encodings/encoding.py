@@ -10,8 +10,8 @@ from __future__ import annotations
 from math import lcm
 from typing import Any, NamedTuple
 
-from .. import _device
-from .._runtime import next_multiple
+from .._kind import ops_of
+from .._align import next_multiple
 from ..keys import Options, reported
 from ..object import Context, DifferentiableObject
 
@@ -85,19 +85,21 @@ class KernelEncoding(Encoding):
         return kernels.func, kernels.backward_func
 
     def _forward(self, x, routing):
-        y = _device.empty_like(x, (x.shape[0], self.padded_output_width))
+        y = ops_of(x).empty_like(x, (x.shape[0], self.padded_output_width))
         self._kernels().forward(x, y)
         return y, Context(self, x, routing)
 
     def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
         if not input_gradient:
             return None
-        dx = _device.empty_like(ctx.x)
-        self._kernels().backward(ctx.x, _device.contiguous(dL_dy), dx)
+        ops = ops_of(ctx.x, dL_dy)
+        dx = ops.empty_like(ctx.x)
+        self._kernels().backward(ctx.x, ops.contiguous(dL_dy), dx)
         return dx
 
     def _backward_backward_input(self, ctx, dL_ddLdx, dL_dy, overwrite):
-        dy = _device.empty_like(ctx.x, (ctx.x.shape[0], self.padded_output_width))
-        dx = _device.empty_like(ctx.x)
-        self._kernels().backward_backward(ctx.x, _device.contiguous(dL_ddLdx), _device.contiguous(dL_dy), dy, dx)
+        ops = ops_of(ctx.x, dL_ddLdx, dL_dy)
+        dy = ops.empty_like(ctx.x, (ctx.x.shape[0], self.padded_output_width))
+        dx = ops.empty_like(ctx.x)
+        self._kernels().backward_backward(ctx.x, ops.contiguous(dL_ddLdx), ops.contiguous(dL_dy), dy, dx)
         return dy, dx

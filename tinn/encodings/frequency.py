@@ -19,8 +19,10 @@ import numpy as np
 import taichi as ti
 
 from .._kernels import specialised
-from .. import _blas, _device
-from .._runtime import is_cpu
+from .. import _blas
+from .._device import is_cpu
+from .._kind import HOST, ops_of
+from .._types import F32_2D, F32_4D
 from ..registry import encodings
 from ..keys import Key, between
 from ..object import Context
@@ -38,7 +40,7 @@ def _expand_kernel(n_frequencies: int, n_dims: int, n_padding: int, fill: float)
     width = 2 * n_frequencies
 
     @ti.kernel
-    def expand(sincos: ti.types.ndarray(dtype=ti.f32, ndim=4), y: ti.types.ndarray(dtype=ti.f32, ndim=2)):
+    def expand(sincos: F32_4D, y: F32_2D):
         """``sincos[r, 0 / 1, d, b]``: sin / cos of the phase at octave ``r * RESTART`` -> ``y``."""
         for b, d in ti.ndrange(y.shape[0], n_dims):
             s, c = 0.0, 0.0
@@ -90,7 +92,7 @@ class FrequencyEncoding(PerDimEncoding):
         return value, slope, curvature
 
     def _forward(self, x, routing):
-        if _device.is_device(x) or not is_cpu():
+        if ops_of(x) is not HOST or not is_cpu():                # numpy's sin/cos for host batches on the CPU
             return super()._forward(x, routing)
         theta = np.multiply(np.float32(math.pi), x.T, order="C")      # phase() at octave 0, (D, B)
         n_restarts = -(-self.n_frequencies // RESTART)

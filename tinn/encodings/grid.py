@@ -45,8 +45,8 @@ import math
 import numpy as np
 import taichi as ti
 
-from .. import _device
-from .._runtime import is_cpu
+from .. import _kind
+from .._device import is_cpu
 from ..registry import encodings
 from ..keys import OFF, POSITIVE_INT, Key, Options, above, between, one_of, reported
 from ..object import Context
@@ -160,7 +160,7 @@ class GridEncoding(Encoding):
 
     # -- batch API ---------------------------------------------------------------
     def _encode(self, weights, x, routing):
-        y = _device.empty_like(x, (x.shape[0], self.padded_output_width))     # on the device for a device x
+        y = _kind.empty_like(x, (x.shape[0], self.padded_output_width))     # on the device for a device x
         ids, routed = routing.kernel_ids(x)
         self._get_kernels().forward(weights, self._offset, x, ids, y, routed)
         return y
@@ -175,17 +175,17 @@ class GridEncoding(Encoding):
         k, dL_dy, inst, routed = self._scatter_gradients(ctx, dL_dy, overwrite)
         if not input_gradient:
             return None
-        dx = _device.empty_like(ctx.x)
+        dx = _kind.empty_like(ctx.x)
         k.backward_input(self.store.params, self._offset, ctx.x, inst, dL_dy, dx, routed)
         return dx
 
     def _backward_backward_input(self, ctx, dL_ddLdx, dL_dy, overwrite):
         """tcnn's exact second order (every interpolation and dimension): dL2/dθ to the gradients, and
         ``(dL2/d(dL_dy), dL2/dx)``; padded columns of the first are 0, Nearest gives 0 throughout."""
-        dL_ddLdx = _device.contiguous(dL_ddLdx)
+        dL_ddLdx = _kind.contiguous(dL_ddLdx)
         k, dL_dy, inst, routed = self._scatter_gradients(ctx, dL_dy, overwrite, dL_ddLdx)
-        d_dy = _device.empty_like(ctx.x, (ctx.x.shape[0], self.padded_output_width))     # of ctx.x's kind
-        dx = _device.empty_like(ctx.x)
+        d_dy = _kind.empty_like(ctx.x, (ctx.x.shape[0], self.padded_output_width))     # of ctx.x's kind
+        dx = _kind.empty_like(ctx.x)
         k.backward_backward(self.store.params, self._offset, ctx.x, inst, dL_ddLdx, dL_dy, d_dy, dx, routed)
         return d_dy, dx
 
@@ -196,7 +196,7 @@ class GridEncoding(Encoding):
         if overwrite and not k.cpu:                 # atomic adds need zeros underneath
             self._zero_gradients()
             overwrite = False
-        dL_dy = _device.contiguous(dL_dy)
+        dL_dy = _kind.contiguous(dL_dy)
         inst, routed = ctx.routing.kernel_ids(ctx.x)
         k.backward_params(self.store.grads, self._offset, ctx.x, inst, dL_dy, routed, overwrite, dL_ddLdx)
         return k, dL_dy, inst, routed

@@ -28,7 +28,8 @@ import math
 import numpy as np
 import taichi as ti
 
-from .._kernels import F32_2D, specialised, static_chunks
+from .._kernels import specialised, static_chunks
+from .._types import F32_2D
 from ..registry import encodings
 from ..keys import Key, between
 from .encoding import KernelEncoding, Kernels

@@ -32,7 +32,7 @@ import taichi as ti
 
 from taichi.lang import impl
 
-from .. import _device
+from .. import _buffers, _kind
 from .._kernels import columns_per_task
 from ..object import Context
 from ..routing import TILE
@@ -97,7 +97,7 @@ def _slope_times(g, z, act: str):
     """``act'(z) * g`` as a new buffer (``g`` itself for the identity)."""
     if act == "None":
         return g
-    out = _device.empty_like(g)
+    out = _kind.empty_like(g)
     _times_derivative(g, z, act, out)
     return out
 
@@ -163,8 +163,8 @@ class KernelMLP:
         self.rows = [layer.rows for layer in mlp.plan.layers]             # output padding rows not computed
         self.acts = [layer.activation for layer in mlp.plan.layers]
         self._tiles = {}
-        self._none3 = _device.buffer((1, 1, 1))
-        self._pool = _device.Pool()                 # the fused kernels' activations, reused across steps
+        self._none3 = _buffers.buffer((1, 1, 1))
+        self._pool = _buffers.Pool()                 # the fused kernels' activations, reused across steps
 
     @property
     def offsets(self):
@@ -185,7 +185,7 @@ class KernelMLP:
         instance = routing.instance
         store = self.mlp.store
         weights = store.params if keep else store.inference_params
-        h = _device.on_device(x)                                   # one upload, not one per kernel
+        h = _kind.DEVICE.adopt(x)                                   # one upload, not one per kernel
         fused = self._fused_kernels(instance)
         if fused is not None:
             return self._run_fused(fused, weights, x, h, routing, keep, out)
@@ -201,8 +201,8 @@ class KernelMLP:
         B = h.shape[0]
         hs, zs, offsets = [h], [], self.offsets
         for i, rows in enumerate(self.rows):
-            out = y if y is not None and i == len(self.rows) - 1 else _device.buffer((B, rows))
-            z = _device.buffer((B, rows)) if keep else out
+            out = y if y is not None and i == len(self.rows) - 1 else _buffers.buffer((B, rows))
+            z = _buffers.buffer((B, rows)) if keep else out
             _layer_forward(weights, offsets[i], h, inst, routed, self.acts[i], keep, z, out)
             hs.append(out)
             zs.append(z)
@@ -215,7 +215,7 @@ class KernelMLP:
         ctx = Context(self.mlp, x, routing, fused=fused, h=h) if keep else None
         zs = self._pool.take((L, fused.width, padded), ctx) if keep else self._none3
         hs = self._pool.take((max(L - 1, 1), fused.width, padded), ctx) if keep else self._none3
-        y = _device.buffer((B, self.rows[-1])) if out is None else out
+        y = _buffers.buffer((B, self.rows[-1])) if out is None else out
         fused.forward(weights, self.mlp._offset, h, padded, keep, zs, hs, y)
         if keep:
             ctx.zs, ctx.hs = zs, hs
@@ -223,11 +223,11 @@ class KernelMLP:
 
     def _backward_fused(self, ctx, dL_dy, input_gradient, overwrite):
         store, fused, B = self.mlp.store, ctx.fused, ctx.x.shape[0]
-        dx = _device.buffer((B, self.mlp.n_input_dims) if input_gradient else (1, 1))
+        dx = _buffers.buffer((B, self.mlp.n_input_dims) if input_gradient else (1, 1))
         blocks = min(-(-B // fused.T), FUSED_BLOCKS)
-        fused.backward(store.params, store.grads, self.mlp._offset, ctx.h, _device.on_device(dL_dy), ctx.zs, ctx.hs,
+        fused.backward(store.params, store.grads, self.mlp._offset, ctx.h, _kind.DEVICE.adopt(dL_dy), ctx.zs, ctx.hs,
                        blocks, input_gradient, overwrite, dx)
-        return _device.same_kind(dx, ctx.x) if input_gradient else None
+        return _kind.same_kind(dx, ctx.x) if input_gradient else None
 
     def backward(self, ctx, dL_dy, input_gradient: bool, overwrite: bool):
         """dL/dW to the store (written if ``overwrite``, else added); dL/dx ``(batch, n_input_dims)`` if
@@ -237,16 +237,16 @@ class KernelMLP:
         store = self.mlp.store
         tile_table, order = self._tile_tables(ctx.routing, ctx.x.shape[0])
         offsets, zeroing = self.offsets, _Zeroing(self.mlp, overwrite)
-        delta = _slope_times(_device.on_device(dL_dy), ctx.zs[-1], self.acts[-1])
+        delta = _slope_times(_kind.DEVICE.adopt(dL_dy), ctx.zs[-1], self.acts[-1])
         for i in reversed(range(len(self.rows))):
             _weight_grad(store.grads, offsets[i], delta, ctx.hs[i], tile_table, order, ctx.routed, *zeroing.args())
             if i == 0 and not input_gradient:
                 return None
-            below = _device.empty_like(delta, (delta.shape[0], ctx.hs[i].shape[1]))
+            below = _kind.empty_like(delta, (delta.shape[0], ctx.hs[i].shape[1]))
             z, act = (ctx.zs[i - 1], self.acts[i - 1]) if i > 0 else (below, "None")
             _input_grad(store.params, offsets[i], delta, ctx.inst, ctx.routed, z, act, below)
             delta = below
-        return _device.same_kind(delta, ctx.x)
+        return _kind.same_kind(delta, ctx.x)
 
     # -- second order: the formulas of HostMLP.output_adjoints / second_order, on the kernels above ------
     def _per_layer(self, ctx):
@@ -266,15 +266,15 @@ class KernelMLP:
         weights, offsets, n = self.mlp.store.params, self.offsets, len(self.rows)
         curved = [activations.ACTIVATIONS[act].host_second is not None for act in self.acts]
         deltas, ybars = [None] * n, [None] * n
-        ybar = _device.on_device(dL_dy)
+        ybar = _kind.DEVICE.adopt(dL_dy)
         for i in reversed(range(n)):
             deltas[i] = _slope_times(ybar, zs[i], self.acts[i])
             ybars[i] = ybar if curved[i] else None
             if i == 0 and not input_gradient:
                 break
-            ybar = _device.buffer((ybar.shape[0], hs[i].shape[1]))
+            ybar = _buffers.buffer((ybar.shape[0], hs[i].shape[1]))
             _input_grad(weights, offsets[i], deltas[i], inst, routed, ybar, "None", ybar)
-        dx = _device.same_kind(ybar, ctx.x) if input_gradient else None
+        dx = _kind.same_kind(ybar, ctx.x) if input_gradient else None
         return dx, (hs, zs, inst, routed, deltas, ybars)
 
     def second_order(self, ctx, state, dL_ddLdx, overwrite: bool):
@@ -291,9 +291,9 @@ class KernelMLP:
         hs, zs, inst, routed, deltas, ybars = state
         store, offsets, zeroing = self.mlp.store, self.offsets, _Zeroing(self.mlp, overwrite)
         tile_table, order = self._tile_tables(ctx.routing, ctx.x.shape[0])
-        xdots, zdots = [_device.on_device(dL_ddLdx)], []
+        xdots, zdots = [_kind.DEVICE.adopt(dL_ddLdx)], []
         for i, rows in enumerate(self.rows):
-            zdot = _device.buffer((xdots[i].shape[0], rows))
+            zdot = _buffers.buffer((xdots[i].shape[0], rows))
             _layer_forward(store.params, offsets[i], xdots[i], inst, routed, "None", False, zdot, zdot)
             zdots.append(zdot)
             xdots.append(_slope_times(zdot, zs[i], self.acts[i]))
@@ -302,15 +302,15 @@ class KernelMLP:
             _weight_grad(store.grads, offsets[i], deltas[i], xdots[i], tile_table, order, routed, *zeroing.args())
             zbar = below
             if ybars[i] is not None:
-                zbar = _device.empty_like(zdots[i]) if below is None else below
+                zbar = _kind.empty_like(zdots[i]) if below is None else below
                 _curvature(zs[i], zdots[i], ybars[i], self.acts[i], below is not None, zbar)
             if zbar is None:
                 continue
             _weight_grad(store.grads, offsets[i], zbar, hs[i], tile_table, order, routed, *zeroing.args())
-            below = _device.empty_like(zbar, (zbar.shape[0], hs[i].shape[1]))
+            below = _kind.empty_like(zbar, (zbar.shape[0], hs[i].shape[1]))
             z, act = (zs[i - 1], self.acts[i - 1]) if i > 0 else (below, "None")
             _input_grad(store.params, offsets[i], zbar, inst, routed, z, act, below)
-        return _device.same_kind(xdots[-1], ctx.x), None if below is None else _device.same_kind(below, ctx.x)
+        return _kind.same_kind(xdots[-1], ctx.x), None if below is None else _kind.same_kind(below, ctx.x)
 
     def _tile_tables(self, routing, batch):
         """``(table, order)`` of the batch's tiles (``Routing.tiles``); a single network's batch is tiled in
@@ -320,5 +320,5 @@ class KernelMLP:
         if batch not in self._tiles:
             starts = np.arange(0, batch, TILE, dtype=np.int32)
             table = np.stack([starts, np.minimum(starts + TILE, batch), np.zeros_like(starts)], axis=1)
-            self._tiles = {batch: (_device.put(table, ti.i32), _device.zeros_i32())}
+            self._tiles = {batch: (_buffers.put(table, ti.i32), _buffers.zeros_i32())}
         return self._tiles[batch]

@@ -25,7 +25,7 @@ import warnings
 
 import numpy as np
 
-from .. import _device
+from .. import _device, _kind
 from ..registry import networks
 from ..keys import POSITIVE_INT, Key, Options, between, reported
 from . import activations
@@ -117,7 +117,7 @@ class MLP(Network):
     def _inference_into(self, x, routing, out):
         """The kernel path writes its last layer straight into a device ``out``; else as every object does."""
         path = self._batch_path()
-        if isinstance(path, KernelMLP) and _device.is_device(out):
+        if isinstance(path, KernelMLP) and _kind.is_device(out):
             return path.run(x, routing, keep=False, out=out)[0]
         return super()._inference_into(x, routing, out)
 

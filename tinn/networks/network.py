@@ -1,7 +1,7 @@
 """The network base class (tcnn ``network.h``)."""
 from __future__ import annotations
 
-from .._runtime import next_multiple
+from .._align import next_multiple
 from ..object import DifferentiableObject
 
 OUTPUT_ALIGNMENT = 16

@@ -19,7 +19,7 @@ import numpy as np
 import taichi as ti
 
 from .._kernels import specialised
-from .._runtime import is_cpu
+from .._device import is_cpu
 from .step import one_minus_pow
 from ..registry import optimizers
 from ..keys import NON_NEGATIVE, Key

@@ -15,7 +15,7 @@ State: ``current_step``, ``first_moments``, ``per_layer_second_moments`` ``(K, n
 import numpy as np
 import taichi as ti
 
-from .. import _device
+from .. import _buffers
 from ..registry import optimizers
 from .optimizer import (ABSOLUTE_DECAY, EPSILON, F32_1D, F32_2D, I32_1D, LEARNING_RATE, RELATIVE_DECAY, Optimizer,
                         beta, zeros)
@@ -59,8 +59,8 @@ class Novograd(Optimizer):
         self.first_moments = zeros((K, self.n_params), ti.f32)
         self.per_layer_second_moments = zeros((K, len(sizes)), ti.f32) if sizes else np.zeros((K, 0), np.float32)
         if self.n_matrix:
-            self._layer_start = _device.put(np.cumsum([0] + sizes).astype(np.int32), ti.i32)    # kernel tables
-            self._layer_of = _device.put(np.repeat(np.arange(len(sizes), dtype=np.int32), sizes), ti.i32)
+            self._layer_start = _buffers.put(np.cumsum([0] + sizes).astype(np.int32), ti.i32)    # kernel tables
+            self._layer_of = _buffers.put(np.repeat(np.arange(len(sizes), dtype=np.int32), sizes), ti.i32)
 
     def update(self, step):
         if self.n_matrix:

@@ -39,9 +39,9 @@ from __future__ import annotations
 import numpy as np
 import taichi as ti
 
-from .. import _device
-from .._kernels import F32_1D, F32_2D, F32_3D, I32_1D, I32_2D  # noqa: F401 (the optimizers' aliases)
-from .._runtime import RuntimeBound
+from .. import _buffers, _kind
+from .._types import F32_1D, F32_2D, F32_3D, I32_1D, I32_2D  # noqa: F401 (the optimizers' aliases)
+from .._program import RuntimeBound
 from ..keys import INT32_MAX, NON_NEGATIVE, UNIT_INTERVAL, Key, Options
 from ..object import Object, ParametricObject
 from ..params import ParamStore
@@ -50,7 +50,7 @@ from .step import Step, check_device_mask, count_steps, host_mask, new_counter
 
 def zeros(shape, dtype):
     """A zeroed ``ti.ndarray``: optimizer state that no model kernel reads (no per-array recompiles)."""
-    return _device.buffer(shape, dtype)
+    return _buffers.buffer(shape, dtype)
 
 
 class Slot:
@@ -172,7 +172,7 @@ class Optimizer(Object, RuntimeBound):
         if self.n_matrix > self.n_params:
             raise ValueError(f"layer_sizes cover {self.n_matrix} params, more than the {self.n_params} to optimize")
         self._steps = new_counter(self.n_instances)
-        self._unit_scale = _device.buffer((self.n_instances,), ti.f32)
+        self._unit_scale = _buffers.buffer((self.n_instances,), ti.f32)
         self._unit_scale.fill(1.0)
 
     def create_state(self):
@@ -216,7 +216,7 @@ class Optimizer(Object, RuntimeBound):
     def mask(self, active):
         """``active`` (module docstring) as the int32 ``(K,)`` mask that kernels read: a device mask as it
         is, host ids through :meth:`kernel_array` (uploaded on the device path when it changes)."""
-        if _device.is_device(active):
+        if _kind.is_device(active):
             check_device_mask(active, self.n_instances)
             return active
         return self.kernel_array("active", host_mask(self.n_instances, active))
@@ -254,9 +254,9 @@ class Optimizer(Object, RuntimeBound):
 
     def kernel_array(self, name: str, values: np.ndarray):
         """``values``, a small host array that this optimizer's kernels only read, as their argument
-        (:class:`tinn._device.Mirror`: on the device path uploaded only when it changes)."""
+        (:class:`tinn._buffers.Mirror`: on the device path uploaded only when it changes)."""
         if name not in self._mirrors:
-            self._mirrors[name] = _device.Mirror()
+            self._mirrors[name] = _buffers.Mirror()
         return self._mirrors[name](values)
 
     def update(self, step: Step):
@@ -332,7 +332,7 @@ def step_arrays(optimizer: Optimizer, params: np.ndarray, gradients, *, loss_sca
     if grads.shape != params.shape:
         raise ValueError(f"gradients must have the parameters' shape {params.shape}, got {grads.shape}")
     flat = params.reshape(-1, params.shape[-1])
-    if not _device.is_device(active):
+    if not _kind.is_device(active):
         host_mask(flat.shape[0], active)                    # bad ids are refused before anything changes
     store = None if optimizer.slot is None else optimizer.slot.store
     if store is None or (store.n_instances, store.n_params) != flat.shape:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import taichi as ti
 
-from .. import _device
-from .._kernels import I32_1D
+from .. import _buffers
+from .._types import I32_1D
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def count_steps(steps, mask):
 
 def new_counter(n_instances: int):
     """A zeroed int32 ``(n_instances,)`` kernel array for step counts (a ``ti.ndarray`` on both paths)."""
-    return _device.buffer((n_instances,), ti.i32)
+    return _buffers.buffer((n_instances,), ti.i32)
 
 
 @ti.func

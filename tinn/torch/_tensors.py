@@ -10,7 +10,7 @@ and how it crosses.
   tensor by its device pointer), so an input becomes a ``ti.ndarray`` by one copy kernel and a
   ``ti.ndarray`` result a tensor from ``torch.empty`` by another; nothing passes through the host.
 * ``UPLOAD``, the device path on an arch torch cannot hold (Vulkan, Metal, OpenGL; CUDA with a torch
-  built without it): CPU tensors, through numpy once per call (uploaded with ``tinn._device.put``,
+  built without it): CPU tensors, through numpy once per call (uploaded with ``tinn._buffers.put``,
   results read back with ``to_numpy``).
 
 Parameters and their gradients cross with the same routes (:mod:`tinn.torch._store`).
@@ -20,7 +20,8 @@ import taichi as ti
 import torch
 from taichi.lang import impl
 
-from .. import _device
+from .. import _buffers, _device
+from .._types import ANY
 
 HOST, DIRECT, UPLOAD = "host", "direct", "upload"
 
@@ -53,7 +54,7 @@ def device() -> torch.device:
 
 
 @ti.kernel
-def _copy(src: ti.types.ndarray(), dst: ti.types.ndarray()):
+def _copy(src: ANY, dst: ANY):
     """``dst = src`` for two arrays of one shape and dtype (``ti.ndarray``s or tensors on Taichi's device)."""
     for I in ti.grouped(src):
         dst[I] = src[I]
@@ -69,8 +70,8 @@ def to_tinn(t: torch.Tensor, dtype=torch.float32):
     if how == HOST:
         return t.numpy()
     if how == UPLOAD:
-        return _device.put(t.numpy(), _TAICHI_TYPES[dtype])
-    out = _device.buffer(t.shape, _TAICHI_TYPES[dtype])
+        return _buffers.put(t.numpy(), _TAICHI_TYPES[dtype])
+    out = _buffers.buffer(t.shape, _TAICHI_TYPES[dtype])
     _copy(t, out)
     return out
 
@@ -103,4 +104,4 @@ def instances(instance):
     if not np.issubdtype(arr.dtype, np.integer):
         raise TypeError(f"instance must hold integers, got {arr.dtype}")
     arr = np.ascontiguousarray(arr, dtype=np.int32)
-    return arr if route()[0] == HOST else _device.put(arr, ti.i32)      # host data: one upload
+    return arr if route()[0] == HOST else _buffers.put(arr, ti.i32)      # host data: one upload

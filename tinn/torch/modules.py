@@ -38,7 +38,7 @@ import torch
 from taichi.lang import impl
 
 from .. import NetworkWithInputEncoding as _NativeNetworkWithInputEncoding
-from .. import _runtime
+from .. import _program
 from ..config import create_encoding, create_network
 from . import _tensors
 from ._autograd import _ModuleFunction
@@ -58,7 +58,7 @@ def free_temporary_memory():
 
 def _ensure_taichi():
     if impl.get_runtime().prog is None:
-        _runtime.init()
+        _program.init()
 
 
 def _dims(n, name: str) -> int:

@@ -1,0 +1,120 @@
+"""What a batch looks like, checked once before any kernel runs: shape, dtype, finite values, ids.
+
+Batches cross the public API as row-major ``(batch, dims)`` float32 arrays: numpy arrays, ``ti.ndarray``s
+or torch tensors. :func:`as_batch` checks one against its kind's operations (``tinn._kind.ops_of``) and
+returns it ready for the components: a ``ti.ndarray`` as it is on the device path, a contiguous numpy
+array on the host path. :func:`check_ids` is the one rule for a network array's per-sample ids.
+"""
+import contextlib
+
+import numpy as np
+import taichi as ti
+
+from ._device import active
+from ._host_ops import HOST, to_numpy
+from ._kind import is_device, ops_of
+from ._program import check_live
+
+_VALUES_CHECKED: set = set()
+
+
+@contextlib.contextmanager
+def values_checked(*arrays):
+    """Within the block, :func:`as_batch` does not check these arrays' values again: a trainer checks a
+    step's batch once, then composes public calls that would each check it (on the device a read-back
+    each)."""
+    ids = {id(a) for a in arrays if a is not None} - _VALUES_CHECKED
+    _VALUES_CHECKED.update(ids)
+    try:
+        yield
+    finally:
+        _VALUES_CHECKED.difference_update(ids)
+
+
+def _dtype_name(a) -> str:
+    return {ti.f32: "float32", ti.i32: "int32"}.get(a.dtype, str(a.dtype)) if is_device(a) \
+        else str(a.dtype)
+
+
+def check_array(a, name: str, dtype, shapes: str, fits):
+    """``TypeError`` unless ``a`` (numpy or ``ti.ndarray``) has ``dtype``; ``ValueError`` unless
+    ``fits(shape)`` (``shapes`` says what fits) and the batch has a sample."""
+    if _dtype_name(a) != np.dtype(dtype).name:
+        raise TypeError(f"{name} must have dtype {np.dtype(dtype).name}, got {_dtype_name(a)} "
+                        f"(convert with .astype(np.{np.dtype(dtype).name}))")
+    shape = tuple(a.shape)
+    if not fits(shape):
+        raise ValueError(f"{name} must have shape {shapes}, got {shape}")
+    if 0 in shape[:-1]:                           # (batch, 0) is fine: an Empty encoding's output
+        raise ValueError(f"{name} is an empty batch; a batch needs at least one sample")
+
+
+def as_batch(a, n_dims, name: str = "x", *, dtype=np.float32, allow_dense: bool = False, finite: bool = False,
+             positive: bool = False):
+    """Check a ``(batch, n_dims)`` array and return it ready for the components: a ``ti.ndarray`` as it is
+    on the device path, otherwise a contiguous numpy array.
+
+    ``n_dims=None`` accepts any width. With ``allow_dense`` a ``(K, batch_k, n_dims)`` array is accepted
+    too and returned unchanged in shape (the caller flattens it). ``finite`` rejects NaN and +-Inf,
+    ``positive`` also values <= 0 (:func:`check_values`), unless the array's values were checked
+    already (:func:`values_checked`).
+    """
+    if id(a) in _VALUES_CHECKED:
+        finite = positive = False
+    if is_device(a):
+        check_live(a, name)
+    if not (is_device(a) and active() and len(a.shape) in (2, 3)):
+        a = to_numpy(a, name)                     # the host path (a ti.ndarray read in place on x64)
+    width = n_dims or "dims"
+    shapes = f"(batch, {width})" + (f" or (n_instances, batch, {width})" if allow_dense else "")
+    check_array(a, name, dtype, shapes,
+                lambda s: len(s) in ((2, 3) if allow_dense else (2,)) and (n_dims is None or s[-1] == n_dims))
+    ops = ops_of(a)
+    a = ops.contiguous(a)
+    if finite or positive:
+        check_values(a, name, positive=positive, ops=ops)
+    return a
+
+
+def check_values(a, name: str, *, positive: bool = False, ops=HOST):
+    """``ValueError`` naming the first row of a batch (of ``ops``' kind) that holds NaN or +-Inf (or, with
+    ``positive``, a value <= 0). ``ops.has_bad`` decides; only a failing batch is searched for its row,
+    on the host."""
+    if not a.shape[-1] or not ops.has_bad(a, positive):
+        return
+    arr = ops.host(a)
+    rows = arr.reshape(-1, arr.shape[-1])
+    bad = ~np.isfinite(rows)
+    if positive:
+        bad |= ~(rows > 0)
+    first = int(np.flatnonzero(bad.any(axis=1))[0])
+    where = first if arr.ndim == 2 else tuple(int(i) for i in np.unravel_index(first, arr.shape[:-1]))
+    value = rows[first][bad[first]][0]
+    rule = "finite and > 0" if positive else "finite"
+    raise ValueError(f"{name} must be {rule}: row {where} holds {value}")
+
+
+def check_id_range(lo: int, hi: int, n_instances: int):
+    """The rule for network ids: every id lies in ``[0, n_instances)``, given their least ``lo`` and
+    greatest ``hi`` (however they were found: on the host, or by a census on the device)."""
+    if lo < 0 or hi >= n_instances:
+        raise ValueError(f"instance ids must lie in [0, {n_instances}), got values in [{lo}, {hi}]")
+
+
+def check_ids(ids, batch: int, name: str = "instance"):
+    """``TypeError`` / ``ValueError`` unless ``ids`` (numpy or ``ti.ndarray``) is int32 of shape ``(batch,)``."""
+    check_array(ids, name, np.int32, f"({batch},)", lambda s: s == (batch,))
+
+
+def as_instances(instance, batch: int, n_instances: int) -> np.ndarray | None:
+    """Check the per-sample routing array ``instance`` (int32, shape ``(batch,)``, ids in
+    ``[0, n_instances)``) and return it as a contiguous numpy array."""
+    if instance is None:
+        if n_instances != 1:
+            raise ValueError(f"this object holds {n_instances} networks: pass instance=(batch,) int32 ids "
+                             "or a dense (n_instances, batch, dims) array")
+        return None
+    arr = to_numpy(instance, "instance")
+    check_ids(arr, batch)
+    check_id_range(int(arr.min()), int(arr.max()), n_instances)
+    return np.ascontiguousarray(arr)

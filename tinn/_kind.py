@@ -1,0 +1,87 @@
+"""The kind of a batch, told once: :func:`ops_of` gives the operations of a batch's kind (``HOST`` for
+numpy, ``DEVICE`` for ``ti.ndarray``), and the few seams where a result changes kind for its caller.
+
+Components call ``ops_of(x).empty_like(x)``, ``ops_of(x).columns(...)`` and so on; none asks what kind
+an array is. Taichi has no empty ndarray, so a ``(batch, 0)`` result is numpy whatever the path.
+"""
+import numpy as np
+import taichi as ti
+
+from ._buffers import buffer
+from ._host_ops import HOST, ndarray_view
+from ._ndarray_ops import DEVICE
+
+__all__ = ["DEVICE", "HOST", "add", "callers_kind", "contiguous", "copy_into", "empty_like", "flatten", "full_like", "host",
+           "is_device", "ops_of", "same_kind", "unflatten"]
+
+
+def is_device(a) -> bool:
+    """Whether ``a`` is a ``ti.ndarray`` (the one place that asks)."""
+    return isinstance(a, ti.Ndarray)
+
+
+def ops_of(*arrays):
+    """The operations for these batches: ``DEVICE`` if any is a ``ti.ndarray``, else ``HOST``."""
+    return DEVICE if any(isinstance(a, ti.Ndarray) for a in arrays) else HOST
+
+
+def same_kind(a, like):
+    """``a`` as the kind of array ``like`` is, where ``like`` is numpy (a device output handed back to a
+    host caller: one download); otherwise ``a`` as it is."""
+    return a if is_device(like) else HOST.adopt(a)
+
+
+def callers_kind(a, caller):
+    """A result ``a`` as the kind of array the caller passed (``caller``): the one seam where the host
+    path's numpy results become ``ti.ndarray``s for a caller that passed one (written through a view of
+    the new ndarray's memory on x64, uploaded elsewhere). Device results and numpy callers pass as they are."""
+    if a is None or not is_device(caller) or is_device(a) or not a.size:
+        return a                                  # (an empty result stays numpy: Taichi has no empty ndarray)
+    out = buffer(a.shape)
+    view = ndarray_view(out)
+    if view is None:
+        out.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+    else:
+        view[...] = a
+    return out
+
+
+# -- one batch's operation, its kind picked from the batch (for callers that hold a single batch) -------
+def empty_like(a, shape=None):
+    """``ops_of(a).empty_like(a, shape)``: a new float32 batch of ``a``'s kind."""
+    return ops_of(a).empty_like(a, shape)
+
+
+def full_like(a, value: float, shape=None):
+    """``ops_of(a).full_like(a, value, shape)``: a new float32 batch of ``a``'s kind, every element ``value``."""
+    return ops_of(a).full_like(a, value, shape)
+
+
+def contiguous(a):
+    """``ops_of(a).contiguous(a)``: ``a`` as a kernel argument."""
+    return ops_of(a).contiguous(a)
+
+
+def host(a) -> np.ndarray:
+    """``ops_of(a).host(a)``: a numpy array of ``a`` (a download for a ``ti.ndarray``)."""
+    return ops_of(a).host(a)
+
+
+def flatten(a):
+    """``ops_of(a).flatten(a)``: a dense ``(K, B, n)`` batch as ``(K * B, n)``."""
+    return ops_of(a).flatten(a)
+
+
+def unflatten(a, dense: tuple):
+    """``ops_of(a).unflatten(a, dense)``: a ``(K * B, n)`` batch as dense ``(K, B, n)``."""
+    return ops_of(a).unflatten(a, dense)
+
+
+def add(a, b):
+    """``ops_of(a, b).add(a, b)``: ``a + b`` element-wise, a ``ti.ndarray`` if either is one."""
+    return ops_of(a, b).add(a, b)
+
+
+def copy_into(dst, src):
+    """``ops_of(dst).copy_into(dst, src)``: ``dst[...] = src``, returns ``dst``."""
+    return ops_of(dst).copy_into(dst, src)

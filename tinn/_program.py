@@ -1,0 +1,131 @@
+"""The live Taichi program: who calls ``ti.init``, and what a later ``ti.init`` leaves behind.
+
+tinn never calls ``ti.init`` itself (:func:`init` is a convenience with tuned settings). Every object
+records the program it was built in (:class:`RuntimeBound`); using it after ``ti.init`` ran again (which
+frees every field and ndarray) raises :class:`RuntimeResetError` instead of crashing the process, in
+Python (``_check_runtime``) and while a user's kernel compiles (:func:`guarded`).
+
+A ``ti.ndarray`` made before the last ``ti.init`` is refused too (:func:`check_live`). Taichi cannot tell:
+a freed ndarray's allocation id may name a live ndarray of the new program. When Taichi drops its old
+runtime (during ``ti.init``, before the new program exists) every ``ti.ndarray`` still referenced belongs
+to a freed program, and is marked so (``_tinn_freed``); :func:`_watch` follows each runtime in turn from
+``import tinn`` on. That watch is the one thing importing tinn sets up; it changes no Taichi behaviour.
+"""
+import ctypes
+import ctypes.util
+import gc
+import weakref
+
+import taichi as ti
+from taichi.lang import impl
+from taichi.lang._ndarray import Ndarray
+from taichi.lang.exception import TaichiCompilationError
+
+
+class RuntimeResetError(RuntimeError):
+    """A tinn object was used after ``ti.init`` was called again."""
+
+
+class _TracedRuntimeResetError(RuntimeResetError, TaichiCompilationError):
+    """Raised while a user's kernel is compiled: Taichi passes compilation errors on with their type."""
+
+
+def init(arch=None, *, keep_large_buffers: bool = True, **kwargs):
+    """Call ``ti.init`` with the settings tinn's CPU kernels are tuned for.
+
+    A convenience only: any ``ti.init`` works. Keyword arguments are passed on
+    (``offline_cache=True`` by default keeps compiled kernels across runs).
+    ``keep_large_buffers`` asks glibc's malloc to recycle large blocks instead of
+    returning them to the system after every step; a training step allocates its
+    activations afresh, and zero-filling new pages otherwise costs about a third
+    of a step on the CPU. It changes the allocator for the whole process.
+    """
+    settings = dict(offline_cache=True)
+    settings.update(kwargs)
+    if keep_large_buffers:
+        _keep_large_buffers()
+    return ti.init(arch=ti.cpu if arch is None else arch, **settings)
+
+
+def _keep_large_buffers():
+    """glibc ``mallopt``: serve large blocks from the heap and keep freed memory for reuse."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):      # not glibc: nothing to tune
+        return
+    M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
+    mallopt(M_MMAP_THRESHOLD, 1 << 30)
+    mallopt(M_TRIM_THRESHOLD, 1 << 31)
+    mallopt(M_TOP_PAD, 1 << 28)
+
+
+def current_program():
+    """The live Taichi program; a clear error before ``ti.init``."""
+    prog = impl.get_runtime().prog
+    if prog is None:
+        raise RuntimeError("Taichi is not initialised: call ti.init(...) (or tinn.init()) before creating tinn objects")
+    return prog
+
+
+class RuntimeBound:
+    """Mixin: remembers the Taichi program an object's fields live in."""
+
+    def _bind_runtime(self):
+        self._program = current_program()
+
+    def _check_runtime(self):
+        prog = impl.get_runtime().prog
+        if prog is None:
+            raise RuntimeError("Taichi is not initialised: call ti.init(...) before using tinn objects")
+        if prog is not self._program:
+            raise RuntimeResetError(
+                f"this {type(self).__name__} was built before ti.init was called again, which freed its "
+                "Taichi fields; build it anew after ti.init")
+
+
+def guarded(owner, func, n_args: int):
+    """``func`` (a per-sample ``ti.func`` of ``owner`` taking ``n_args`` arguments plus the instance ``k``)
+    that first checks, while the user's kernel is compiled, that ``owner``'s fields belong to the live
+    Taichi program: :class:`RuntimeResetError` instead of touching freed fields (which aborts the
+    process). The func keeps ``owner``, and so its parameter memory, alive."""
+
+    def check():
+        try:
+            owner._check_runtime()
+        except RuntimeResetError as e:
+            raise _TracedRuntimeResetError(str(e)) from None
+
+    if n_args == 1:
+        @ti.func
+        def guarded_func(x, k=0):
+            ti.static(check())
+            return func(x, k)
+    else:
+        @ti.func
+        def guarded_func(x, dy, k=0):
+            ti.static(check())
+            return func(x, dy, k)
+    return guarded_func
+
+
+def check_live(a, name: str):
+    """:class:`RuntimeResetError` for a ``ti.ndarray`` made before ``ti.init`` was called again."""
+    if getattr(a, "_tinn_freed", False):
+        raise RuntimeResetError(f"the ti.ndarray {name} was made before ti.init was called again, which freed it; "
+                                "make it anew after ti.init")
+
+
+def _watch(runtime):
+    """Mark the ndarrays alive when Taichi drops ``runtime`` (see the module's docstring), then watch the next."""
+    weakref.finalize(runtime, _runtime_dropped).atexit = False     # (at exit nothing is dropped for a new one)
+
+
+def _runtime_dropped():
+    for a in gc.get_objects():
+        if isinstance(a, Ndarray):
+            a._tinn_freed = True
+    _watch(impl.get_runtime())
+
+
+_watch(impl.get_runtime())
