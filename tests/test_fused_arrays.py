@@ -40,7 +40,9 @@ def host(a) -> np.ndarray:
 def test_fused_array_equals_the_reference(rng, monkeypatch, device_path, routing, n_in, n_out, width, depth, act,
                                           out_act):
     """Outputs, dL/dx and every network's dL/dW of an array's pass through the fused kernels against float64
-    NumPy run on each network's own samples; a network without samples gets zero gradients (overwrite)."""
+    NumPy run on each network's own samples; a network without samples gets zero gradients (overwrite). The
+    backward runs with a block per part of a tile and with 3 blocks, each walking over parts of several
+    networks (its sums added at each change of network)."""
     use_mlp_kernels(monkeypatch, "fused")
     net = tinn.create_network(n_in, n_out, {"otype": "FullyFusedMLP", "n_neurons": width, "n_hidden_layers": depth,
                                             "activation": act, "output_activation": out_act}, n_instances=K)
@@ -59,14 +61,21 @@ def test_fused_array_equals_the_reference(rng, monkeypatch, device_path, routing
         ids = instance = ids_of(routing, B, rng)
         flat = lambda a: a                                  # noqa: E731
     y, ctx = net.forward(x, instance)
-    dx = net.backward(ctx, dy, input_gradient=True)
     assert isinstance(ctx.fused, _fused_mlp.FusedKernels)
-    y, dx, grads = flat(host(y)), flat(host(dx)), net.gradients().reshape(K, -1)
+    for blocks in (_kernel_mlp.FUSED_BLOCKS, 3):
+        monkeypatch.setattr(_kernel_mlp, "FUSED_BLOCKS", blocks)
+        dx = net.backward(ctx, dy, input_gradient=True)
+        check_array(flat(x), flat(host(y)), flat(dy), flat(host(dx)), net, params, ids, (act, out_act))
+
+
+def check_array(x, y, dy, dx, net, params, ids, acts):
+    """Each network's outputs, dL/dx and dL/dW (``net``'s gradients) against float64 NumPy on its own samples."""
+    n_out, shapes, grads = y.shape[1], net.layer_sizes(), net.gradients().reshape(K, -1)
     for k in range(K):
         rows = ids == k
         Ws = mlp_unflatten(params[k], shapes)
-        y_ref, zs, hs = mlp_forward_ref(flat(x)[rows], Ws, act, out_act)
-        dWs, dx_ref = mlp_backward_ref(Ws, zs, hs, padded(flat(dy)[rows], y_ref.shape[1], 0.0), act, out_act)
+        y_ref, zs, hs = mlp_forward_ref(x[rows], Ws, *acts)
+        dWs, dx_ref = mlp_backward_ref(Ws, zs, hs, padded(dy[rows], y_ref.shape[1], 0.0), *acts)
         assert_close(y[rows], y_ref[:, :n_out], rtol=1e-4, atol_rel=1e-5, atol=1e-6)
         assert_close(dx[rows], dx_ref, rtol=1e-4, atol_rel=1e-5, atol=1e-6)
         assert_close(grads[k], np.concatenate([dW.ravel() for dW in dWs]), rtol=1e-4, atol_rel=1e-5, atol=1e-7)
@@ -80,8 +89,10 @@ ARRAY_CONFIG = {"encoding": {"otype": "HashGrid", "n_levels": 4, "log2_hashmap_s
 
 @pytest.mark.parametrize("routing", ["skewed", "dense"])
 def test_fused_array_training_equals_the_per_layer_kernels(rng, monkeypatch, device_path, routing):
-    """Three training steps of a grid + MLP array on device batches (a trainer's step: the census's tiles),
-    one model on the fused kernels and one on the per-layer kernels: losses and parameters agree."""
+    """Three training steps of a grid + MLP array on device batches (a trainer's step: the census's tiles, which
+    end in empty ones), one model on the fused kernels (2 blocks in the backward, each walking over several
+    networks) and one on the per-layer kernels: losses and parameters agree."""
+    monkeypatch.setattr(_kernel_mlp, "FUSED_BLOCKS", 2)
     models = [tinn.create_from_config(2, 3, ARRAY_CONFIG, n_instances=K, seed=3) for _ in range(2)]
     B = 4 * TILE + 77
     for _ in range(3):
