@@ -148,3 +148,24 @@ def test_a_fused_tile_must_divide_the_routing_tile():
     net = tinn.create_network(4, 3, {"otype": "FullyFusedMLP", "n_neurons": 8, "n_hidden_layers": 1})
     with pytest.raises(ValueError, match="must divide"):
         _fused_mlp.FusedKernels(net.plan, 48)
+
+
+@pytest.mark.parametrize("routing", ["skewed", "dense"])
+def test_fused_array_inference_into_a_buffer(rng, monkeypatch, device_path, routing):
+    """An array's inference through the fused kernels (no activations kept), written into the caller's
+    ``ti.ndarray``, equals the per-layer kernels' inference."""
+    net = tinn.create_network(6, 4, {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 2,
+                                     "activation": "SiLU"}, n_instances=K)
+    B = 2 * TILE + 19
+    if routing == "dense":
+        x, instance = _device.put(rng.normal(size=(K, B // K, 6)).astype(np.float32)), None
+    else:
+        x, instance = _device.put(rng.normal(size=(B, 6)).astype(np.float32)), ids_of(routing, B, rng)
+    use_mlp_kernels(monkeypatch, "kernels")
+    expected = host(net.inference(x, instance))
+    use_mlp_kernels(monkeypatch, "fused")
+    out = _device.buffer(expected.shape)
+    with counting() as seen:
+        y = net.inference(x, instance, out=out)
+    assert y is out and seen.kernels["forward_routed"] == 1
+    assert_close(host(out), expected, rtol=1e-5, atol_rel=1e-6, atol=1e-7)
