@@ -194,6 +194,7 @@ class _Passes:
                 a = ti.simt.block.SharedArray((width, T + 1), ti.f32)
                 if j0 < end:                                      # the same for the whole block
                     block(W, off, x, order, True, j0, end, tiles[t, 2], s, a, keep, zs, hs, y)
+                    ti.simt.block.sync()                          # before a next part overwrites a
 
         return forward, forward_routed
 
