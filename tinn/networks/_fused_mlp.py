@@ -9,7 +9,8 @@ from the parameter store (every thread of a warp reads the same weight: one broa
   computes its sample's ``rows`` outputs in registers, the block synchronises, writes them back as
   the next layer's input; pre-activations (and hidden outputs) are kept for the backward in
   ``(layer, neuron, sample)`` buffers (coalesced stores).
-* backward, one kernel for all layers: in overwrite mode a first loop zeroes the MLP's gradients. Then
+* backward, one kernel for all layers: in overwrite mode a first loop zeroes the MLP's gradients (every
+  network's of an array). Then
   each block walks over tiles with its weight-gradient partial sums in registers; per tile and layer,
   deltas and the layer's input tile sit in shared memory, every thread adds its weights' products over
   the tile's samples, then computes its sample's delta of the layer below. After its last tile a
