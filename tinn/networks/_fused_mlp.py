@@ -10,11 +10,11 @@ from the parameter store (every thread of a warp reads the same weight: one broa
   the next layer's input; pre-activations (and hidden outputs) are kept for the backward in
   ``(layer, neuron, sample)`` buffers (coalesced stores).
 * backward, one kernel for all layers: in overwrite mode a first loop zeroes the MLP's gradients (every
-  network's of an array). Then
-  each block walks over tiles with its weight-gradient partial sums in registers; per tile and layer,
-  deltas and the layer's input tile sit in shared memory, every thread adds its weights' products over
-  the tile's samples, then computes its sample's delta of the layer below. After its last tile a
-  block adds its partial sums to the gradients: one global atomic add per weight per block.
+  network's of an array). Then each block walks over tiles with its weight-gradient partial sums in
+  registers; per tile and layer, deltas and the layer's input tile sit in shared memory, every thread
+  adds its weights' products over the tile's samples, then computes its sample's delta of the layer
+  below. After its last tile a block adds its partial sums to the gradients: one global atomic add per
+  weight per block.
   The weight gradients are register-tiled: a matrix is cut into ``RT x RT`` blocks of weights (edge
   blocks cover the rows and columns past its edge, whose sums are never written), thread t owns
   blocks ``t, t + T, ...`` of every matrix, and per sample a block loads ``RT`` deltas and ``RT``
