@@ -92,7 +92,7 @@ def test_a_second_model_of_one_config_compiles_nothing(rng, monkeypatch, device_
     assert second is first and (first is not None) == (mlp_kernels == "fused")
 
 
-@pytest.mark.parametrize("mlp_kernels, n_instances", [("kernels", 1), ("kernels", 3), ("fused", 1)])
+@pytest.mark.parametrize("mlp_kernels, n_instances", [("kernels", 1), ("kernels", 3), ("fused", 1), ("fused", 3)])
 def test_overwrite_zeroes_and_accumulate_adds(rng, monkeypatch, device_path, mlp_kernels, n_instances):
     """Gradients of ``mode="overwrite"`` are the reference whatever the store held (the zeroing is the first
     kernel's), ``"accumulate"`` adds to them; the padding rows of the output matrix stay 0. Shapes off the
@@ -148,7 +148,9 @@ def step_launches(model, x, target, instance, monkeypatch) -> Counter:
 def test_a_training_step_launches_each_layers_products_only(rng, monkeypatch, device_path, out_act, n_instances):
     """A training step of a grid + MLP (config_hash's shape, batch 256) on the device path: per layer one
     forward, one weight-gradient and one input-gradient launch (the grid needs dL/dx), one derivative
-    launch for an output activation other than None, and no gradient fill. Fails if the MLP's launches grow."""
+    launch for an output activation other than None, and no gradient fill. Fails if the MLP's launches grow.
+    (The per-layer kernels on every arch; the fused kernels' launches: ``test_fused_arrays.py``.)"""
+    use_mlp_kernels(monkeypatch, "kernels")
     depth, B = 2, 256
     config = {"loss": {"otype": "RelativeL2"}, "optimizer": {"otype": "Adam", "learning_rate": 1e-2},
               "encoding": {"otype": "HashGrid", "n_levels": 4, "n_features_per_level": 2, "log2_hashmap_size": 12},

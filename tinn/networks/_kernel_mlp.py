@@ -23,9 +23,10 @@ columns in a first loop (Taichi runs a kernel's top-level loops in order), and a
 
 Weight gradients are reduced per tile: a tile is up to ``TILE`` consecutive samples of one network
 (samples sorted by network for an array), one thread sums a weight's products over its tile, and a
-tile adds its sum to the gradient once. On CUDA the fused kernels of ``_fused_mlp.py`` take a single
-network's batches (layers up to 64 wide) instead; the second order of such a pass recomputes its layers
-with the per-layer kernels (the fused kernels keep them in a layout of their own).
+tile adds its sum to the gradient once. On CUDA the fused kernels of ``_fused_mlp.py`` take MLPs with
+layers up to 64 wide instead, single networks and arrays (a block's samples belong to one network, the
+routing's tiles); the second order of such a pass recomputes its layers with the per-layer kernels (the
+fused kernels keep them in a layout of their own).
 """
 import numpy as np
 import taichi as ti
@@ -43,7 +44,7 @@ FUSED_TILE = {ti.cuda: 64, ti.vulkan: 32}
 """Samples per block of the fused kernels, by arch (Vulkan's software driver has 32 KiB of shared memory)."""
 
 FUSED_ARCHS = (ti.cuda,)
-"""Archs where single networks up to 64 wide use the fused kernels (tests add Vulkan to check them there)."""
+"""Archs where MLPs up to 64 wide use the fused kernels (tests add Vulkan to check them there)."""
 
 FUSED_BLOCKS = 512
 """Blocks of the fused backward: each walks over several tiles, so gradients get one add per block."""
@@ -171,22 +172,21 @@ class KernelMLP:
         """Where each matrix starts in the store (the MLP may be bound to a new offset at any time)."""
         return [self.mlp._offset + layer.start for layer in self.mlp.plan.layers]
 
-    def _fused_kernels(self, instance):
-        """The fused kernels where they apply (a single network's batch on a fused arch), else ``None``."""
+    def _fused_kernels(self, routing):
+        """The fused kernels where they apply (on a fused arch, a routed batch or a single network's), else ``None``."""
         arch = impl.current_cfg().arch
         plan = self.mlp.plan
-        if instance is not None or self.mlp.n_instances != 1 or arch not in FUSED_ARCHS or not fits(plan):
+        if arch not in FUSED_ARCHS or not fits(plan) or not (routing.routed or self.mlp.n_instances == 1):
             return None
         return fused_kernels(plan, FUSED_TILE[arch])
 
     def run(self, x, routing, keep: bool, out=None):
         """``(y, ctx)``: outputs ``(batch, n_output_dims)`` (a ``ti.ndarray``: ``out`` if given, written by the
         last kernel) and, if ``keep``, what the backward needs (each layer's input and pre-activation)."""
-        instance = routing.instance
         store = self.mlp.store
         weights = store.params if keep else store.inference_params
         h = _kind.DEVICE.adopt(x)                                   # one upload, not one per kernel
-        fused = self._fused_kernels(instance)
+        fused = self._fused_kernels(routing)
         if fused is not None:
             return self._run_fused(fused, weights, x, h, routing, keep, out)
         inst, routed = routing.kernel_ids(h)
@@ -210,13 +210,19 @@ class KernelMLP:
         return hs, zs
 
     def _run_fused(self, fused, weights, x, h, routing, keep, out=None):
+        """The fused forward: a single network's batch in tiles of ``T`` (activations kept ``(layer, neuron,
+        padded batch)``), or an array's routing tiles (kept by sorted position, ``(layer, neuron, batch)``)."""
         B, T, L = x.shape[0], fused.T, fused.n_layers
-        padded = -(-B // T) * T
+        columns = max(B, 1) if routing.routed else -(-B // T) * T
         ctx = Context(self.mlp, x, routing, fused=fused, h=h) if keep else None
-        zs = self._pool.take((L, fused.width, padded), ctx) if keep else self._none3
-        hs = self._pool.take((max(L - 1, 1), fused.width, padded), ctx) if keep else self._none3
+        zs = self._pool.take((L, fused.width, columns), ctx) if keep else self._none3
+        hs = self._pool.take((max(L - 1, 1), fused.width, columns), ctx) if keep else self._none3
         y = _buffers.buffer((B, self.rows[-1])) if out is None else out
-        fused.forward(weights, self.mlp._offset, h, padded, keep, zs, hs, y)
+        if routing.routed:
+            table, order = routing.tiles
+            fused.forward_routed(weights, self.mlp._offset, h, table, order, keep, zs, hs, y)
+        else:
+            fused.forward(weights, self.mlp._offset, h, columns, keep, zs, hs, y)
         if keep:
             ctx.zs, ctx.hs = zs, hs
         return y, ctx
@@ -224,9 +230,16 @@ class KernelMLP:
     def _backward_fused(self, ctx, dL_dy, input_gradient, overwrite):
         store, fused, B = self.mlp.store, ctx.fused, ctx.x.shape[0]
         dx = _buffers.buffer((B, self.mlp.n_input_dims) if input_gradient else (1, 1))
-        blocks = min(-(-B // fused.T), FUSED_BLOCKS)
-        fused.backward(store.params, store.grads, self.mlp._offset, ctx.h, _kind.DEVICE.adopt(dL_dy), ctx.zs, ctx.hs,
-                       blocks, input_gradient, overwrite, dx)
+        dy = _kind.DEVICE.adopt(dL_dy)
+        if ctx.routing.routed:
+            table, order = ctx.routing.tiles
+            blocks = max(min(table.shape[0] * fused.parts, FUSED_BLOCKS), 1)
+            fused.backward_routed(store.params, store.grads, self.mlp._offset, self.mlp.n_instances, ctx.h, dy, ctx.zs,
+                                  ctx.hs, table, order, blocks, input_gradient, overwrite, dx)
+        else:
+            blocks = min(-(-B // fused.T), FUSED_BLOCKS)
+            fused.backward(store.params, store.grads, self.mlp._offset, ctx.h, dy, ctx.zs, ctx.hs,
+                           blocks, input_gradient, overwrite, dx)
         return _kind.same_kind(dx, ctx.x) if input_gradient else None
 
     def backward(self, ctx, dL_dy, input_gradient: bool, overwrite: bool):
@@ -251,7 +264,7 @@ class KernelMLP:
     # -- second order: the formulas of HostMLP.output_adjoints / second_order, on the kernels above ------
     def _per_layer(self, ctx):
         """``(hs, zs, inst, routed)`` of a forward pass: the per-layer kernels' own, or for a pass of the fused
-        kernels (a single network's batch, their own layout) recomputed by the per-layer kernels from its input."""
+        kernels (their own layout) recomputed by the per-layer kernels from its input."""
         if getattr(ctx, "fused", None) is None:
             return ctx.hs, ctx.zs, ctx.inst, ctx.routed
         inst, routed = ctx.routing.kernel_ids(ctx.h)
