@@ -47,7 +47,9 @@ class _GridKernels:
     table size, entry offset), so that a kernel holds one level's code rather than L copies:
     Taichi re-parses the Python of every kernel at start-up, even on an offline-cache hit.
     A level's index mode stays a compile-time constant; consecutive levels sharing it form a
-    run with a loop of its own (a Hash grid has two: its dense coarse levels, then hashed ones).
+    run with a loop of its own (a Hash grid has two: its dense coarse levels, then hashed ones);
+    off the CPU, levels whose tables fit a block's shared memory form runs of their own, summed per
+    block (``_grid_block.py``) before the global adds.
 
     The batch kernels go level by level: on the CPU each thread takes a contiguous share of
     the batch and runs through it once per level, so that the level's table stays in the
