@@ -5,8 +5,6 @@ or torch tensors. :func:`as_batch` checks one against its kind's operations (``t
 returns it ready for the components: a ``ti.ndarray`` as it is on the device path, a contiguous numpy
 array on the host path. :func:`check_ids` is the one rule for a network array's per-sample ids.
 """
-import contextlib
-
 import numpy as np
 import taichi as ti
 
@@ -14,22 +12,6 @@ from ._device import active
 from ._host_ops import HOST, to_numpy
 from ._kind import is_device, ops_of
 from ._program import check_live
-
-_VALUES_CHECKED: set = set()
-
-
-@contextlib.contextmanager
-def values_checked(*arrays):
-    """Within the block, :func:`as_batch` does not check these arrays' values again: a trainer checks a
-    step's batch once, then composes public calls that would each check it (on the device a read-back
-    each)."""
-    ids = {id(a) for a in arrays if a is not None} - _VALUES_CHECKED
-    _VALUES_CHECKED.update(ids)
-    try:
-        yield
-    finally:
-        _VALUES_CHECKED.difference_update(ids)
-
 
 def _dtype_name(a) -> str:
     return {ti.f32: "float32", ti.i32: "int32"}.get(a.dtype, str(a.dtype)) if is_device(a) \
@@ -56,11 +38,8 @@ def as_batch(a, n_dims, name: str = "x", *, dtype=np.float32, allow_dense: bool 
 
     ``n_dims=None`` accepts any width. With ``allow_dense`` a ``(K, batch_k, n_dims)`` array is accepted
     too and returned unchanged in shape (the caller flattens it). ``finite`` rejects NaN and +-Inf,
-    ``positive`` also values <= 0 (:func:`check_values`), unless the array's values were checked
-    already (:func:`values_checked`).
+    ``positive`` also values <= 0 (:func:`check_values`).
     """
-    if id(a) in _VALUES_CHECKED:
-        finite = positive = False
     if is_device(a):
         check_live(a, name)
     if not (is_device(a) and active() and len(a.shape) in (2, 3)):

@@ -15,10 +15,11 @@ checks it): masking them with this changes neither, but shows LLVM that their su
 that it folds the sum into the load addresses (unmasked, the runtime offset cost ~40 % of a forward)."""
 
 
-def level_funcs(D: int, F: int, interp: str, entry_mask: int):
+def level_funcs(D: int, F: int, interp: str, entry_mask: int, any_input: bool = True):
     """The ti.funcs of one sample and one level ``lv`` (a row of the geometry table: scale, res, size,
     offset) for D input dims, F features and the interpolation ``interp``; ``entry_mask`` is the power
-    of two above the encoding's entry count, less one."""
+    of two above the encoding's entry count, less one. ``any_input``: inputs may be NaN or +-Inf (see
+    ``bounded``); without it they are finite, as the CPU path's batches are checked before any kernel."""
 
     @ti.func
     def grid_index(lv, mode: ti.template(), p):
@@ -61,7 +62,8 @@ def level_funcs(D: int, F: int, interp: str, entry_mask: int):
         in t of point xs (any float xs: see ``bounded``)."""
         # tcnn casts floor(pos) to int, then to uint32; clamping pos to the int32 range first keeps that
         # cast defined for any input, without changing a position that fits
-        pos = ti.min(ti.max(bounded(xs) * lv.scale + 0.5, INT32_MIN_F32), INT32_MAX_F32)
+        pos = ti.min(ti.max((bounded(xs) if ti.static(any_input) else xs) * lv.scale + 0.5, INT32_MIN_F32),
+                     INT32_MAX_F32)
         pf = ti.floor(pos)
         t = pos - pf
         w, dw, ddw = t, ti.Vector.one(ti.f32, D), ti.Vector.zero(ti.f32, D)

@@ -57,7 +57,7 @@ class _GridKernels:
     """
 
     def __init__(self, D: int, F: int, K: int, n: int, raw: int, width: int, interp: str, levels: tuple,
-                 private: bool):
+                 private: bool, checked: bool):
         L = len(levels)
         cpu = is_cpu()
         n_workers = max(1, ti.lang.impl.current_cfg().cpu_max_num_threads) if cpu else 1
@@ -83,9 +83,10 @@ class _GridKernels:
                                (n_workers, K, n) if private else None)
         geometry, scratch = self._tables[1:]
 
-        fn = level_funcs(D, F, interp, entry_mask)
+        fn = level_funcs(D, F, interp, entry_mask, any_input=not checked)    # batches checked on the host: finite
         at, row, gs_row, level_features, level_scatter = fn.at, fn.row, fn.gs_row, fn.level_features, fn.level_scatter
         level_input_gradient, level_second_order = fn.level_input_gradient, fn.level_second_order
+        one = level_funcs(D, F, interp, entry_mask)          # a user's kernel may pass any input
 
         # -- batch kernels ---------------------------------------------------------
         @ti.func
@@ -135,7 +136,9 @@ class _GridKernels:
 
             @ti.kernel
             def scatter(add: ti.template(), G: ti.template(), base: ti.i32, x: F32_2D, inst: I32_1D, dy: F32_2D,
-                        routed: ti.template(), second: ti.template(), g: F32_2D):
+                        routed: ti.template(), second: ti.template(), g: F32_2D, zero_n: ti.i32):
+                for k, i in ti.ndrange(K, zero_n):             # overwrite off the CPU: zeros under the adds
+                    G[k, at(base, i)] = 0.0
                 B = x.shape[0]
                 for i in range(n_iterations(B)):
                     start, end = samples(i, B)
@@ -225,19 +228,21 @@ class _GridKernels:
 
         def backward_params(G, base, x, inst, dy, routed, overwrite, g=None):
             """dL/dθ, or with ``g`` (dL2/d(dL/dx)) dL2/dθ, added to the gradients ``G`` (written if
-            ``overwrite``: only on the CPU, elsewhere the caller zeroes them first)."""
+            ``overwrite``: on the CPU by the reduction, elsewhere by a first loop of the first kernel that zeroes
+            every network's gradients under the atomic adds)."""
             second = g is not None
             g = g if second else x                  # not read by the first order
+            zero_n = n if overwrite else 0
             if private:
-                scatter(add_private, G, base, x, inst, dy, routed, second, g)
+                scatter(add_private, G, base, x, inst, dy, routed, second, g, 0)
                 reduce_private(G, base, overwrite)
             elif cpu:
                 scatter_levels(G, base, x, inst, dy, routed, overwrite, second, g)
             elif block_scatter is None or routed:
-                scatter(add_atomic, G, base, x, inst, dy, routed, second, g)
+                scatter(add_atomic, G, base, x, inst, dy, routed, second, g, zero_n)
             else:
-                block_scatter(G, base, x, dy, block.n_blocks(x.shape[0]), second, g)
-                scatter_atomic(add_atomic, G, base, x, inst, dy, routed, second, g)
+                block_scatter(G, base, x, dy, block.n_blocks(x.shape[0]), second, g, zero_n)
+                scatter_atomic(add_atomic, G, base, x, inst, dy, routed, second, g, 0)
 
         block_scatter, scatter_atomic = None, None
         if block_runs:              # the levels of small tables per block, the others per sample
@@ -256,7 +261,7 @@ class _GridKernels:
                 y = ti.Vector.zero(ti.f32, width)
                 for mode, first, stop in ti.static(runs):
                     for l in range(first, stop):
-                        acc = level_features(weights, base, k, xs, geometry[l], mode)
+                        acc = one.level_features(weights, base, k, xs, geometry[l], mode)
                         for f in ti.static(range(F)):
                             y[l * F + f] = acc[f]
                 return y
@@ -271,8 +276,8 @@ class _GridKernels:
                         for f in ti.static(range(F)):
                             dy_l[f] = dy[l * F + f]
                         if ti.static(with_grads):
-                            level_scatter(add_atomic, grads, base, 0, k, xs, lv, mode, dy_l, False, xs)
-                        g += level_input_gradient(weights, base, k, xs, lv, mode, dy_l)
+                            one.level_scatter(add_atomic, grads, base, 0, k, xs, lv, mode, dy_l, False, xs)
+                        g += one.level_input_gradient(weights, base, k, xs, lv, mode, dy_l)
                 return g
 
             return forward, vjp

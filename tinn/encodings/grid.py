@@ -45,7 +45,7 @@ import math
 import numpy as np
 import taichi as ti
 
-from .. import _kind
+from .. import _device, _kind
 from .._device import is_cpu
 from ..registry import encodings
 from ..keys import OFF, POSITIVE_INT, Key, Options, above, between, one_of, reported
@@ -193,9 +193,6 @@ class GridEncoding(Encoding):
         """Add (write if ``overwrite``) dL/dθ, or dL2/dθ given ``dL_ddLdx``; the kernels, the contiguous dL_dy
         and the routing for the per-sample kernel that follows."""
         k = self._get_kernels()
-        if overwrite and not k.cpu:                 # atomic adds need zeros underneath
-            self._zero_gradients()
-            overwrite = False
         dL_dy = _kind.contiguous(dL_dy)
         inst, routed = ctx.routing.kernel_ids(ctx.x)
         k.backward_params(self.store.grads, self._offset, ctx.x, inst, dL_dy, routed, overwrite, dL_ddLdx)
@@ -214,7 +211,7 @@ class GridEncoding(Encoding):
             private = cpu and n_workers * self.n_instances * self.n_params * 4 <= SCRATCH_BUDGET_BYTES
             self._kernels = grid_kernels(self.n_input_dims, self.n_features_per_level, self.n_instances,
                                          self.n_params, self.n_raw_output_dims, self.padded_output_width,
-                                         self.interpolation, tuple(self.levels), private)
+                                         self.interpolation, tuple(self.levels), private, not _device.active())
         return self._kernels
 
     def set_padded_output_width(self, width):
