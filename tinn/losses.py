@@ -160,7 +160,9 @@ class Loss(Object, RuntimeBound):
         checked = routing is not None and routing.has_checked(target)       # by the trainer, or on the device
         t = as_batch(target, None, "target", allow_dense=dense, finite=not checked)
         p = as_batch(prediction, None, "prediction", allow_dense=dense)
-        if p.shape[:-1] != t.shape[:-1] or p.shape[-1] < t.shape[-1]:
+        samples = (int(np.prod(p.shape[:-1])), int(np.prod(t.shape[:-1])))   # a dense batch's prediction may be flat
+        if samples[0] != samples[1] or (len(p.shape) == len(t.shape) and p.shape[:-1] != t.shape[:-1]) \
+                or p.shape[-1] < t.shape[-1]:
             raise ValueError(f"prediction {p.shape} and target {t.shape} do not match: need the same batch and "
                              "at least as many prediction columns as target columns")
         if t.shape[-1] < self.min_dims:
@@ -178,7 +180,9 @@ class Loss(Object, RuntimeBound):
             routing = Routing(p.shape[0], n_instances, as_instances(instance, p.shape[0], n_instances))
         elif routing.batch != int(np.prod(p.shape[:-1])):
             raise ValueError(f"prediction has {int(np.prod(p.shape[:-1]))} samples, its routing {routing.batch}")
-        flat = _kind.flatten if dense and len(p.shape) == 3 else (lambda a: a)
+        def flat(a):
+            return _kind.flatten(a) if len(a.shape) == 3 else a
+
         loss, grad, per_network = self._evaluate(flat(p), flat(t), None if q is None else flat(q), routing,
                                                  loss_scale, checked)
         grad = callers_kind(_kind.unflatten(grad, p.shape[:2]) if len(p.shape) == 3 else grad, prediction)

@@ -183,11 +183,13 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         arr = as_batch(x, self.n_input_dims, allow_dense=self.n_instances > 1 and instance is None, finite=True)
         return Routing.of(arr, instance, self.n_instances)
 
-    def _finish(self, y: np.ndarray, routing: Routing, like=None):
+    def _finish(self, y: np.ndarray, routing: Routing, like=None, flat: bool = False):
+        """The output ``(batch, n_output_dims)`` of the kind of ``like``, in a dense batch's layout unless ``flat``."""
+        dense = routing.dense if not flat else None
         if is_device(y) and is_device(like) and y.shape[1] == self.n_output_dims:
-            return unflatten(y, routing.dense) if routing.dense else y  # a device batch's output stays there
+            return unflatten(y, dense) if dense else y   # a device batch's output stays there
         y = np.ascontiguousarray(host(y)[:, : self.n_output_dims])
-        return y.reshape(routing.dense + (-1,)) if routing.dense else y
+        return y.reshape(dense + (-1,)) if dense else y
 
     def inference(self, x, instance=None, *, out=None) -> np.ndarray:
         """Outputs ``(batch, n_output_dims)`` for inputs ``(batch, n_input_dims)``; with a network array,
@@ -241,6 +243,8 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         caller = x
         x, routing = self._prepare(x, instance)
         y, ctx = self._forward(x, routing)
+        if isinstance(instance, Routing):       # a trainer's flat batch: its output stays flat (no copy)
+            return callers_kind(self._finish(y, routing, x, flat=True), caller), ctx
         return callers_kind(self._finish(y, routing, x), caller), ctx
 
     def backward(self, ctx: Context, dL_doutput, *, input_gradient: bool = True, mode: str = "overwrite"):
