@@ -1,6 +1,6 @@
 """The MLP's host batch path: numpy's BLAS for the products, on tinn's worker threads.
 
-Samples are grouped per network (``routing.Groups``: a zero-padded ``(R, S, n)`` stack of *row
+Samples are grouped per network (``_groups.Groups``: a zero-padded ``(R, S, n)`` stack of *row
 blocks*, R of them with S samples each), cut into cache-sized blocks of samples, and each block
 goes through every layer (the activation applied while the block is in cache). When a batch reaches
 every network of a large array, the products read the weights and write the gradients in the
@@ -18,7 +18,8 @@ import numpy as np
 
 from .. import _blas
 from ..object import Context
-from ..routing import Groups, Routing
+from .._groups import Groups
+from ..routing import Routing
 from . import activations
 from .activations import Activation
 
