@@ -164,19 +164,27 @@ class Census:
     """What :func:`_census_kernel` found in one step's batch ``x`` (module docstring); every array stays on
     the device. ``ids``: a routed batch's ``(B,)`` int32 device ids (``None``: one network, or ``dense``
     ``(K, B_k)`` when the ids are a dense batch's). ``n_dims``: the target's width (the normaliser's ``D``);
-    ``faults``: the trainer's record the loss kernel writes a bad step into."""
+    ``faults``: the trainer's record the loss kernel writes a bad step into; ``reuse``: the arrays that only
+    the step's own kernels read (mask, counts, ids, tiles, ...) are the trainer's, kept from step to step
+    (a training step's: the device runs its kernels in order, so the next step's census overwrites them
+    after this step's kernels have read them); ``facts`` and ``values`` are this census's own, for a loss
+    read later."""
 
-    def __init__(self, x, ids, n_instances: int, n_dims: int, faults=None):
+    def __init__(self, x, ids, n_instances: int, n_dims: int, faults=None, reuse: bool = False):
         B, K = x.shape[0], n_instances
         routed = ids is not None
         self.batch, self.n_instances, self.routed, self.faults = B, K, routed, faults
-        buffer = _buffers.buffer
-        self.facts, self.values = buffer((N_FACTS,), ti.i32), buffer((N_FACTS,))
-        self.counts, self.mask, self.inv = buffer((K,), ti.i32), buffer((K,), ti.i32), buffer((K,))
+        self.facts, self.values = _buffers.buffer((N_FACTS,), ti.i32), _buffers.buffer((N_FACTS,))
+
+        def buffer(name, shape, dtype=ti.f32):
+            return faults.kept(name, shape, dtype) if reuse and faults is not None else _buffers.buffer(shape, dtype)
+
+        self.counts, self.mask, self.inv = buffer("counts", (K,), ti.i32), buffer("mask", (K,), ti.i32), buffer("inv", (K,))
         if routed:
-            self.ids, self.order = buffer((B,), ti.i32), buffer((B,), ti.i32)
-            self.tiles = buffer((-(-B // TILE) + min(K, B), 3), ti.i32)       # at most one part-tile per network
-            offsets, cursor, totals = buffer((2, K + 1), ti.i32), buffer((K,), ti.i32), buffer((-(-K // SCAN) + 1, 2), ti.i32)
+            self.ids, self.order = buffer("ids", (B,), ti.i32), buffer("order", (B,), ti.i32)
+            self.tiles = buffer("tiles", (-(-B // TILE) + min(K, B), 3), ti.i32)   # at most one part-tile per network
+            offsets, cursor = buffer("offsets", (2, K + 1), ti.i32), buffer("cursor", (K,), ti.i32)
+            totals = buffer("totals", (-(-K // SCAN) + 1, 2), ti.i32)
         else:
             self.ids = self.order = self.tiles = None
             offsets, cursor, totals = unused((1, 1)), unused((1,)), unused((1, 1))
@@ -216,6 +224,16 @@ class Faults:
     def __init__(self):
         self.record, self.values = _buffers.buffer((2 + N_FACTS,), ti.i32), _buffers.buffer((N_FACTS,))
         self.step, self._settled = 0, 0
+        self._kept = {}
+
+    def kept(self, name: str, shape: tuple, dtype):
+        """The trainer's buffer ``name`` of ``shape`` (a census's arrays that only its step's kernels read)."""
+        key = (name, shape, dtype)
+        if key not in self._kept:
+            if len(self._kept) > 32:                    # batch shapes changed often: start afresh
+                self._kept.clear()
+            self._kept[key] = _buffers.buffer(shape, dtype)
+        return self._kept[key]
 
     def next_step(self) -> int:
         self.step += 1

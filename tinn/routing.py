@@ -138,8 +138,8 @@ class Routing:
         """A checked batch ``x`` as ``(batch, dims)`` and its routing: ``instance`` ids (checked here), or
         none for a dense ``(n_instances, B_k, dims)`` batch, which is flattened network by network.
 
-        ``census=(n_target_dims, faults)``: a training step's device batch, described by a census on the device
-        (device ids are then checked there too, not here)."""
+        ``census=(n_target_dims, faults, reuse)``: a training step's device batch, described by a census on the
+        device (device ids are then checked there too, not here; ``reuse``: see :class:`~tinn._census.Census`)."""
         if census is not None and _kind.is_device(x):
             return cls._described(x, instance, n_instances, *census)
         if len(x.shape) == 2:                   # a numpy array or a ti.ndarray
@@ -154,7 +154,7 @@ class Routing:
         return _kind.flatten(x), cls(k * b, k, ids, (k, b))
 
     @classmethod
-    def _described(cls, x, instance, n_instances: int, n_dims: int, faults) -> tuple:
+    def _described(cls, x, instance, n_instances: int, n_dims: int, faults, reuse: bool) -> tuple:
         """:meth:`of` for a device batch whose values and ids a census checks on the device."""
         dense = None
         if len(x.shape) == 3:
@@ -169,7 +169,7 @@ class Routing:
             ids = check_device_ids(instance, x.shape[0])
         else:
             ids = _buffers.put(as_instances(instance, x.shape[0], n_instances), ti.i32)
-        census = Census(x, ids, n_instances, n_dims, faults)
+        census = Census(x, ids, n_instances, n_dims, faults, reuse)
         return x, cls(x.shape[0], n_instances, census.ids, dense, census=census)
 
     @property

@@ -153,7 +153,7 @@ class Trainer(RuntimeBound):
         self._settle()
         host = not _kind.is_device(x)
         x, target, instance, pdf = self._checked(x, target, instance, pdf, deferred=False)
-        ctx = self._forward(x, target, instance, pdf)
+        ctx = self._forward(x, target, instance, pdf, reuse=False)     # its ctx may outlive the next step
         ctx.instance_losses = np.asarray(ctx.instance_losses)
         if host:                                    # a host caller gets a float
             ctx.loss = float(ctx.loss)
@@ -183,13 +183,14 @@ class Trainer(RuntimeBound):
             x, target, pdf = (a if a is None or _kind.is_device(a) else _buffers.put(a) for a in (x, target, pdf))
         return x, target, instance, pdf
 
-    def _forward(self, x, target, instance, pdf, routing=None) -> Context:
+    def _forward(self, x, target, instance, pdf, routing=None, reuse: bool = True) -> Context:
         """Forward and loss of a checked batch (``routing``: the chunk of a larger batch it is, else built here;
-        for device batches by a census, which checks them on the device)."""
+        for device batches by a census, which checks them on the device; ``reuse``: the census's step-only
+        arrays are the trainer's, kept from step to step)."""
         if routing is None:
             if _kind.is_device(x) and self._faults is None:
                 self._faults = Faults()
-            census = (self.model.n_output_dims, self._faults) if _kind.is_device(x) else None
+            census = (self.model.n_output_dims, self._faults, reuse) if _kind.is_device(x) else None
             x, routing = Routing.of(x, instance, self.model.n_instances, census=census)
         routing.checked = (x, target, pdf)
         y, ctx = self.model.forward(x, routing)
