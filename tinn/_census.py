@@ -4,7 +4,7 @@ A training step of device batches must not wait for the device, so nothing about
 back while it runs. Instead one kernel (:func:`_census_kernel`, launched when the step's routing is
 built) looks at the batch once and leaves its findings on the device for the kernels after it:
 
-* ``x``'s first row holding NaN or +-Inf (``facts[X_ROW]``; ``B`` when there is none);
+* ``x``'s first row holding NaN or +-Inf (``facts[X_ROW]``; ``NONE`` when there is none);
 * for a routed batch, the ids' range, each network's sample count, the ids clamped into range (what
   the model's kernels read, so a bad id never indexes outside the parameters), the samples sorted by
   network and cut into tiles of at most ``TILE`` samples of one network (``Routing.tiles``), and each
@@ -44,8 +44,9 @@ NAMES = {X_ROW: "x", TARGET_ROW: "target", PDF_ROW: "pdf"}
 
 
 @ti.func
-def first_bad_row(a: ti.template(), b, positive: ti.template()) -> ti.i32:
-    """1 if row ``b`` of ``a`` holds NaN or +-Inf (or, ``positive``, a value <= 0), else 0."""
+def row_is_bad(a: ti.template(), b, positive: ti.template()) -> ti.i32:
+    """1 if row ``b`` of ``a`` holds NaN or +-Inf (or, ``positive``, a value <= 0), else 0 (the kernels keep the
+    least such row with an atomic min)."""
     bad = 0
     for j in range(a.shape[1]):
         v = a[b, j]
@@ -95,7 +96,7 @@ def _census_kernel(x: F32_2D, ids: I32_1D, routed: ti.template(), n_dims: ti.i32
         facts[i] = NONE
     facts[ID_HI], facts[N_ACTIVE] = -NONE - 1, 0
     for b in range(B):
-        if first_bad_row(x, b, False):
+        if row_is_bad(x, b, False):
             ti.atomic_min(facts[X_ROW], b)
         if ti.static(routed):
             k = ids[b]

@@ -86,10 +86,10 @@ def _kernel(cls, rows_per_task: int):
                 sums[k] = 0.0
             if ti.static(check):
                 for b in range(B):
-                    if _census.first_bad_row(target, b, False):
+                    if _census.row_is_bad(target, b, False):
                         ti.atomic_min(facts[_census.TARGET_ROW], b)
                     if ti.static(weighted):
-                        if _census.first_bad_row(pdf, b, True):
+                        if _census.row_is_bad(pdf, b, True):
                             ti.atomic_min(facts[_census.PDF_ROW], b)
             for task in range(n_tasks):                  # ceil(B / rows_per_task), from the host (SPIR-V)
                 acc, current = 0.0, 0
