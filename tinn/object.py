@@ -234,7 +234,7 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
     def _inference_into(self, x, routing, out):
         """Outputs of a flat batch written into ``out`` ``(batch, n_output_dims)`` (a component whose last kernel
         can write there overrides this); returns ``out``."""
-        return copy_into(out, self._finish(self._inference(x, routing), routing, x))
+        return copy_into(out, same_kind(self._finish(self._inference(x, routing), routing, x), out))
 
     def forward(self, x, instance=None):
         """``(output, ctx)``: the output as :meth:`inference` gives it, at the training weights; keep
