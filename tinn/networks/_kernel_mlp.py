@@ -120,15 +120,16 @@ def _input_grad(W: ti.template(), off: ti.i32, delta: _f32_2d, inst: _i32_1d, ro
 
 @ti.kernel
 def _weight_grad(G: ti.template(), off: ti.i32, delta: _f32_2d, h: _f32_2d, tiles: _i32_2d, order: _i32_1d,
-                 routed: ti.template(), zero: ti.template(), zero_off: ti.i32, zero_n: ti.i32, zero_rows: ti.i32):
+                 routed: ti.template(), zero: ti.template(), zero_off: ti.i32, zero_n: ti.i32, zero_tasks: ti.i32):
     """``G[k, off + r * cols + c] += sum_{b in tile} delta[b, r] h[b, c]``: a thread per (tile, r, c), one
     add per tile. Tile t is samples ``order[tiles[t, 0] : tiles[t, 1]]`` of network ``tiles[t, 2]``.
-    If ``zero``, a first loop sets ``G[k, zero_off : zero_off + zero_n] = 0`` for ``k < zero_rows``
-    (a task per row and ``columns_per_task()`` columns)."""
+    If ``zero``, a first loop sets ``G[k, zero_off : zero_off + zero_n] = 0`` for every network k
+    (``zero_tasks``: networks x ``ceil(zero_n / columns_per_task())``, a task per row and that many columns,
+    counted on the host: SPIR-V miscompiles a top-level range computed in the kernel)."""
     if ti.static(zero):
         C = ti.static(columns_per_task())
-        tasks = (zero_n + C - 1) // C
-        for task in range(zero_rows * tasks):
+        for task in range(zero_tasks):
+            tasks = (zero_n + C - 1) // C
             k, c0 = task // tasks, task % tasks * C
             for i in range(c0, ti.min(c0 + C, zero_n)):
                 G[k, zero_off + i] = 0.0
@@ -146,7 +147,7 @@ def _weight_grad(G: ti.template(), off: ti.i32, delta: _f32_2d, h: _f32_2d, tile
 
 class _Zeroing:
     """The gradient zeroing of an overwrite pass, done by the pass's first ``_weight_grad`` launch: the
-    arguments ``(zero, zero_off, zero_n, zero_rows)`` of each launch, zeroing on the first only."""
+    arguments ``(zero, zero_off, zero_n, zero_tasks)`` of each launch, zeroing on the first only."""
 
     def __init__(self, mlp, overwrite: bool):
         self.mlp, self.pending = mlp, overwrite
@@ -154,7 +155,8 @@ class _Zeroing:
     def args(self):
         mlp, zero = self.mlp, self.pending
         self.pending = False
-        return (True, mlp._offset, mlp.n_params, mlp.n_instances) if zero else (False, 0, 0, 0)
+        tasks = mlp.n_instances * -(-mlp.n_params // columns_per_task())
+        return (True, mlp._offset, mlp.n_params, tasks) if zero else (False, 0, 0, 0)
 
 
 class KernelMLP:
