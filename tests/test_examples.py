@@ -45,7 +45,7 @@ def test_pixel_centres_reproduce_the_image(rng):
 
 @pytest.mark.parametrize("script, args", [
     ("mlp_learning_an_image.py", ["--steps", "2", "--batch", "4096"]),
-    ("network_array_image.py", ["--seconds", "1"]),
+    ("network_array_image.py", ["--seconds", "1", "--tiles", "4", "--batch", "4096"]),
 ])
 def test_example_runs(tmp_path, script, args):
     arch = ["--arch", os.environ["TINN_ARCH"]] if "TINN_ARCH" in os.environ else []
