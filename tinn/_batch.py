@@ -10,7 +10,7 @@ import taichi as ti
 
 from ._device import active
 from ._host_ops import HOST, to_numpy
-from ._kind import is_device, ops_of
+from ._kind import DEVICE, is_device, ops_of
 from ._program import check_live
 
 def _dtype_name(a) -> str:
@@ -33,8 +33,9 @@ def check_array(a, name: str, dtype, shapes: str, fits):
 
 def as_batch(a, n_dims, name: str = "x", *, dtype=np.float32, allow_dense: bool = False, finite: bool = False,
              positive: bool = False):
-    """Check a ``(batch, n_dims)`` array and return it ready for the components: a ``ti.ndarray`` as it is
-    on the device path, otherwise a contiguous numpy array.
+    """Check a ``(batch, n_dims)`` array and return it ready for the components, of the path's one kind: a
+    ``ti.ndarray`` on the device path (a host array checked on the host, then uploaded once), a contiguous
+    numpy array on the host path. Inside a call every batch then has one kind, ``Routing.ops``.
 
     ``n_dims=None`` accepts any width. With ``allow_dense`` a ``(K, batch_k, n_dims)`` array is accepted
     too and returned unchanged in shape (the caller flattens it). ``finite`` rejects NaN and +-Inf,
@@ -52,7 +53,7 @@ def as_batch(a, n_dims, name: str = "x", *, dtype=np.float32, allow_dense: bool 
     a = ops.contiguous(a)
     if finite or positive:
         check_values(a, name, positive=positive, ops=ops)
-    return a
+    return DEVICE.adopt(a) if active() and ops is HOST and a.shape[-1] else a   # (no empty ndarray)
 
 
 def check_values(a, name: str, *, positive: bool = False, ops=HOST):

@@ -13,6 +13,7 @@ from taichi.lang import impl
 
 from ._program import check_live, current_program
 
+_NO_IDS = np.zeros(1, np.int32)
 _HOST_TYPES = {"f32": (ctypes.c_float, np.float32), "i32": (ctypes.c_int32, np.int32)}
 
 
@@ -47,7 +48,24 @@ def to_numpy(a, name):
     raise TypeError(f"{name} must be a numpy array, a ti.ndarray or a torch tensor, not {type(a).__name__}")
 
 
-class HostOps:
+class BatchOps:
+    """What the operations of both kinds share: written once, on each kind's ``empty``, ``full`` and
+    ``flatten``."""
+
+    def empty_like(self, a, shape=None):
+        """A new float32 batch of ``a``'s shape or ``shape``."""
+        return self.empty(a.shape if shape is None else shape)
+
+    def full_like(self, a, value: float, shape=None):
+        """A new float32 batch of ``a``'s shape or ``shape``, every element ``value``."""
+        return self.full(a.shape if shape is None else shape, value)
+
+    def rows(self, a):
+        """A batch as ``(samples, n)``: a dense ``(K, B, n)`` one flattened, a flat one as it is."""
+        return self.flatten(a) if len(a.shape) == 3 else a
+
+
+class HostOps(BatchOps):
     """Operations on float32 numpy batches ``(batch, n)`` (``(K, B, n)`` where dense)."""
 
     kind = "numpy"
@@ -61,14 +79,6 @@ class HostOps:
     def full(shape, value: float):
         """A new float32 batch of ``shape``, every element ``value``."""
         return np.full(shape, value, np.float32)
-
-    def empty_like(self, a, shape=None):
-        """A new float32 batch of ``a``'s shape or ``shape``."""
-        return self.empty(a.shape if shape is None else shape)
-
-    def full_like(self, a, value: float, shape=None):
-        """A new float32 batch of ``a``'s shape or ``shape``, every element ``value``."""
-        return self.full(a.shape if shape is None else shape, value)
 
     @staticmethod
     def contiguous(a):
@@ -141,6 +151,16 @@ class HostOps:
     def dense_ids(k: int, b: int):
         """The ids of a dense ``(k, b, n)`` batch: ``k`` repeated ``b`` times, ``(k * b,)`` int32."""
         return np.repeat(np.arange(k, dtype=np.int32), b)
+
+    @staticmethod
+    def put_ids(instance):
+        """Network ids as a contiguous int32 numpy array."""
+        return np.ascontiguousarray(instance, np.int32)
+
+    @staticmethod
+    def no_ids():
+        """The one-element ids a kernel takes for a single network's batch (unread)."""
+        return _NO_IDS
 
     @staticmethod
     def has_bad(a, positive: bool = False) -> bool:

@@ -12,7 +12,7 @@ from ._host_ops import HOST, ndarray_view
 from ._ndarray_ops import DEVICE
 
 __all__ = ["DEVICE", "HOST", "add", "callers_kind", "contiguous", "copy_into", "empty_like", "flatten", "full_like", "host",
-           "is_device", "ops_of", "same_kind", "unflatten"]
+           "is_device", "ops_of", "unflatten"]
 
 
 def is_device(a) -> bool:
@@ -25,17 +25,14 @@ def ops_of(*arrays):
     return DEVICE if any(isinstance(a, ti.Ndarray) for a in arrays) else HOST
 
 
-def same_kind(a, like):
-    """``a`` as the kind of array ``like`` is, where ``like`` is numpy (a device output handed back to a
-    host caller: one download); otherwise ``a`` as it is."""
-    return a if is_device(like) else HOST.adopt(a)
-
-
 def callers_kind(a, caller):
-    """A result ``a`` as the kind of array the caller passed (``caller``): the one seam where the host
-    path's numpy results become ``ti.ndarray``s for a caller that passed one (written through a view of
-    the new ndarray's memory on x64, uploaded elsewhere). Device results and numpy callers pass as they are."""
-    if a is None or not is_device(caller) or is_device(a) or not a.size:
+    """A result ``a`` as the kind of array the caller passed (``caller``): the one seam where results change
+    kind. A numpy (or torch) caller gets numpy (a device result downloaded once); a ``ti.ndarray`` caller gets
+    a ``ti.ndarray`` (the host path's numpy results written through a view of the new ndarray's memory on
+    x64, uploaded elsewhere)."""
+    if a is None or not is_device(caller):
+        return a if a is None else HOST.adopt(a)
+    if is_device(a) or not a.size:
         return a                                  # (an empty result stays numpy: Taichi has no empty ndarray)
     out = buffer(a.shape)
     view = ndarray_view(out)

@@ -8,7 +8,8 @@ only where a number must reach the host. ``tinn._kind.ops_of`` picks it for a ``
 import numpy as np
 import taichi as ti
 
-from ._buffers import buffer, dense_ids, kept, put
+from ._buffers import buffer, dense_ids, kept, put, zeros_i32
+from ._host_ops import BatchOps
 from ._types import F32_2D, F32_3D, F32_ANY, I32_1D
 
 _COPY, _ADD, _MULTIPLY = 0, 1, 2
@@ -49,7 +50,7 @@ def _columns(src: F32_2D, src_col: ti.i32, dst: F32_2D, dst_col: ti.i32, n: ti.i
         dst[b, dst_col + j] = v
 
 
-class NdarrayOps:
+class NdarrayOps(BatchOps):
     """Operations on float32 ``ti.ndarray`` batches ``(batch, n)`` (``(K, B, n)`` where dense)."""
 
     kind = "ti.ndarray"
@@ -66,13 +67,6 @@ class NdarrayOps:
         out.fill(value)
         return out
 
-    def empty_like(self, a, shape=None):
-        """A new float32 batch of ``a``'s shape or ``shape``."""
-        return self.empty(a.shape if shape is None else shape)
-
-    def full_like(self, a, value: float, shape=None):
-        """A new float32 batch of ``a``'s shape or ``shape``, every element ``value``."""
-        return self.full(a.shape if shape is None else shape, value)
 
     @staticmethod
     def contiguous(a):
@@ -159,6 +153,16 @@ class NdarrayOps:
     def dense_ids(k: int, b: int):
         """The ids of a dense ``(k, b, n)`` batch: ``k`` repeated ``b`` times, ``(k * b,)`` int32 (kept)."""
         return dense_ids(k, b)
+
+    @staticmethod
+    def put_ids(instance):
+        """Network ids as an int32 ``ti.ndarray``: a device array as it is, host ids uploaded once."""
+        return instance if isinstance(instance, ti.Ndarray) else put(np.ascontiguousarray(instance, np.int32), ti.i32)
+
+    @staticmethod
+    def no_ids():
+        """The one-element ids a kernel takes for a single network's batch (unread; kept)."""
+        return zeros_i32()
 
     @staticmethod
     def has_bad(a, positive: bool = False) -> bool:

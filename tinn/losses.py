@@ -23,14 +23,14 @@ network) is not an error: it gives a non-finite loss, as in tcnn.
 import numpy as np
 import taichi as ti
 
-from . import _buffers, _census, _kind
+from . import _buffers, _census
 from ._census import ROWS_PER_TASK, LossValue, PerNetwork, loss_checks, unused
 from ._kernels import specialised
 from ._types import F32_1D, F32_2D, I32_1D
 from ._batch import as_batch, as_instances
 from ._device import is_cpu
 from ._host_ops import to_numpy
-from ._kind import callers_kind
+from ._kind import DEVICE, HOST, callers_kind, ops_of
 from ._program import RuntimeBound
 from .registry import losses
 from .keys import Options
@@ -170,22 +170,22 @@ class Loss(Object, RuntimeBound):
         q = None if pdf is None else as_batch(pdf, t.shape[-1], "pdf", allow_dense=dense, positive=not checked)
         if q is not None and q.shape != t.shape:
             raise ValueError(f"pdf must have the target's shape {t.shape}, got {q.shape}")
+        ops = ops_of(p)                         # the path's kind (as_batch made every batch of one call one kind)
         if routing is None and instance is None:
-            routing = Routing(p.shape[0])
-        elif routing is None and _kind.is_device(instance) and _kind.is_device(p):
+            routing = Routing(p.shape[0], ops=ops)
+        elif routing is None and ops is DEVICE and ops_of(instance) is DEVICE:
             ids, n_instances, counts = device_ids(instance, p.shape[0], n_instances)
-            routing = Routing(p.shape[0], n_instances, ids, counts=counts)
+            routing = Routing(p.shape[0], n_instances, ids, counts=counts, ops=ops)
         elif routing is None:
             n_instances = n_instances or int(np.max(to_numpy(instance, "instance"))) + 1
-            routing = Routing(p.shape[0], n_instances, as_instances(instance, p.shape[0], n_instances))
+            routing = Routing(p.shape[0], n_instances, as_instances(instance, p.shape[0], n_instances), ops=ops)
         elif routing.batch != int(np.prod(p.shape[:-1])):
             raise ValueError(f"prediction has {int(np.prod(p.shape[:-1]))} samples, its routing {routing.batch}")
-        def flat(a):
-            return _kind.flatten(a) if len(a.shape) == 3 else a
-
-        loss, grad, per_network = self._evaluate(flat(p), flat(t), None if q is None else flat(q), routing,
-                                                 loss_scale, checked)
-        grad = callers_kind(_kind.unflatten(grad, p.shape[:2]) if len(p.shape) == 3 else grad, prediction)
+        loss, grad, per_network = self._evaluate(ops.rows(p), ops.rows(t), None if q is None else ops.rows(q),
+                                                 routing, loss_scale, checked)
+        grad = callers_kind(ops.unflatten(grad, p.shape[:2]) if len(p.shape) == 3 else grad, prediction)
+        if ops_of(prediction) is HOST:             # a host caller gets numbers
+            loss, per_network = float(loss), np.asarray(per_network)
         if not per_instance:
             return loss, grad
         return loss, grad, per_network
@@ -207,11 +207,11 @@ class Loss(Object, RuntimeBound):
         """
         B, D = t.shape
         weighted, census = q is not None, routing.census if checked else None
-        inv, (ids, routed) = routing.normalisers(D), routing.kernel_ids(p)
-        grad = _kind.empty_like(p)
-        if _kind.is_device(p):
-            t, inv = _kind.DEVICE.adopt(t), _kind.DEVICE.adopt(inv)
-            q = _buffers.unread() if q is None else _kind.DEVICE.adopt(q)
+        inv, (ids, routed) = routing.normalisers(D), routing.kernel_ids()
+        grad = routing.ops.empty_like(p)
+        if routing.on_device:
+            inv = DEVICE.adopt(inv)
+            q = _buffers.unread() if q is None else q
             sums, per_task = _buffers.buffer((routing.n_instances,)), ROWS_PER_TASK if is_cpu() else 16
             _kernel(type(self), per_task)(p, t, q, weighted, ids, routed, inv, float(loss_scale), grad, unused((1,), ti.f32),
                                           True, sums, census is not None, *loss_checks(census), -(-B // per_task))

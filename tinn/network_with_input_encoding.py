@@ -7,7 +7,6 @@ encoding, and are initialised in that order from one pcg32 generator.
 import numpy as np
 import taichi as ti
 
-from . import _buffers, _device, _kind
 from .registry import build_encoding, build_network, load_config
 from .object import Context, DifferentiableObject
 from .params import allocate, check_sizes
@@ -75,24 +74,17 @@ class NetworkWithInputEncoding(DifferentiableObject):
             return encoding_vjp(x, network_vjp(encode(x, k), dy, k), k)
         return forward, vjp
 
-    def _encoding_input(self, x):
-        """On the device path the encoding gets the batch on the device (uploaded once if it came as numpy);
-        on the host path, the numpy batch."""
-        if _device.active() and not _kind.is_device(x):
-            return _buffers.put(x)
-        return x
-
     def _floats_per_sample(self, training):
         return self.encoding._floats_per_sample(training) + self.network._floats_per_sample(training)
 
     def _inference(self, x, routing):
-        return self.network._inference(self.encoding._inference(self._encoding_input(x), routing), routing)
+        return self.network._inference(self.encoding._inference(x, routing), routing)
 
     def _inference_into(self, x, routing, out):
-        return self.network._inference_into(self.encoding._inference(self._encoding_input(x), routing), routing, out)
+        return self.network._inference_into(self.encoding._inference(x, routing), routing, out)
 
     def _forward(self, x, routing):
-        encoded, enc_ctx = self.encoding._forward(self._encoding_input(x), routing)
+        encoded, enc_ctx = self.encoding._forward(x, routing)
         y, net_ctx = self.network._forward(encoded, routing)
         return y, Context(self, x, routing, enc_ctx=enc_ctx, net_ctx=net_ctx)
 
@@ -115,5 +107,5 @@ class NetworkWithInputEncoding(DifferentiableObject):
         d_dy, d_e = net._second_order_end(ctx.net_ctx, state, e_dot, overwrite)
         if d_e is not None:
             through = self.encoding._backward(ctx.enc_ctx, d_e, True, overwrite=False)
-            dx = through if dx is None else _kind.add(dx, through)
+            dx = through if dx is None else ctx.routing.ops.add(dx, through)
         return d_dy, dx

@@ -22,7 +22,7 @@ import taichi as ti
 
 from ._kernels import fill_columns
 from ._batch import as_batch
-from ._kind import callers_kind, copy_into, flatten, full_like, host, is_device, same_kind, unflatten
+from ._kind import callers_kind, copy_into, full_like, host, is_device, unflatten
 from ._program import RuntimeBound
 from ._rng import Pcg32
 from ._sample import SampleFuncs
@@ -183,10 +183,10 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         arr = as_batch(x, self.n_input_dims, allow_dense=self.n_instances > 1 and instance is None, finite=True)
         return Routing.of(arr, instance, self.n_instances)
 
-    def _finish(self, y: np.ndarray, routing: Routing, like=None, flat: bool = False):
-        """The output ``(batch, n_output_dims)`` of the kind of ``like``, in a dense batch's layout unless ``flat``."""
+    def _finish(self, y: np.ndarray, routing: Routing, caller, flat: bool = False):
+        """The output ``(batch, n_output_dims)`` of the ``caller``'s kind, in a dense batch's layout unless ``flat``."""
         dense = routing.dense if not flat else None
-        if is_device(y) and is_device(like) and y.shape[1] == self.n_output_dims:
+        if routing.on_device and is_device(caller) and y.shape[1] == self.n_output_dims:
             return unflatten(y, dense) if dense else y   # a device batch's output stays there
         y = np.ascontiguousarray(host(y)[:, : self.n_output_dims])
         return y.reshape(dense + (-1,)) if dense else y
@@ -204,11 +204,11 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         if out is not None:
             self._check_out(out, caller, routing)
         chunk = chunk_samples(self, training=False)
-        if out is not None and routing.dense is None and (routing.batch <= chunk or is_device(x)):
+        if out is not None and routing.dense is None and (routing.batch <= chunk or routing.on_device):
             y = self._inference_into(x, routing, out)
             return out if y is out else callers_kind(y, caller)
-        if routing.batch <= chunk or is_device(x):       # a device batch is not cut
-            y = callers_kind(self._finish(self._inference(x, routing), routing, x), caller)
+        if routing.batch <= chunk or routing.on_device:       # a device batch is not cut
+            y = callers_kind(self._finish(self._inference(x, routing), routing, caller), caller)
             return y if out is None else copy_into(out, y)
         y = np.empty((routing.batch, self.n_output_dims), np.float32) if out is None else out.reshape(routing.batch, -1)
         for lo in range(0, routing.batch, chunk):
@@ -234,7 +234,7 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
     def _inference_into(self, x, routing, out):
         """Outputs of a flat batch written into ``out`` ``(batch, n_output_dims)`` (a component whose last kernel
         can write there overrides this); returns ``out``."""
-        return copy_into(out, same_kind(self._finish(self._inference(x, routing), routing, x), out))
+        return copy_into(out, self._finish(self._inference(x, routing), routing, out))
 
     def forward(self, x, instance=None):
         """``(output, ctx)``: the output as :meth:`inference` gives it, at the training weights; keep
@@ -244,15 +244,15 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         x, routing = self._prepare(x, instance)
         y, ctx = self._forward(x, routing)
         if isinstance(instance, Routing):       # a trainer's flat batch: its output stays flat (no copy)
-            return callers_kind(self._finish(y, routing, x, flat=True), caller), ctx
-        return callers_kind(self._finish(y, routing, x), caller), ctx
+            return callers_kind(self._finish(y, routing, caller, flat=True), caller), ctx
+        return callers_kind(self._finish(y, routing, caller), caller), ctx
 
     def backward(self, ctx: Context, dL_doutput, *, input_gradient: bool = True, mode: str = "overwrite"):
         """Accumulate (or overwrite) parameter gradients; return ``dL/dinput`` unless ``input_gradient=False``
         (of ``dL_doutput``'s kind)."""
         g = self._output_gradient(ctx, dL_doutput, mode)
         dx = self._backward(ctx, g, input_gradient, self._gradient_mode(ctx, mode))
-        return None if dx is None else callers_kind(self._dense(ctx, same_kind(dx, ctx.x)), dL_doutput)
+        return None if dx is None else callers_kind(self._dense(ctx, dx), dL_doutput)
 
     def backward_backward_input(self, ctx: Context, dL_ddLdinput, dL_doutput, mode: str = "overwrite"):
         """Second order, tcnn's contract: for ``L2 = <dL_ddLdinput, dL/dinput>``, with ``dL/dinput`` the input
@@ -261,15 +261,12 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         batch); dL2/dparams is written to the parameter gradients (``mode="accumulate"``: added)."""
         g = self._output_gradient(ctx, dL_doutput, mode)
         v = as_batch(dL_ddLdinput, self.n_input_dims, "dL_ddLdinput", allow_dense=ctx.routing.dense is not None)
-        if not (is_device(v) and is_device(ctx.x)):     # a device batch's v stays on the device
-            v = host(v).reshape(-1, self.n_input_dims)
-        elif len(v.shape) == 3:
-            v = flatten(v)
+        v = ctx.routing.ops.rows(v)
         if v.shape[0] != ctx.x.shape[0]:
             raise ValueError(f"dL_ddLdinput has {v.shape[0]} samples, the forward pass had {ctx.x.shape[0]}")
         dy, dx = self._backward_backward_input(ctx, v, g, self._gradient_mode(ctx, mode))
-        dx = full_like(ctx.x, 0.0) if dx is None else same_kind(dx, ctx.x)
-        return (callers_kind(self._finish(same_kind(dy, ctx.x), ctx.routing, ctx.x), dL_ddLdinput),
+        dx = full_like(ctx.x, 0.0) if dx is None else dx
+        return (callers_kind(self._finish(dy, ctx.routing, dL_ddLdinput), dL_ddLdinput),
                 callers_kind(self._dense(ctx, dx), dL_ddLdinput))
 
     def _output_gradient(self, ctx: Context, dL_doutput, mode: str) -> np.ndarray:
@@ -282,10 +279,7 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
             raise ValueError(f"mode must be one of {GRADIENT_MODES}, got {mode!r}")
         routing = ctx.routing
         g = as_batch(dL_doutput, self.n_output_dims, "dL_doutput", allow_dense=routing.dense is not None)
-        if len(g.shape) == 3:
-            g = flatten(g)
-        elif not is_device(g):                  # (batch, 0) has no -1 reshape
-            g = g.reshape(int(np.prod(g.shape[:-1])), self.n_output_dims)
+        g = routing.ops.rows(g)
         if g.shape[0] != routing.batch:
             raise ValueError(f"dL_doutput has {g.shape[0]} samples, the forward pass had {routing.batch}")
         return g
@@ -295,7 +289,7 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         overwrites all of them, and so does a device batch (on the device path every component's overwrite
         covers every network of an array, so a routed batch's counts need not be known on the host);
         otherwise the idle ones become 0 here and the components add."""
-        overwrite = mode == "overwrite" and (ctx.routing.reaches_all or is_device(ctx.x))
+        overwrite = mode == "overwrite" and (ctx.routing.reaches_all or ctx.routing.on_device)
         if mode == "overwrite" and not overwrite:
             self._zero_gradients()
         return overwrite

@@ -26,12 +26,13 @@ import functools
 import numpy as np
 import taichi as ti
 
-from . import _buffers, _kind
+from . import _buffers
 from ._census import TILE, Census
 from ._groups import Groups
 from ._types import I32_1D, I32_2D
 from ._batch import as_instances, check_id_range, check_ids
 from ._program import check_live
+from ._kind import DEVICE, HOST, ops_of
 
 
 
@@ -122,8 +123,9 @@ class Routing:
     """
 
     def __init__(self, batch: int, n_instances: int = 1, instance=None, dense=None,
-                 whole: "Routing | None" = None, counts: np.ndarray | None = None, census: Census | None = None):
-        self.batch, self.n_instances, self.instance, self.dense = batch, n_instances, instance, dense
+                 whole: "Routing | None" = None, counts: np.ndarray | None = None, census: Census | None = None,
+                 ops=HOST):
+        self.batch, self.n_instances, self.instance, self.dense, self.ops = batch, n_instances, instance, dense, ops
         self._whole, self.census, self.checked = whole, census, ()
         if counts is not None:                  # found with the ids' range (device ids)
             self.counts = counts
@@ -140,18 +142,18 @@ class Routing:
 
         ``census=(n_target_dims, faults, reuse)``: a training step's device batch, described by a census on the
         device (device ids are then checked there too, not here; ``reuse``: see :class:`~tinn._census.Census`)."""
-        if census is not None and _kind.is_device(x):
+        ops = ops_of(x)                         # the batch's kind, told here once and carried as routing.ops
+        if census is not None and ops is DEVICE:
             return cls._described(x, instance, n_instances, *census)
         if len(x.shape) == 2:                   # a numpy array or a ti.ndarray
-            if _kind.is_device(instance) and _kind.is_device(x):
+            if ops is DEVICE and ops_of(instance) is DEVICE:
                 ids, _, counts = device_ids(instance, x.shape[0], n_instances)
-                return x, cls(x.shape[0], n_instances, ids, counts=counts)
-            return x, cls(x.shape[0], n_instances, as_instances(instance, x.shape[0], n_instances))
+                return x, cls(x.shape[0], n_instances, ids, counts=counts, ops=ops)
+            return x, cls(x.shape[0], n_instances, as_instances(instance, x.shape[0], n_instances), ops=ops)
         if x.shape[0] != n_instances:
             raise ValueError(f"a dense batch needs shape ({n_instances}, batch, {x.shape[-1]}), got {x.shape}")
         k, b = x.shape[:2]
-        ids = _buffers.dense_ids(k, b) if _kind.is_device(x) else np.repeat(np.arange(k, dtype=np.int32), b)
-        return _kind.flatten(x), cls(k * b, k, ids, (k, b))
+        return ops.flatten(x), cls(k * b, k, ops.dense_ids(k, b), (k, b), ops=ops)
 
     @classmethod
     def _described(cls, x, instance, n_instances: int, n_dims: int, faults, reuse: bool) -> tuple:
@@ -160,17 +162,17 @@ class Routing:
         if len(x.shape) == 3:
             if x.shape[0] != n_instances:
                 raise ValueError(f"a dense batch needs shape ({n_instances}, batch, {x.shape[-1]}), got {tuple(x.shape)}")
-            dense, ids, x = tuple(x.shape[:2]), _buffers.dense_ids(*x.shape[:2]), _kind.flatten(x)
+            dense, ids, x = tuple(x.shape[:2]), DEVICE.dense_ids(*x.shape[:2]), DEVICE.flatten(x)
         elif instance is None:
             ids = None
             if n_instances != 1:
                 as_instances(None, x.shape[0], n_instances)          # the error: an array needs ids
-        elif _kind.is_device(instance):
+        elif ops_of(instance) is DEVICE:
             ids = check_device_ids(instance, x.shape[0])
         else:
-            ids = _buffers.put(as_instances(instance, x.shape[0], n_instances), ti.i32)
+            ids = DEVICE.put_ids(as_instances(instance, x.shape[0], n_instances))
         census = Census(x, ids, n_instances, n_dims, faults, reuse)
-        return x, cls(x.shape[0], n_instances, census.ids, dense, census=census)
+        return x, cls(x.shape[0], n_instances, census.ids, dense, census=census, ops=DEVICE)
 
     @property
     def reaches_all(self) -> bool:
@@ -222,7 +224,12 @@ class Routing:
     def chunk(self, lo: int, hi: int) -> "Routing":
         """Samples ``lo:hi`` of this batch, as a routed batch of their own that is part of this one."""
         return Routing(hi - lo, self.n_instances, None if self.instance is None else self.instance[lo:hi],
-                       whole=self)
+                       whole=self, ops=self.ops)
+
+    @property
+    def on_device(self) -> bool:
+        """Whether the batch is on the device (``ops`` is ``DEVICE``): its components run Taichi kernels on it."""
+        return self.ops is DEVICE
 
     @property
     def routed(self) -> bool:
@@ -238,7 +245,7 @@ class Routing:
             return np.full(self.n_instances, self.dense[1], np.int64)
         if self.census is not None:                     # read back (a wait for the device)
             return self.census.counts.to_numpy().astype(np.int64)
-        if _kind.is_device(self.instance):            # the caller's device ids, checked
+        if ops_of(self.instance) is DEVICE:             # the caller's device ids, checked
             return device_ids(self.instance, self.batch, self.n_instances)[2]
         return np.bincount(self.instance, minlength=self.n_instances)
 
@@ -253,16 +260,14 @@ class Routing:
     def ids(self):
         """The ids as an int32 ``ti.ndarray`` (the device path): the caller's own, a dense batch's (made on the
         device once per shape), or uploaded once."""
-        if _kind.is_device(self.instance):
-            return self.instance
-        return _buffers.dense_ids(*self.dense) if self.dense else _buffers.put(self.instance, ti.i32)
+        return DEVICE.put_ids(self.instance)
 
-    def kernel_ids(self, x):
-        """``(ids, routed)`` for a kernel over the batch ``x``: of ``x``'s kind (``ti.ndarray`` for a device
+    def kernel_ids(self):
+        """``(ids, routed)`` for a kernel over the batch: of the batch's kind (``ti.ndarray`` for a device
         batch), a one-element placeholder for a single network's batch."""
         if self.instance is None:
-            return (_buffers.zeros_i32() if _kind.is_device(x) else np.zeros(1, np.int32)), False
-        return (self.ids if _kind.is_device(x) else self.instance), True
+            return self.ops.no_ids(), False
+        return (self.ids if self.on_device else self.instance), True
 
     @functools.cached_property
     def tiles(self) -> tuple:

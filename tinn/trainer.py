@@ -41,9 +41,10 @@ from __future__ import annotations
 import numpy as np
 
 from . import serialization
-from . import _buffers, _device, _kind
+from . import _device
 from ._census import Faults
 from ._batch import as_batch
+from ._kind import DEVICE, HOST, ops_of
 from ._program import RuntimeBound
 from .object import Context, DifferentiableObject, chunk_samples
 from .routing import Routing
@@ -151,7 +152,7 @@ class Trainer(RuntimeBound):
         ``instance_losses`` (per network, ``(n_instances,)``) added. Checks every value first (on the device a
         read-back)."""
         self._settle()
-        host = not _kind.is_device(x)
+        host = ops_of(x) is HOST
         x, target, instance, pdf = self._checked(x, target, instance, pdf, deferred=False)
         ctx = self._forward(x, target, instance, pdf, reuse=False)     # its ctx may outlive the next step
         ctx.instance_losses = np.asarray(ctx.instance_losses)
@@ -167,9 +168,9 @@ class Trainer(RuntimeBound):
         dense = model.n_instances > 1 and instance is None      # a (K, B_k, dims) batch
 
         def checked(a, n_dims, name, **values):
-            if deferred and _kind.is_device(a) and _device.active():        # checked by the census
+            if deferred and ops_of(a) is DEVICE and _device.active():        # checked by the census
                 values = {}
-            return as_batch(a, n_dims, name, allow_dense=dense, **values)
+            return as_batch(a, n_dims, name, allow_dense=dense, **values)     # (on the device path: uploaded)
 
         x = checked(x, model.n_input_dims, "x", finite=True)
         target = checked(target, model.n_output_dims, "target", finite=True)
@@ -179,8 +180,6 @@ class Trainer(RuntimeBound):
             pdf = checked(pdf, model.n_output_dims, "pdf", positive=True)
             if pdf.shape != target.shape:
                 raise ValueError(f"pdf must have the target's shape {tuple(target.shape)}, got {tuple(pdf.shape)}")
-        if _device.active():                        # the device path: one upload each, then nothing comes back
-            x, target, pdf = (a if a is None or _kind.is_device(a) else _buffers.put(a) for a in (x, target, pdf))
         return x, target, instance, pdf
 
     def _forward(self, x, target, instance, pdf, routing=None, reuse: bool = True) -> Context:
@@ -188,9 +187,10 @@ class Trainer(RuntimeBound):
         for device batches by a census, which checks them on the device; ``reuse``: the census's step-only
         arrays are the trainer's, kept from step to step)."""
         if routing is None:
-            if _kind.is_device(x) and self._faults is None:
+            device = ops_of(x) is DEVICE
+            if device and self._faults is None:
                 self._faults = Faults()
-            census = (self.model.n_output_dims, self._faults, reuse) if _kind.is_device(x) else None
+            census = (self.model.n_output_dims, self._faults, reuse) if device else None
             x, routing = Routing.of(x, instance, self.model.n_instances, census=census)
         routing.checked = (x, target, pdf)
         y, ctx = self.model.forward(x, routing)
@@ -220,9 +220,9 @@ class Trainer(RuntimeBound):
         batches on the device path reads nothing back and returns the loss unread (module docstring); for host
         arrays it is a float.
         """
-        host = not _kind.is_device(x)
+        host = ops_of(x) is HOST
         x, target, instance, pdf = self._checked(x, target, instance, pdf, deferred=True)
-        if _kind.is_device(x) or int(np.prod(x.shape[:-1])) <= chunk_samples(self.model, training=True):
+        if ops_of(x) is DEVICE or int(np.prod(x.shape[:-1])) <= chunk_samples(self.model, training=True):
             ctx = self._forward(x, target, instance, pdf)          # one pass (a device batch is never cut)
             self.backward(ctx)
             loss, losses, active = ctx.loss, ctx.instance_losses, ctx.routing.step_mask

@@ -161,7 +161,7 @@ class GridEncoding(Encoding):
     # -- batch API ---------------------------------------------------------------
     def _encode(self, weights, x, routing):
         y = _kind.empty_like(x, (x.shape[0], self.padded_output_width))     # on the device for a device x
-        ids, routed = routing.kernel_ids(x)
+        ids, routed = routing.kernel_ids()
         self._get_kernels().forward(weights, self._offset, x, ids, y, routed)
         return y
 
@@ -194,7 +194,7 @@ class GridEncoding(Encoding):
         and the routing for the per-sample kernel that follows."""
         k = self._get_kernels()
         dL_dy = _kind.contiguous(dL_dy)
-        inst, routed = ctx.routing.kernel_ids(ctx.x)
+        inst, routed = ctx.routing.kernel_ids()
         k.backward_params(self.store.grads, self._offset, ctx.x, inst, dL_dy, routed, overwrite, dL_ddLdx)
         return k, dL_dy, inst, routed
 

@@ -192,7 +192,7 @@ class KernelMLP:
         fused = self._fused_kernels(routing)
         if fused is not None:
             return self._run_fused(fused, weights, x, h, routing, keep, out)
-        inst, routed = routing.kernel_ids(h)
+        inst, routed = routing.kernel_ids()
         hs, zs = self._layers(weights, h, inst, routed, keep, out)
         ctx = Context(self.mlp, x, routing, hs=hs, zs=zs, inst=inst, routed=routed) if keep else None
         return hs[-1], ctx
@@ -243,7 +243,7 @@ class KernelMLP:
             blocks = min(-(-B // fused.T), FUSED_BLOCKS)
             fused.backward(store.params, store.grads, self.mlp._offset, ctx.h, dy, ctx.zs, ctx.hs,
                            blocks, input_gradient, overwrite, dx)
-        return _kind.same_kind(dx, ctx.x) if input_gradient else None
+        return dx if input_gradient else None
 
     def backward(self, ctx, dL_dy, input_gradient: bool, overwrite: bool):
         """dL/dW to the store (written if ``overwrite``, else added); dL/dx ``(batch, n_input_dims)`` if
@@ -262,7 +262,7 @@ class KernelMLP:
             z, act = (ctx.zs[i - 1], self.acts[i - 1]) if i > 0 else (below, "None")
             _input_grad(store.params, offsets[i], delta, ctx.inst, ctx.routed, z, act, below)
             delta = below
-        return _kind.same_kind(delta, ctx.x)
+        return delta
 
     # -- second order: the formulas of HostMLP.output_adjoints / second_order, on the kernels above ------
     def _per_layer(self, ctx):
@@ -270,7 +270,7 @@ class KernelMLP:
         kernels (their own layout) recomputed by the per-layer kernels from its input."""
         if getattr(ctx, "fused", None) is None:
             return ctx.hs, ctx.zs, ctx.inst, ctx.routed
-        inst, routed = ctx.routing.kernel_ids(ctx.h)
+        inst, routed = ctx.routing.kernel_ids()
         return (*self._layers(self.mlp.store.params, ctx.h, inst, routed, keep=True), inst, routed)
 
     def output_adjoints(self, ctx, dL_dy, input_gradient: bool):
@@ -290,7 +290,7 @@ class KernelMLP:
                 break
             ybar = _buffers.buffer((ybar.shape[0], hs[i].shape[1]))
             _input_grad(weights, offsets[i], deltas[i], inst, routed, ybar, "None", ybar)
-        dx = _kind.same_kind(ybar, ctx.x) if input_gradient else None
+        dx = ybar if input_gradient else None
         return dx, (hs, zs, inst, routed, deltas, ybars)
 
     def second_order(self, ctx, state, dL_ddLdx, overwrite: bool):
@@ -326,7 +326,7 @@ class KernelMLP:
             below = _kind.empty_like(zbar, (zbar.shape[0], hs[i].shape[1]))
             z, act = (zs[i - 1], self.acts[i - 1]) if i > 0 else (below, "None")
             _input_grad(store.params, offsets[i], zbar, inst, routed, z, act, below)
-        return _kind.same_kind(xdots[-1], ctx.x), None if below is None else _kind.same_kind(below, ctx.x)
+        return xdots[-1], below
 
     def _tile_tables(self, routing, batch):
         """``(table, order)`` of the batch's tiles (``Routing.tiles``); a single network's batch is tiled in
