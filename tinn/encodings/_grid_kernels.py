@@ -1,4 +1,5 @@
-"""The grid encoding's batch kernels and the funcs a user's kernel calls (the per-level formulas: ``_grid_funcs.py``)."""
+"""The grid encoding's batch kernels and the funcs a user's kernel calls (the per-level formulas: ``_grid_funcs.py``;
+the permutohedral encoding runs them with its own, ``_permuto_funcs.py``)."""
 import taichi as ti
 
 from .._device import is_cpu
