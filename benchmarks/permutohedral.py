@@ -71,19 +71,20 @@ def loss_after(name, d, seconds, rng):
         m.trainer.training_step(xs, target(xs))
         steps += 1
     x = np.random.default_rng(99).random((1 << 14, d), dtype=np.float32)
-    return float(np.mean((m.inference(x)[:, :1] - target(x)) ** 2)), steps
+    return float(np.mean((m.network.inference(x)[:, :1] - target(x)) ** 2)), steps
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=20.0, help="training time per config of the regression")
     ap.add_argument("--arch", default="cpu")
+    ap.add_argument("--skip-steps", action="store_true", help="only the regression")
     args = ap.parse_args()
     tinn.init(arch=getattr(ti, args.arch), log_level=ti.WARN)
     rng = np.random.default_rng(0)
     print("| d | encoding | lookups / sample | ms / step (batch 4096) |")
     print("|---|---|---|---|")
-    for d in (2, 3, 4, 6):
+    for d in () if args.skip_steps else (2, 3, 4, 6):
         for name in ("HashGrid", "Permutohedral"):
             label = name if d <= 4 or name == "Permutohedral" else "2 x HashGrid(3)"
             print(f"| {d} | {label} | {encoding(name, d)[1]} | {1e3 * step_time(name, d, rng):.1f} |", flush=True)
