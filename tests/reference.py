@@ -433,6 +433,98 @@ def interior_points(rng, n, D, levels, margin=0.01):
 
 
 # ---------------------------------------------------------------------------------------------
+# The permutohedral encoding (PermutoSDF; tinn's docs/encodings.md)
+# ---------------------------------------------------------------------------------------------
+
+PERMUTO_PRIMES = PRIMES + (2246822519,)        # xxHash's PRIME32_2 for an eighth dim
+
+
+def permuto_geometry(L, log2_hashmap_size, base_resolution, per_level_scale):
+    """Per level: scale_l = exp2(l log2 b) N_min (float32) and a hashed table of 2^log2_hashmap_size entries."""
+    f32, T = np.float32, 2 ** log2_hashmap_size
+    return [Level(f32(f32(np.exp2(f32(l) * f32(np.log2(f32(per_level_scale))))) * f32(base_resolution)), 0, T, l * T,
+                  True) for l in range(L)]
+
+
+def permuto_embedding(D):
+    """(D + 1) x D matrix E with e = scale E x on the hyperplane sum(e) = 0: e_i = Σ_{j≥i} c_j − i c_{i−1},
+    c_j = x_j / sqrt((j + 1)(j + 2))."""
+    E = np.zeros((D + 1, D))
+    for j in range(D):
+        c = 1 / np.sqrt((j + 1) * (j + 2))
+        E[:j + 1, j] += c
+        E[j + 1, j] -= (j + 1) * c
+    return E
+
+
+def permuto_vertices(x, level):
+    """(keys (B, D + 1, D + 1), barycentric weights (B, D + 1)) of the simplex of A*_D enclosing each point.
+
+    The remainder-0 point r0 nearest per coordinate (multiples of D + 1), the ranks of e − r0 (largest first)
+    shifted by Σ r0 / (D + 1) and wrapped into 0..D; vertex r = r0 + r − (D + 1)[rank > D − r]. The weights are
+    not taken from a formula: they solve Σ_r w_r v_r = e, Σ_r w_r = 1, and must come out ≥ 0 (e inside).
+    """
+    B, D = x.shape
+    n = D + 1
+    e = np.float64(level.scale) * x.astype(np.float64) @ permuto_embedding(D).T
+    r0 = np.round(e / n) * n
+    rank = np.empty((B, n), np.int64)
+    order = np.argsort(-(e - r0), axis=1, kind="stable")
+    np.put_along_axis(rank, order, np.arange(n)[None, :].repeat(B, 0), axis=1)
+    rank += (r0.sum(1) / n).round().astype(np.int64)[:, None]
+    r0 = r0 + n * (rank < 0) - n * (rank > D)
+    rank = rank % n
+    keys = np.stack([r0 + r - n * (rank > D - r) for r in range(n)], axis=1)      # (B, vertex, coordinate)
+    A = np.concatenate([keys.transpose(0, 2, 1), np.ones((B, 1, n))], axis=1)    # (B, D + 2, D + 1)
+    rhs = np.concatenate([e, np.ones((B, 1))], axis=1)
+    w = np.stack([np.linalg.lstsq(A[b], rhs[b], rcond=None)[0] for b in range(B)])
+    assert np.allclose(np.einsum("brc,br->bc", keys, w), e, atol=1e-6 * (1 + np.abs(e).max()))
+    assert (w > -1e-9).all(), "the simplex found does not enclose the point"
+    return keys.astype(np.int64), w
+
+
+def permuto_terms(x, level):
+    """Per vertex r: (entry index, weight) per sample; the entry hashes the first D key coordinates."""
+    keys, w = permuto_vertices(x, level)
+    D = x.shape[1]
+    out = []
+    for r in range(D + 1):
+        p = (keys[:, r, :D] & 0xFFFFFFFF).astype(np.uint64)
+        h = np.zeros(len(x), np.uint64)
+        for d in range(D):
+            h ^= (p[:, d] * np.uint64(PERMUTO_PRIMES[d])) & np.uint64(0xFFFFFFFF)
+        out.append(((h % np.uint64(level.entries)).astype(np.int64), w[:, r]))
+    return out
+
+
+def permuto_ref(x, params, levels, F):
+    """y_{l,f} = Σ_r w_r θ[(offset_l + index(v_r)) F + f]."""
+    theta = params.astype(np.float64)
+    y = np.zeros((x.shape[0], len(levels) * F))
+    for l, level in enumerate(levels):
+        for idx, w in permuto_terms(x, level):
+            y[:, l * F:(l + 1) * F] += w[:, None] * theta[(level.offset + idx)[:, None] * F + np.arange(F)]
+    return y
+
+
+def permuto_param_grad_ref(x, dL_dy, levels, F, n_params):
+    """dL/dθ[(offset_l + index(v_r)) F + f] += w_r dL/dy_{l,f}, summed over the batch."""
+    g = np.zeros(n_params)
+    for l, level in enumerate(levels):
+        for idx, w in permuto_terms(x, level):
+            np.add.at(g, (level.offset + idx)[:, None] * F + np.arange(F), w[:, None] * dL_dy[:, l * F:(l + 1) * F])
+    return g
+
+
+def permuto_off_boundaries(x, levels, margin):
+    """Per sample: every level's barycentric weights are ≥ margin (the input gradient jumps between simplices)."""
+    ok = np.ones(len(x), bool)
+    for level in levels:
+        ok &= permuto_vertices(x, level)[1].min(1) >= margin
+    return ok
+
+
+# ---------------------------------------------------------------------------------------------
 # §1.0 / §1.7: a reference model of any encoding config, Composite and NRC included
 # ---------------------------------------------------------------------------------------------
 
@@ -481,6 +573,12 @@ class EncodingRef:
             self.levels = grid_geometry(n_in, self.type, L, cfg.get("log2_hashmap_size", 19), base, b)
             self.raw, self.fill, self.align = L * self.F, 0.0, self.F
             self.n_params = self.F * sum(level.entries for level in self.levels)
+        elif k == "permutohedral":
+            L, self.F = cfg.get("n_levels", 16), cfg.get("n_features_per_level", 2)
+            self.levels = permuto_geometry(L, cfg.get("log2_hashmap_size", 19), cfg.get("base_resolution", 16),
+                                           cfg.get("per_level_scale", 2.0))
+            self.raw, self.fill, self.align = L * self.F, 0.0, self.F
+            self.n_params = self.F * sum(level.entries for level in self.levels)
         else:
             raise KeyError(f"no reference for encoding otype {cfg.get('otype')!r}")
 
@@ -502,6 +600,8 @@ class EncodingRef:
             return sh_ref(x, c.get("degree", 4))
         if k == "empty":
             return np.zeros((x.shape[0], 0))
+        if k == "permutohedral":
+            return permuto_ref(x, theta, self.levels, self.F)
         return grid_ref(x, theta, self.levels, self.F, self.interpolation, exact)
 
     def forward(self, x, theta, width, exact=False):
@@ -527,6 +627,8 @@ class EncodingRef:
     def param_grad(self, x, theta, dL_dy):
         if not self.n_params:
             return np.zeros(0)
+        if self.kind == "permutohedral":
+            return permuto_param_grad_ref(x, dL_dy[:, :self.raw], self.levels, self.F, self.n_params)
         return grid_param_grad_ref(x, dL_dy[:, :self.raw], self.levels, self.F, self.interpolation, self.n_params)
 
     def smooth(self, x, margin=0.01):
@@ -534,6 +636,8 @@ class EncodingRef:
         (finite differences use h ≤ 10⁻⁶)."""
         if self.kind == "trianglewave":
             return triangle_wave_kink_distance(x, self.cfg.get("n_frequencies", 12)) > 1e-5
+        if self.kind == "permutohedral":
+            return permuto_off_boundaries(x, self.levels, margin)
         if self.n_params:
             return grid_off_boundaries(x, self.levels, margin)
         return np.ones(x.shape[0], bool)

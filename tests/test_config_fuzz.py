@@ -65,6 +65,9 @@ def encoding(rng, n_in, depth=0):
     otype = rng.choice(names)
     if otype in ("HashGrid", "Grid", "DenseGrid", "TiledGrid"):
         return grid(rng, otype)
+    if otype == "Permutohedral":         # a grid preset's levels, a small table
+        preset = {k: v for k, v in rng.choice(GRID_PRESETS).items() if k != "interpolation"}
+        return {"otype": spelled(rng, otype), **preset, "log2_hashmap_size": rng.choice([4, 8])}
     cfg = {"otype": spelled(rng, otype)}
     if otype == "Identity":
         cfg.update(scale=rng.choice([0.5, 1.0, 2.0]), offset=rng.choice([0.0, -0.5]))

@@ -46,6 +46,7 @@ ENCODING_CASES = {   # registered otype (aliases too) -> representative cases
     "HashGrid": [Case(2, {"otype": "HashGrid", **_GRID, "n_levels": 3, "log2_hashmap_size": 6}, 16)],
     "Grid": [Case(3, {"otype": "Grid", "type": "Hash", **_GRID, "n_features_per_level": 1, "log2_hashmap_size": 7,
                       "per_level_scale": 1.5, "interpolation": "Smoothstep"}, 0)],
+    "Permutohedral": [Case(3, {"otype": "Permutohedral", **_GRID, "log2_hashmap_size": 6}, 16)],
     "DenseGrid": [Case(2, {"otype": "DenseGrid", **_GRID}, 0)],
     "TiledGrid": [Case(2, {"otype": "TiledGrid", **_GRID, "n_features_per_level": 4, "base_resolution": 3}, 16)],
     "Composite": [

@@ -32,6 +32,7 @@ ENCODINGS = {
     "DenseGrid": {"otype": "DenseGrid", "n_levels": 2, "base_resolution": 3, "per_level_scale": 2.0},
     "TiledGrid": {"otype": "TiledGrid", "n_levels": 2, "base_resolution": 3, "per_level_scale": 2.0,
                   "log2_hashmap_size": 10},
+    "Permutohedral": {"otype": "Permutohedral", "n_levels": 2, "base_resolution": 3, "log2_hashmap_size": 8},
     "Composite": {"otype": "Composite", "nested": [{"otype": "Frequency", "n_dims_to_encode": 1, "n_frequencies": 2},
                                                    {"otype": "HashGrid", "n_levels": 2, "base_resolution": 3,
                                                     "log2_hashmap_size": 8}]},

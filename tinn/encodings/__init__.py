@@ -6,8 +6,10 @@ from .frequency import FrequencyEncoding
 from .grid import GridEncoding
 from .identity import IdentityEncoding
 from .oneblob import OneBlobEncoding
+from .permutohedral import PermutohedralEncoding
 from .spherical_harmonics import SphericalHarmonicsEncoding
 from .triangle_wave import TriangleWaveEncoding
 
 __all__ = ["CompositeEncoding", "EmptyEncoding", "Encoding", "FrequencyEncoding", "GridEncoding", "IdentityEncoding",
-           "NRCEncoding", "OneBlobEncoding", "SphericalHarmonicsEncoding", "TriangleWaveEncoding"]
+           "NRCEncoding", "OneBlobEncoding", "PermutohedralEncoding",
+           "SphericalHarmonicsEncoding", "TriangleWaveEncoding"]

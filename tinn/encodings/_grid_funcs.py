@@ -204,6 +204,6 @@ def level_funcs(D: int, F: int, interp: str, entry_mask: int, any_input: bool = 
         return v
 
     return types.SimpleNamespace(
-        grid_index=grid_index, locate=locate, corners=corners, corner_coefficient=corner_coefficient, at=at,
+        grid_index=grid_index, bounded=bounded, locate=locate, corners=corners, corner_coefficient=corner_coefficient, at=at,
         level_features=level_features, level_scatter=level_scatter, level_input_gradient=level_input_gradient,
         level_second_order=level_second_order, row=row, gs_row=gs_row)

@@ -1,4 +1,5 @@
-"""The grid encoding's batch kernels and the funcs a user's kernel calls (the per-level formulas: ``_grid_funcs.py``)."""
+"""The grid encoding's batch kernels and the funcs a user's kernel calls (the per-level formulas: ``_grid_funcs.py``;
+the permutohedral encoding runs them with its own, ``_permuto_funcs.py``)."""
 import taichi as ti
 
 from .._device import is_cpu
@@ -57,7 +58,7 @@ class _GridKernels:
     """
 
     def __init__(self, D: int, F: int, K: int, n: int, raw: int, width: int, interp: str, levels: tuple,
-                 private: bool, checked: bool):
+                 private: bool, checked: bool, funcs=level_funcs):
         L = len(levels)
         cpu = is_cpu()
         n_workers = max(1, ti.lang.impl.current_cfg().cpu_max_num_threads) if cpu else 1
@@ -65,7 +66,8 @@ class _GridKernels:
         runs, kinds = [], []                                # (index mode, first level, last level + 1)
         for l, (scale, res, entries, offset, hashed) in enumerate(levels):
             mode = HASHED if hashed else DENSE if res ** D <= entries else MODULO
-            kind = (mode, not cpu and block.fits(entries, F))       # off the CPU: aggregated per block?
+            # off the CPU: aggregated per block? (the grid's corners only)
+            kind = (mode, not cpu and funcs is level_funcs and block.fits(entries, F))
             if kinds and kinds[-1] == kind:
                 runs[-1] = (mode, runs[-1][1], l + 1)
             else:
@@ -83,10 +85,10 @@ class _GridKernels:
                                (n_workers, K, n) if private else None)
         geometry, scratch = self._tables[1:]
 
-        fn = level_funcs(D, F, interp, entry_mask, any_input=not checked)    # batches checked on the host: finite
+        fn = funcs(D, F, interp, entry_mask, any_input=not checked)    # batches checked on the host: finite
         at, row, gs_row, level_features, level_scatter = fn.at, fn.row, fn.gs_row, fn.level_features, fn.level_scatter
         level_input_gradient, level_second_order = fn.level_input_gradient, fn.level_second_order
-        one = level_funcs(D, F, interp, entry_mask)          # a user's kernel may pass any input
+        one = funcs(D, F, interp, entry_mask)          # a user's kernel may pass any input
 
         # -- batch kernels ---------------------------------------------------------
         @ti.func

@@ -50,7 +50,7 @@ from .._device import is_cpu
 from ..registry import encodings
 from ..keys import OFF, POSITIVE_INT, Key, Options, above, between, one_of, reported
 from ..object import Context
-from ._grid_funcs import OFFSET_MASK
+from ._grid_funcs import OFFSET_MASK, level_funcs
 from ._grid_kernels import grid_kernels
 from .encoding import Encoding, next_multiple
 
@@ -82,78 +82,17 @@ def level_geometry(n_dims, grid_type, n_levels, log2_hashmap_size, base_resoluti
     return levels, offset
 
 
-@encodings.register("HashGrid", "Grid", "DenseGrid", "TiledGrid")
-class GridEncoding(Encoding):
+class TableEncoding(Encoding):
+    """An encoding whose features per level interpolate rows of a parameter table (``levels``: scale, res,
+    entries, entry offset, hashed), run by the grid's kernels (``_grid_kernels.py``) with the per-level
+    funcs ``level_funcs`` of the subclass; ``n_params`` and ``interpolation`` are set by the subclass."""
     fill_value = 0.0
-    hash = "CoherentPrime"
-    KEYS = {
-        "type": Key("Hash", choices=GRID_TYPES + ("Tile",), doc="DenseGrid: Dense, TiledGrid: Tiled"),
-        "n_levels": Key(16, between(1, 128), "L, resolution levels"),
-        "n_features_per_level": Key(2, one_of(1, 2, 4, 8), "F, features per level"),
-        "log2_hashmap_size": Key(19, between(1, 30), "log2 of a Hash level's most entries"),
-        "base_resolution": Key(16, POSITIVE_INT, "N_min, the coarsest level's resolution"),
-        "per_level_scale": Key(2.0, above(0), "b, resolution factor between levels; "
-                                              "Dense: (256 / N_min)^(1 / (L - 1))"),
-        "interpolation": Key("Linear", choices=INTERPOLATIONS, doc="Nearest, Linear or Smoothstep"),
-        "hash": Key("CoherentPrime", choices=("CoherentPrime",), doc="the spatial hash"),
-        "n_features": Key(32, POSITIVE_INT, "L * F, instead of n_levels", report=False),
-        "n_grid_features": Key(32, POSITIVE_INT, "alias of n_features", report=False),
-        "fixed_point_pos": Key(False, OFF, "tcnn's JIT-only mode", report=False),
-        "stochastic_interpolation": Key(False, OFF, report=False),
-    }
+    level_funcs = staticmethod(level_funcs)
 
-    def __init__(self, n_input_dims: int, *, type: str = "Hash", n_levels: int = 16, n_features_per_level: int = 2,
-                 log2_hashmap_size: int = 19, base_resolution: int = 16, per_level_scale: float = 2.0,
-                 interpolation: str = "Linear", n_instances: int = 1, seed: int = 1337):
-        if not 1 <= n_input_dims <= 4:
-            raise ValueError(f"grid encodings take 1 to 4 input dims, got {n_input_dims}")
-        self.type, self.n_levels, self.n_features_per_level = type, n_levels, n_features_per_level
-        self.log2_hashmap_size, self.base_resolution = log2_hashmap_size, base_resolution
-        self.per_level_scale, self.interpolation = float(per_level_scale), interpolation
-        self.levels, n_entries = level_geometry(n_input_dims, type, n_levels, log2_hashmap_size,
-                                                base_resolution, per_level_scale)
-        self.n_params = n_entries * n_features_per_level
+    def __init__(self, n_input_dims, n_levels, n_features_per_level, *, n_instances, seed):
         self.required_output_alignment = n_features_per_level
         super().__init__(n_input_dims, n_levels * n_features_per_level, n_instances=n_instances, seed=seed)
         self._kernels = None
-
-    @classmethod
-    def from_config(cls, n_input_dims, config, *, otype="HashGrid", **kwargs):
-        opt, keys = Options("encoding", otype, config), cls.KEYS
-        default_type = {"densegrid": "Dense", "tiledgrid": "Tiled"}.get(otype.lower(), "Hash")
-        grid_type = opt.get("type", dataclasses.replace(keys["type"], default=default_type))
-        grid_type = "Tiled" if grid_type == "Tile" else grid_type
-        F = opt.get("n_features_per_level", keys["n_features_per_level"])
-        if opt.has("n_levels") and (opt.has("n_features") or opt.has("n_grid_features")):
-            raise ValueError(f"{opt.where}: give either 'n_levels' or 'n_features', not both")
-        key = "n_features" if opt.has("n_features") else "n_grid_features"
-        if opt.has(key):
-            n_features = opt.get(key, keys[key])
-            if n_features % F:
-                raise ValueError(f"{opt.where}: key '{key}' must be a multiple of n_features_per_level ({F}); "
-                                 f"got {n_features!r}")
-            n_levels = n_features // F
-            if not keys["n_levels"].rule(n_levels):
-                raise ValueError(f"{opt.where}: key '{key}' gives {n_levels} levels; n_levels "
-                                 f"{keys['n_levels'].rule.text}")
-        else:
-            n_levels = opt.get("n_levels", keys["n_levels"])
-        base = opt.get("base_resolution", keys["base_resolution"])
-        dense_scale = math.exp(math.log(256 / base) / (n_levels - 1)) if n_levels > 1 else 1.0
-        scale = opt.get("per_level_scale", dataclasses.replace(keys["per_level_scale"],
-                                                               default=dense_scale if grid_type == "Dense" else 2.0))
-        if math.log2(base) + (n_levels - 1) * math.log2(scale) >= 32:      # tcnn's resolutions are uint32
-            raise ValueError(f"{opt.where}: key 'per_level_scale' {scale!r} makes the finest level's resolution "
-                             f"base_resolution * per_level_scale^(n_levels - 1) reach 2^32")
-        values = opt.read({k: v for k, v in keys.items() if k in ("log2_hashmap_size", "interpolation", "hash",
-                                                                   "fixed_point_pos", "stochastic_interpolation")})
-        opt.done()
-        return cls(n_input_dims, type=grid_type, n_levels=n_levels, n_features_per_level=F, base_resolution=base,
-                   per_level_scale=scale, log2_hashmap_size=values["log2_hashmap_size"],
-                   interpolation=values["interpolation"], **kwargs)
-
-    def hyperparams(self):
-        return {"otype": "Grid", **reported(self, self.KEYS)}
 
     def initial_params(self, rng):
         return (rng.uniform_fill(self.n_params) * np.float32(2) - np.float32(1)) * np.float32(1e-4)
@@ -211,7 +150,8 @@ class GridEncoding(Encoding):
             private = cpu and n_workers * self.n_instances * self.n_params * 4 <= SCRATCH_BUDGET_BYTES
             self._kernels = grid_kernels(self.n_input_dims, self.n_features_per_level, self.n_instances,
                                          self.n_params, self.n_raw_output_dims, self.padded_output_width,
-                                         self.interpolation, tuple(self.levels), private, not _device.active())
+                                         self.interpolation, tuple(self.levels), private, not _device.active(),
+                                         self.level_funcs)
         return self._kernels
 
     def set_padded_output_width(self, width):
@@ -220,4 +160,76 @@ class GridEncoding(Encoding):
 
     def _sample_funcs(self, weights, grads):
         return self._get_kernels().sample_funcs(weights, grads, self._offset)
+
+
+@encodings.register("HashGrid", "Grid", "DenseGrid", "TiledGrid")
+class GridEncoding(TableEncoding):
+    hash = "CoherentPrime"
+    KEYS = {
+        "type": Key("Hash", choices=GRID_TYPES + ("Tile",), doc="DenseGrid: Dense, TiledGrid: Tiled"),
+        "n_levels": Key(16, between(1, 128), "L, resolution levels"),
+        "n_features_per_level": Key(2, one_of(1, 2, 4, 8), "F, features per level"),
+        "log2_hashmap_size": Key(19, between(1, 30), "log2 of a Hash level's most entries"),
+        "base_resolution": Key(16, POSITIVE_INT, "N_min, the coarsest level's resolution"),
+        "per_level_scale": Key(2.0, above(0), "b, resolution factor between levels; "
+                                              "Dense: (256 / N_min)^(1 / (L - 1))"),
+        "interpolation": Key("Linear", choices=INTERPOLATIONS, doc="Nearest, Linear or Smoothstep"),
+        "hash": Key("CoherentPrime", choices=("CoherentPrime",), doc="the spatial hash"),
+        "n_features": Key(32, POSITIVE_INT, "L * F, instead of n_levels", report=False),
+        "n_grid_features": Key(32, POSITIVE_INT, "alias of n_features", report=False),
+        "fixed_point_pos": Key(False, OFF, "tcnn's JIT-only mode", report=False),
+        "stochastic_interpolation": Key(False, OFF, report=False),
+    }
+
+    def __init__(self, n_input_dims: int, *, type: str = "Hash", n_levels: int = 16, n_features_per_level: int = 2,
+                 log2_hashmap_size: int = 19, base_resolution: int = 16, per_level_scale: float = 2.0,
+                 interpolation: str = "Linear", n_instances: int = 1, seed: int = 1337):
+        if not 1 <= n_input_dims <= 4:
+            raise ValueError(f"grid encodings take 1 to 4 input dims, got {n_input_dims}")
+        self.type, self.n_levels, self.n_features_per_level = type, n_levels, n_features_per_level
+        self.log2_hashmap_size, self.base_resolution = log2_hashmap_size, base_resolution
+        self.per_level_scale, self.interpolation = float(per_level_scale), interpolation
+        self.levels, n_entries = level_geometry(n_input_dims, type, n_levels, log2_hashmap_size,
+                                                base_resolution, per_level_scale)
+        self.n_params = n_entries * n_features_per_level
+        super().__init__(n_input_dims, n_levels, n_features_per_level, n_instances=n_instances, seed=seed)
+
+    @classmethod
+    def from_config(cls, n_input_dims, config, *, otype="HashGrid", **kwargs):
+        opt, keys = Options("encoding", otype, config), cls.KEYS
+        default_type = {"densegrid": "Dense", "tiledgrid": "Tiled"}.get(otype.lower(), "Hash")
+        grid_type = opt.get("type", dataclasses.replace(keys["type"], default=default_type))
+        grid_type = "Tiled" if grid_type == "Tile" else grid_type
+        F = opt.get("n_features_per_level", keys["n_features_per_level"])
+        if opt.has("n_levels") and (opt.has("n_features") or opt.has("n_grid_features")):
+            raise ValueError(f"{opt.where}: give either 'n_levels' or 'n_features', not both")
+        key = "n_features" if opt.has("n_features") else "n_grid_features"
+        if opt.has(key):
+            n_features = opt.get(key, keys[key])
+            if n_features % F:
+                raise ValueError(f"{opt.where}: key '{key}' must be a multiple of n_features_per_level ({F}); "
+                                 f"got {n_features!r}")
+            n_levels = n_features // F
+            if not keys["n_levels"].rule(n_levels):
+                raise ValueError(f"{opt.where}: key '{key}' gives {n_levels} levels; n_levels "
+                                 f"{keys['n_levels'].rule.text}")
+        else:
+            n_levels = opt.get("n_levels", keys["n_levels"])
+        base = opt.get("base_resolution", keys["base_resolution"])
+        dense_scale = math.exp(math.log(256 / base) / (n_levels - 1)) if n_levels > 1 else 1.0
+        scale = opt.get("per_level_scale", dataclasses.replace(keys["per_level_scale"],
+                                                               default=dense_scale if grid_type == "Dense" else 2.0))
+        if math.log2(base) + (n_levels - 1) * math.log2(scale) >= 32:      # tcnn's resolutions are uint32
+            raise ValueError(f"{opt.where}: key 'per_level_scale' {scale!r} makes the finest level's resolution "
+                             f"base_resolution * per_level_scale^(n_levels - 1) reach 2^32")
+        values = opt.read({k: v for k, v in keys.items() if k in ("log2_hashmap_size", "interpolation", "hash",
+                                                                   "fixed_point_pos", "stochastic_interpolation")})
+        opt.done()
+        return cls(n_input_dims, type=grid_type, n_levels=n_levels, n_features_per_level=F, base_resolution=base,
+                   per_level_scale=scale, log2_hashmap_size=values["log2_hashmap_size"],
+                   interpolation=values["interpolation"], **kwargs)
+
+    def hyperparams(self):
+        return {"otype": "Grid", **reported(self, self.KEYS)}
+
 
