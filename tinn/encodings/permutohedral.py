@@ -24,7 +24,6 @@ import math
 
 import numpy as np
 
-from ..keys import Key
 from ..registry import encodings
 from . import _permuto_funcs
 from .grid import GridEncoding, TableEncoding
