@@ -19,10 +19,11 @@ except ImportError as e:          # pragma: no cover - exercised only without to
 
 import sys as _sys
 
+from ._native import Precision
 from .modules import (Encoding, Module, Network, NetworkWithInputEncoding, free_temporary_memory,
                       supports_jit_fusion)
 
-__all__ = ["Encoding", "Module", "Network", "NetworkWithInputEncoding", "as_tinycudann", "free_temporary_memory",
+__all__ = ["Encoding", "Module", "Network", "NetworkWithInputEncoding", "Precision", "as_tinycudann", "free_temporary_memory",
            "supports_jit_fusion"]
 
 
