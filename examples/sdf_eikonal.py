@@ -114,8 +114,14 @@ def main():
     ap.add_argument("--eikonal", type=int, default=2048, help="Eikonal points per step")
     ap.add_argument("--lam", type=float, default=0.1, help="weight of the Eikonal term")
     ap.add_argument("--arch", default="cpu")
-    ap.add_argument("--out", default=".")
+    ap.add_argument("--out", default=".", help="directory for sdf_slices.png (created if missing)")
     args = ap.parse_args()
+    try:                                    # before training: a bad --out fails now, not after the fits
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+        ap.error(f"--out: cannot create {args.out!r}: {e.strerror}")
+    if not os.access(args.out, os.W_OK):
+        ap.error(f"--out: {args.out!r} is not writable")
     tinn.init(getattr(ti, args.arch))
 
     rng = np.random.default_rng(0)
