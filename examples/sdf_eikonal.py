@@ -106,6 +106,16 @@ def slice_image(values, size):
     return np.where(np.abs(v)[..., None] < 0.004, 1.0, img)
 
 
+def ensure_out_dir(parser: argparse.ArgumentParser, path: str):
+    """Create the output directory ``path`` now (before training), or exit with the parser's error."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        parser.error(f"--out: cannot create {path!r}: {e.strerror}")
+    if not os.access(path, os.W_OK):
+        parser.error(f"--out: {path!r} is not writable")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=600)
@@ -116,12 +126,7 @@ def main():
     ap.add_argument("--arch", default="cpu")
     ap.add_argument("--out", default=".", help="directory for sdf_slices.png (created if missing)")
     args = ap.parse_args()
-    try:                                    # before training: a bad --out fails now, not after the fits
-        os.makedirs(args.out, exist_ok=True)
-    except OSError as e:
-        ap.error(f"--out: cannot create {args.out!r}: {e.strerror}")
-    if not os.access(args.out, os.W_OK):
-        ap.error(f"--out: {args.out!r} is not writable")
+    ensure_out_dir(ap, args.out)
     tinn.init(getattr(ti, args.arch))
 
     rng = np.random.default_rng(0)
