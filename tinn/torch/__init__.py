@@ -23,8 +23,8 @@ from ._native import Precision
 from .modules import (Encoding, Module, Network, NetworkWithInputEncoding, free_temporary_memory,
                       supports_jit_fusion)
 
-__all__ = ["Encoding", "Module", "Network", "NetworkWithInputEncoding", "Precision", "as_tinycudann", "free_temporary_memory",
-           "supports_jit_fusion"]
+__all__ = ["Encoding", "Module", "Network", "NetworkWithInputEncoding", "Precision", "as_tinycudann",
+           "free_temporary_memory", "supports_jit_fusion"]
 
 
 def as_tinycudann():
