@@ -3,7 +3,9 @@ nothing copies nothing; ``Network``'s layout, the native module's methods, ``jit
 
 Outputs are checked against a float64 PyTorch copy of the network built from ``params``
 (``tests/clients/dense_mlp.py``: inputs padded to 16 with ones, matrices row-major)."""
+import copy
 import os
+import pickle
 import sys
 
 import pytest
@@ -65,6 +67,9 @@ def test_every_write_reaches_the_next_call_and_an_unchanged_call_copies_nothing(
         _check(model, x)
         assert len(copies) == 1, name                # one copy after a write, none for the unchanged calls
         copies.clear()
+    for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        clone.params.data.copy_(_new(7))             # a copy's params track their own native object
+        _check(clone, x)
     shared = tt.Network(3, 2, NET, seed=6)           # another module holding the same tensor
     shared.params = model.params
     with torch.no_grad():
