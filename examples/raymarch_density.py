@@ -21,6 +21,7 @@ import numpy as np
 import taichi as ti
 
 import tinn
+from sdf_eikonal import ensure_out_dir
 
 BLOBS = [((0.35, 0.40, 0.45), 0.10, 30.0), ((0.65, 0.60, 0.55), 0.14, 18.0),
          ((0.55, 0.30, 0.70), 0.07, 40.0), ((0.35, 0.70, 0.30), 0.08, 25.0)]
@@ -193,8 +194,9 @@ def main():
     ap.add_argument("--instances", type=int, default=1,
                     help="K micro-networks, one per cell of a cube of cells (K = 1, 8, 27, 64, ...)")
     ap.add_argument("--arch", default="cpu")
-    ap.add_argument("--out", default=".")
+    ap.add_argument("--out", default=".", help="directory for raymarch_views.png (created if missing)")
     args = ap.parse_args()
+    ensure_out_dir(ap, args.out)
     cells = round(args.instances ** (1 / 3))
     if cells ** 3 != args.instances:
         ap.error(f"--instances must be a cube (1, 8, 27, 64, ...), got {args.instances}")

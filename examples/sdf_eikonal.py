@@ -106,6 +106,16 @@ def slice_image(values, size):
     return np.where(np.abs(v)[..., None] < 0.004, 1.0, img)
 
 
+def ensure_out_dir(parser: argparse.ArgumentParser, path: str):
+    """Create the output directory ``path`` now (before training), or exit with the parser's error."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        parser.error(f"--out: cannot create {path!r}: {e.strerror}")
+    if not os.access(path, os.W_OK):
+        parser.error(f"--out: {path!r} is not writable")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=600)
@@ -114,8 +124,9 @@ def main():
     ap.add_argument("--eikonal", type=int, default=2048, help="Eikonal points per step")
     ap.add_argument("--lam", type=float, default=0.1, help="weight of the Eikonal term")
     ap.add_argument("--arch", default="cpu")
-    ap.add_argument("--out", default=".")
+    ap.add_argument("--out", default=".", help="directory for sdf_slices.png (created if missing)")
     args = ap.parse_args()
+    ensure_out_dir(ap, args.out)
     tinn.init(getattr(ti, args.arch))
 
     rng = np.random.default_rng(0)

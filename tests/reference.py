@@ -282,10 +282,10 @@ def grid_geometry(D, grid_type, n_levels, log2_hashmap_size=19, base_resolution=
     a Hash level is hashed only when its table is smaller than res_l^D.
     """
     f32 = np.float32
-    log2b = f32(np.log2(f32(per_level_scale)))
+    log2b = f32(math.log2(float(f32(per_level_scale))))        # correctly rounded float32 (float64 math)
     levels, offset = [], 0
     for l in range(n_levels):
-        scale = f32(f32(np.exp2(f32(f32(l) * log2b))) * f32(base_resolution)) - f32(1)
+        scale = f32(f32(2.0 ** float(f32(f32(l) * log2b))) * f32(base_resolution)) - f32(1)
         res = int(np.ceil(np.float64(scale))) + 1
         entries = next_multiple(min(res ** D, (2 ** 32 - 1) // 2), 8)
         if grid_type == "Tiled":

@@ -4,13 +4,15 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_example(tmp_path, script, *args):
+def run_example(out, script, *args):
     arch = ["--arch", os.environ["TINN_ARCH"]] if "TINN_ARCH" in os.environ else []
     result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", script), *args, *arch,
-                             "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
+                             "--out", str(out)], capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
 
@@ -33,11 +35,20 @@ def test_raymarch_density_with_routed_micro_networks(tmp_path):
 
 
 def test_sdf_eikonal_fits_and_the_eikonal_term_helps(tmp_path):
-    out = run_example(tmp_path, "sdf_eikonal.py", "--steps", "60", "--surface", "512", "--eikonal", "512")
+    out = run_example(tmp_path / "new", "sdf_eikonal.py", "--steps", "60", "--surface", "512", "--eikonal", "512")
     errors = {name: [float(v) for v in re.findall(rf"\[{re.escape(name)}\] step .*?SDF error\| ([\d.]+)", out)]
               for name in ("data only", "data + Eikonal")}
     for name, err in errors.items():
         assert len(err) >= 2 and err[-1] < 0.5 * err[0], (name, out)
     final = dict(re.findall(r"^(data[^:]*?)\s*: mean \|SDF error\| [\d.]+, mean \|\|grad f\| - 1\| ([\d.]+)", out, re.M))
     assert float(final["data + Eikonal"]) < float(final["data only"]), out
-    assert (tmp_path / "sdf_slices.png").exists()
+    assert (tmp_path / "new" / "sdf_slices.png").exists()          # --out created
+
+
+@pytest.mark.x64_only("argument checking before Taichi starts; nothing device-specific")
+def test_sdf_eikonal_rejects_an_uncreatable_out_before_training(tmp_path):
+    (tmp_path / "file").write_text("")
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "sdf_eikonal.py"), "--out",
+                             str(tmp_path / "file" / "sub")], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "--out: cannot create" in result.stderr
+    assert "[Taichi] Starting" not in result.stdout + result.stderr

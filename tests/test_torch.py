@@ -73,7 +73,9 @@ def test_initial_params_equal_the_native_objects():
     np.testing.assert_array_equal(tt.Encoding(3, HASH, seed=3).params.detach().numpy(),
                                   tinn.create_encoding(3, HASH, seed=3).params())
     array = tt.Network(4, 2, NET, n_instances=3)
-    np.testing.assert_array_equal(array.params.detach().numpy(), tinn.create_network(4, 2, NET, n_instances=3).params())
+    identity = {"otype": "Identity"}                   # tinycudann's Network: inputs padded to 16 by ones
+    np.testing.assert_array_equal(array.params.detach().numpy(),
+                                  tinn.NetworkWithInputEncoding(4, 2, identity, NET, n_instances=3).params())
     assert array.params.shape == (3, array.n_params)
     assert [p is model.params for p in model.parameters()] == [True]
 
@@ -127,7 +129,7 @@ def test_array_outputs_are_each_networks_own(x):
     ids = torch.tensor([k % 3 for k in range(len(x))])
     y = model(x, instance=ids)
     for k in range(3):
-        single = tinn.create_network(3, 2, NET)
+        single = tinn.NetworkWithInputEncoding(3, 2, {"otype": "Identity"}, NET)
         single.set_params(model.params[k].detach().numpy())
         np.testing.assert_allclose(y[ids == k].detach().numpy(), single.inference(x[ids == k].numpy()), atol=1e-6)
 

@@ -62,12 +62,15 @@ SCRATCH_BUDGET_BYTES = 256 << 20        # largest size of one grid's private gra
 
 
 def level_geometry(n_dims, grid_type, n_levels, log2_hashmap_size, base_resolution, per_level_scale):
-    """Per level: (scale float32, resolution, entries, entry offset, hashed) exactly as tcnn."""
-    f32 = np.float32
-    log2b = np.log2(f32(per_level_scale))
+    """Per level: (scale float32, resolution, entries, entry offset, hashed) exactly as tcnn.
+
+    ``log2(b)`` and ``exp2`` are the correctly rounded float32 of their float64 values (tcnn's ``std::log2``
+    of a float; numpy's float32 ``log2`` / ``exp2`` may be an ulp off, depending on the CPU's SIMD path)."""
+    f32, f64 = np.float32, np.float64
+    log2b = f32(np.log2(f64(f32(per_level_scale))))
     levels, offset = [], 0
     for l in range(n_levels):
-        scale = f32(np.exp2(f32(l) * log2b) * f32(base_resolution) - f32(1))
+        scale = f32(f32(np.exp2(f64(f32(l) * log2b))) * f32(base_resolution) - f32(1))
         res = int(math.ceil(float(scale))) + 1
         dense = res ** n_dims
         entries = next_multiple(min(dense, (2 ** 32 - 1) // 2), 8)

@@ -55,7 +55,7 @@ class _ModuleFunctionBackward(torch.autograd.Function):
         want_dx, want_dparams = fwd.needs_input_grad[1], fwd.needs_input_grad[2]
         dx = native.backward(fwd.native_ctx, to_tinn(dy), input_gradient=want_dx)
         dx = from_tinn(dx) if want_dx else torch.empty(())
-        dparams = read_gradients(native, params) if want_dparams else torch.empty(())
+        dparams = read_gradients(native.object, params) if want_dparams else torch.empty(())
         return dx, dparams
 
     @staticmethod
@@ -71,5 +71,5 @@ class _ModuleFunctionBackward(torch.autograd.Function):
         d_dy, dx = native.backward_backward_input(fwd.native_ctx, to_tinn(d_dx), to_tinn(dy))
         d_dy = from_tinn(d_dy) if ctx.needs_input_grad[1] else None
         dx = from_tinn(dx) if ctx.needs_input_grad[2] else None
-        dparams = read_gradients(native, params) if ctx.needs_input_grad[3] else None
+        dparams = read_gradients(native.object, params) if ctx.needs_input_grad[3] else None
         return None, d_dy, dx, dparams

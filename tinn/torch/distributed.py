@@ -76,7 +76,7 @@ class ShardedArray(torch.nn.Module):
         self.lo, self.hi = self.bounds[self.rank], self.bounds[self.rank + 1]
         self.local = module_class(*args, seed=seed, n_instances=self.hi - self.lo, **kwargs)
         native = self.local.native_tcnn_module
-        first = native.initial_params(Pcg32(seed, seq=np.arange(self.lo + 1, self.hi + 1)))
+        first = native.object.initial_params(Pcg32(seed, seq=np.arange(self.lo + 1, self.hi + 1)))
         with torch.no_grad():
             self.local.params.copy_(torch.from_numpy(first).reshape(self.local.params.shape))
         self.n_input_dims, self.n_output_dims = self.local.n_input_dims, self.local.n_output_dims

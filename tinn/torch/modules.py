@@ -18,11 +18,15 @@ otherwise) and outputs moved back to ``x``'s device and dtype, so CUDA tensors w
 on the GPU; on the CPU, numpy views of the tensors reach tinn without copies; on Vulkan or Metal, CPU
 tensors are uploaded and read back once per call.
 
-``params`` is owned by torch (optimizers, ``load_state_dict``, ``DistributedDataParallel`` write it in
-place); the native store is brought up to date before a forward only when ``params``' version counter or
-storage changed since the last one, so an ordinary step costs one copy of the parameters, not one per
-call. (A write through ``params.data`` bypasses the version counter: use ``torch.no_grad()`` and write
-``params`` itself, as torch's optimizers do.)
+``params`` is owned by torch (optimizers, ``load_state_dict``, ``torch.nn.init``, ``DistributedDataParallel``,
+writes under ``torch.no_grad()`` or through ``params.data``, another module holding the same tensor): the
+native store is brought up to date before a call only when ``params``' version counter or storage moved
+since the last copy (``params`` is a :class:`tinn.torch._native.Params`, whose ``.data`` shares its version
+counter), so an ordinary step costs one copy of the parameters and a call that changed nothing none.
+A ``params`` replaced by a plain tensor (``load_state_dict(..., assign=True)``) is followed by its storage
+and version, but its ``.data`` writes are not seen.
+
+``module.native_tcnn_module`` has tinycudann's native methods (:class:`tinn.torch._native.NativeModule`).
 
 If Taichi is not initialised when the first module is built, ``tinn.init()`` is called (a tinycudann
 script has no ``ti.init``); tinn computes in float32 on Taichi's arch, so ``supports_jit_fusion()`` is
@@ -39,9 +43,10 @@ from taichi.lang import impl
 
 from .. import NetworkWithInputEncoding as _NativeNetworkWithInputEncoding
 from .. import _program
-from ..config import create_encoding, create_network
+from ..config import create_encoding
 from . import _tensors
 from ._autograd import _ModuleFunction
+from ._native import NativeModule, as_params
 from ._store import publish_inference, write_params
 
 
@@ -76,11 +81,11 @@ class Module(torch.nn.Module):
         _ensure_taichi()
         self.seed = _dims(seed, "seed")
         self.n_instances = _dims(n_instances, "n_instances")
-        self.native_tcnn_module = self._native_tcnn_module()
+        self.native_tcnn_module = NativeModule(self._native_tcnn_module())
         self.dtype = torch.float32
         self.loss_scale = 1.0
-        self.params = torch.nn.Parameter(torch.from_numpy(np.array(self.native_tcnn_module.params())),
-                                         requires_grad=True)
+        self.jit_fusion = False
+        self.params = as_params(torch.from_numpy(np.array(self.native_tcnn_module.params())))
         self._synced = self._published = self._params_key()
 
     def _native_tcnn_module(self):
@@ -88,7 +93,19 @@ class Module(torch.nn.Module):
 
     @property
     def n_params(self) -> int:
-        return self.native_tcnn_module.n_params
+        return self.native_tcnn_module.n_params()
+
+    @property
+    def jit_fusion(self) -> bool:
+        """tinycudann's switch for JIT fusion: stored and read back; tinn computes the same way either way."""
+        return self._jit_fusion
+
+    @jit_fusion.setter
+    def jit_fusion(self, value: bool):
+        self._jit_fusion = bool(value)
+
+    def set_jit_fusion(self, value: bool):
+        self.jit_fusion = value
 
     def hyperparams(self) -> dict:
         """The native object's full config (tcnn's ``hyperparams()``)."""
@@ -104,10 +121,10 @@ class Module(torch.nn.Module):
         inference weights too before an inference call)."""
         key = self._params_key()
         if key != self._synced:
-            write_params(self.native_tcnn_module, self.params)
+            write_params(self.native_tcnn_module.object, self.params)
             self._synced = key
         if inference and key != self._published:
-            publish_inference(self.native_tcnn_module)
+            publish_inference(self.native_tcnn_module.object)
             self._published = key
 
     # -- calls -----------------------------------------------------------------------------------------
@@ -140,7 +157,8 @@ class Module(torch.nn.Module):
     def __setstate__(self, state):
         super().__setstate__(state)
         _ensure_taichi()
-        self.native_tcnn_module = self._native_tcnn_module()
+        self.native_tcnn_module = NativeModule(self._native_tcnn_module())
+        self._parameters["params"] = as_params(self.params, self.params.requires_grad)
 
     def extra_repr(self):
         return (f"n_input_dims={self.n_input_dims}, n_output_dims={self.n_output_dims}, seed={self.seed}, "
@@ -167,7 +185,11 @@ class NetworkWithInputEncoding(Module):
 
 
 class Network(Module):
-    """A network (MLP) from ``n_input_dims`` to ``n_output_dims`` configured by tcnn's ``network`` section."""
+    """A network (MLP) from ``n_input_dims`` to ``n_output_dims`` configured by tcnn's ``network`` section,
+    laid out as tinycudann's: a network behind an Identity encoding, so the inputs are padded to a multiple
+    of 16 with constant-1 columns (a bias of the first layer). For 31 inputs and a 64x2 FullyFusedMLP,
+    ``n_params = 32*64 + 64*64 + 64*16 = 7168``. (``tinn.Network`` takes its inputs unpadded.)
+    """
 
     def __init__(self, n_input_dims, n_output_dims, network_config, seed=1337, *, n_instances=1):
         self.n_input_dims = _dims(n_input_dims, "n_input_dims")
@@ -176,8 +198,8 @@ class Network(Module):
         super().__init__(seed=seed, n_instances=n_instances)
 
     def _native_tcnn_module(self):
-        return create_network(self.n_input_dims, self.n_output_dims, self.network_config,
-                              n_instances=self.n_instances, seed=self.seed)
+        return _NativeNetworkWithInputEncoding(self.n_input_dims, self.n_output_dims, {"otype": "Identity"},
+                                               self.network_config, n_instances=self.n_instances, seed=self.seed)
 
 
 class Encoding(Module):
@@ -195,7 +217,8 @@ class Encoding(Module):
         self.encoding_config = encoding_config
         self.output_dtype = dtype
         super().__init__(seed=seed, n_instances=n_instances)
-        self.n_output_dims = self.native_tcnn_module.n_output_dims
+        self.dtype = torch.float32 if dtype is None else dtype
+        self.n_output_dims = self.native_tcnn_module.n_output_dims()
 
     def _native_tcnn_module(self):
         return create_encoding(self.n_input_dims, self.encoding_config, n_instances=self.n_instances, seed=self.seed)

@@ -1,0 +1,69 @@
+"""tinycudann clients run unchanged on tinn (``tests/clients/``: scripts modelled on torch-ngp, instant-nsr-pl
+and tcnn's own PyTorch sample, each importing ``tinycudann``): in this process after
+``tinn.torch.as_tinycudann()``, and as ``python -m tinn.torch SCRIPT ARGS``. Each script checks itself
+(against float64 PyTorch copies of its networks, or by its loss falling) and raises if anything is off."""
+import os
+import runpy
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+import tinn.torch  # noqa: E402
+
+CLIENTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "clients")
+ROOT = os.path.dirname(os.path.dirname(CLIENTS))
+
+
+@pytest.fixture
+def tinycudann(monkeypatch):
+    """``import tinycudann`` gives tinn.torch for the test; ``sys.modules`` and ``sys.argv`` restored after."""
+    for name in ("tinycudann", "tinycudann.modules", "dense_mlp"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    assert tinn.torch.as_tinycudann() is tinn.torch
+    import tinycudann
+    assert tinycudann is tinn.torch and tinycudann.modules is tinn.torch.modules
+
+
+def _run(script, *args):
+    sys.argv = [os.path.join(CLIENTS, script), *args]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+
+
+@pytest.mark.x64_only("a training run of torch-level glue; the device path has its own tests")
+def test_tcnns_image_sample_trains(tinycudann, capsys):
+    _run("image_client.py", "--steps", "25")
+    assert "image: loss" in capsys.readouterr().out
+
+
+def test_sdf_sphere_init_through_data_and_eikonal_double_backward(tinycudann, capsys):
+    _run("sdf_client.py", "--steps", "3")
+    assert "matches float64" in capsys.readouterr().out
+
+
+@pytest.mark.x64_only("a training run of torch-level glue; the device path has its own tests")
+def test_nerf_density_and_colour_networks_train(tinycudann, capsys):
+    _run("nerf_client.py", "--steps", "15")
+    assert "nerf: loss" in capsys.readouterr().out
+
+
+@pytest.mark.x64_only("runs a subprocess on the CPU; checks the command line, nothing device-specific")
+def test_python_m_tinn_torch_runs_a_checkpoint_client_unchanged():
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("TINN_ARCH", None)
+    done = subprocess.run([sys.executable, "-m", "tinn.torch", os.path.join(CLIENTS, "checkpoint_client.py")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "7168 parameters loaded, outputs match" in done.stdout
+
+
+@pytest.mark.x64_only("command-line usage; nothing device-specific")
+def test_python_m_tinn_torch_without_a_script_says_how_to_use_it(tmp_path):
+    from tinn.torch.__main__ import main
+    with pytest.raises(SystemExit, match="usage: python -m tinn.torch SCRIPT"):
+        main([])
+    with pytest.raises(SystemExit, match="no such script"):
+        main([str(tmp_path / "missing.py")])
