@@ -122,11 +122,15 @@ class ParametricObject(Object, RuntimeBound):
         (all instances of a chunk at once)."""
         self._check_runtime()
         K = self.n_instances
-        values = np.empty((K, self.n_params), np.float32)
-        chunk = max(1, INIT_CHUNK // max(1, self.n_params))
-        for lo in range(0, K, chunk):
-            hi = min(lo + chunk, K)
-            values[lo:hi] = self.initial_params(Pcg32(seed, seq=np.arange(lo + 1, hi + 1)))
+        try:
+            values = np.empty((K, self.n_params), np.float32)
+            chunk = max(1, INIT_CHUNK // max(1, self.n_params))
+            for lo in range(0, K, chunk):
+                hi = min(lo + chunk, K)
+                values[lo:hi] = self.initial_params(Pcg32(seed, seq=np.arange(lo + 1, hi + 1)))
+        except MemoryError:
+            raise MemoryError(f"{self}: not enough memory to draw the initial parameters of {K} x {self.n_params} "
+                              f"float32 ({K * self.n_params * 4 / 2 ** 20:.0f} MiB)") from None
         self.store.set(self._offset, values)
 
     def _shape(self, a: np.ndarray) -> np.ndarray:
