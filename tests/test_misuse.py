@@ -236,3 +236,25 @@ def test_running_out_of_memory_while_drawing_names_the_component(monkeypatch):
                                           rf"{grid.n_params} float32"):
         grid.reset_params(3)
     np.testing.assert_array_equal(grid.params(), before)
+
+
+@pytest.mark.x64_only("host address-space limit, in a subprocess")
+def test_under_an_address_space_limit_a_model_is_refused_before_taichi_and_the_next_one_builds():
+    from test_memory import run
+    out = run("""
+        import resource
+        used = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize:"))
+        resource.setrlimit(resource.RLIMIT_AS, (used + (400 << 20), resource.RLIM_INFINITY))   # 400 MiB more
+        big = {"otype": "FullyFusedMLP", "n_neurons": 4000, "n_hidden_layers": 3}    # 6 x 128 MiB with its draw
+        try:
+            tinn.create_from_config(2, 3, {"encoding": {"otype": "Identity"}, "network": big})
+            result = ["built"]
+        except Exception as e:
+            result = [type(e).__name__, str(e)]
+        m = tinn.create_from_config(2, 3, {"encoding": GRID, "network": NET})       # the first allocation after it
+        print(json.dumps(result + [float(m.trainer.training_step(x, y))]))
+    """, timeout=300)
+    kind, message, loss = out
+    assert kind == "ValueError", out
+    assert "'n_neurons': 4000" in message and "GiB" in message, message
+    assert np.isfinite(loss)
