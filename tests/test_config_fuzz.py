@@ -273,6 +273,28 @@ def test_config_fuzz():
     assert unmutated_ok >= N_CASES // 5, f"only {unmutated_ok} unmutated configs trained: the generator is off"
 
 
+def hostile_cases():
+    """Values that once crashed the process or failed deep inside numpy or Taichi, each a clear error now:
+    grid levels that shrink below one cell, OneBlob bins by the million (a large DenseGrid's draw:
+    test_misuse.py, whose address-space test runs in a subprocess of its own)."""
+    configs = [{"otype": otype, "n_levels": levels, "per_level_scale": scale, "base_resolution": 16,
+                "log2_hashmap_size": 8}
+               for otype in ("HashGrid", "DenseGrid", "TiledGrid")
+               for scale, levels in ((1e-3, 4), (1e-30, 2), (0.8, 100))]
+    configs += [{"otype": "OneBlob", "n_bins": 2 ** 20}, {"otype": "NRC", "n_bins": 2 ** 20}]
+    return [{"id": i, "n_in": 8 if enc["otype"] == "NRC" else 3, "n_out": 1, "n_instances": 1, "seed": 1337,
+             "batch": 64, "config": {"encoding": enc, "network": {"otype": "FullyFusedMLP", "n_neurons": 16},
+                                     "optimizer": {"otype": "Adam"}, "loss": {"otype": "L2"}}}
+            for i, enc in enumerate(configs)]
+
+
+def test_hostile_values_are_clear_errors():
+    cases = hostile_cases()
+    results = run_all(cases)
+    unclear = [(c["config"]["encoding"], results[c["id"]]) for c in cases if results[c["id"]]["status"] != "clear"]
+    assert not unclear, unclear
+
+
 if __name__ == "__main__":                      # python tests/test_config_fuzz.py [N]: run and print outcomes
     N_CASES = int(sys.argv[1]) if len(sys.argv) > 1 else N_CASES
     test_config_fuzz()

@@ -44,7 +44,11 @@ def to_numpy(a, name):
             raise TypeError(f"{name} is a torch tensor that requires grad: tinn's native API does not record torch's "
                             f"autograd, so gradients would be lost. Train through the tinn.torch modules (tinycudann's), "
                             f"or pass {name}.detach()")
-        return a.cpu().numpy()
+        try:
+            return a.cpu().numpy()
+        except TypeError:                           # a dtype numpy lacks (bfloat16, float8, ...)
+            raise TypeError(f"{name} must have dtype float32 (int32 for network ids), got {a.dtype} "
+                            f"(convert with .float())") from None
     raise TypeError(f"{name} must be a numpy array, a ti.ndarray or a torch tensor, not {type(a).__name__}")
 
 

@@ -12,6 +12,11 @@ import numpy as np
 import taichi as ti
 from taichi.lang import impl
 
+try:
+    import resource
+except ImportError:                             # Windows
+    resource = None
+
 from ._program import current_program
 from ._types import U64_1D
 
@@ -20,7 +25,13 @@ MAX_ELEMENTS = 2 ** 31 - 1
 
 
 def available_memory() -> int:
-    """Bytes of memory the system can still hand out (``MemAvailable``; total memory where unknown)."""
+    """Bytes of memory the process can still obtain: the system's ``MemAvailable`` (total memory where
+    unknown), and under an address-space limit (``ulimit -v``, ``RLIMIT_AS``) no more than the limit less
+    the address space the process holds already (Taichi's runtime and every field it reserved included)."""
+    return min(_system_available(), _address_space_left())
+
+
+def _system_available() -> int:
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -32,6 +43,21 @@ def available_memory() -> int:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return 1 << 62
+
+
+def _address_space_left() -> int:
+    """``RLIMIT_AS`` less the process's ``VmSize`` (unlimited: 2^62)."""
+    if resource is None:                        # not a POSIX system
+        return 1 << 62
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit == resource.RLIM_INFINITY:
+        return 1 << 62
+    try:
+        with open("/proc/self/status") as f:
+            used = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+    except (OSError, StopIteration):
+        return 1 << 62
+    return max(0, limit - used)
 
 
 def check_allocation(what: str, shapes, itemsize: int = 4):

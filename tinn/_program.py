@@ -20,6 +20,7 @@ import taichi as ti
 from taichi.lang import impl
 from taichi.lang._ndarray import Ndarray
 from taichi.lang.exception import TaichiCompilationError
+from taichi.lang.enums import AutodiffMode
 
 
 class RuntimeResetError(RuntimeError):
@@ -84,28 +85,89 @@ class RuntimeBound:
                 "Taichi fields; build it anew after ti.init")
 
 
-def guarded(owner, func, n_args: int):
-    """``func`` (a per-sample ``ti.func`` of ``owner`` taking ``n_args`` arguments plus the instance ``k``)
-    that first checks, while the user's kernel is compiled, that ``owner``'s fields belong to the live
-    Taichi program: :class:`RuntimeResetError` instead of touching freed fields (which aborts the
-    process). The func keeps ``owner``, and so its parameter memory, alive."""
+class _TracedMisuseError(TaichiCompilationError):
+    """A per-sample func used in a way that cannot work, found while the user's kernel is compiled."""
 
-    def check():
+
+_AUTODIFF_ADVICE = (
+    "{owner}'s per-sample funcs cannot be compiled into a Taichi autodiff kernel ({mode} mode, e.g. a kernel "
+    "run inside ti.ad.Tape / ti.ad.FwAd): Taichi would differentiate the whole inlined model (a crash, or "
+    "silently zero gradients). Enter the model into the Tape as a stage of Taichi Vector fields instead: "
+    "tinn.ad.stage(network, x, y) for y = network(x), tinn.ad.gradient_stage(network, x, g) for "
+    "g = d network(x)/dx (docs/differentiable_programming.md)")
+
+
+def _check_not_autodiff(owner):
+    """:class:`_TracedMisuseError` when the kernel being compiled is a reverse- or forward-mode autodiff kernel."""
+    kernel = impl.get_runtime().current_kernel
+    mode = getattr(kernel, "autodiff_mode", AutodiffMode.NONE)
+    if mode not in (AutodiffMode.NONE, AutodiffMode.VALIDATION):
+        raise _TracedMisuseError(_AUTODIFF_ADVICE.format(owner=type(owner).__name__, mode=mode.name.lower()))
+
+
+def _static_length(v):
+    """The number of components of a Taichi-scope vector (``None`` for a scalar)."""
+    try:
+        shape = v.get_shape() if hasattr(v, "get_shape") else getattr(v, "shape", None)
+    except (RuntimeError, TaichiCompilationError):       # Taichi: "Getting shape of non-tensor type"
+        shape = None
+    if not shape:
+        return None
+    return shape[0] if len(shape) == 1 else tuple(shape)
+
+
+def _check_length(owner, v, want: int, what: str):
+    """:class:`_TracedMisuseError` unless ``v`` is a vector of ``want`` components."""
+    got = _static_length(v)
+    if got != want:
+        raise _TracedMisuseError(
+            f"{type(owner).__name__}'s per-sample func takes {what} as a ti.Vector of {want} components "
+            f"({'n_input_dims' if what == 'x' else 'n_output_dims'} = {want}), not "
+            f"{'a scalar' if got is None else f'{got} components'}")
+
+
+def guarded(owner, func, n_args: int):
+    """``func`` (a per-sample ``ti.func`` of ``owner`` taking ``n_args`` arguments plus the instance ``k``),
+    checked while the user's kernel is compiled and bounded when it runs:
+
+    * ``owner``'s fields belong to the live Taichi program: :class:`RuntimeResetError` instead of touching
+      freed fields (which aborts the process);
+    * the kernel is no autodiff kernel (``ti.ad.Tape``'s reverse pass, ``ti.ad.FwAd``): an error naming
+      ``tinn.ad.stage`` / ``tinn.ad.gradient_stage``;
+    * ``x`` has ``n_input_dims`` components (and ``dL_dy`` ``n_output_dims``): an error naming the key;
+    * at run time a network id ``k`` outside ``[0, n_instances)`` (one unsigned comparison) gives a zero
+      result and reads and writes nothing: the func never leaves ``owner``'s parameters.
+
+    The func keeps ``owner``, and so its parameter memory, alive."""
+    n_instances = owner.n_instances
+    n_result = owner.n_output_dims if n_args == 1 else owner.n_input_dims
+
+    def check(x, dy=None):
         try:
             owner._check_runtime()
         except RuntimeResetError as e:
             raise _TracedRuntimeResetError(str(e)) from None
+        _check_not_autodiff(owner)
+        _check_length(owner, x, owner.n_input_dims, "x")
+        if dy is not None:
+            _check_length(owner, dy, owner.n_output_dims, "dL_dy")
 
     if n_args == 1:
         @ti.func
         def guarded_func(x, k=0):
-            ti.static(check())
-            return func(x, k)
+            ti.static(check(x))
+            result = ti.Vector.zero(ti.f32, n_result)
+            if ti.cast(k, ti.u32) < ti.u32(n_instances):
+                result = func(x, k)
+            return result
     else:
         @ti.func
         def guarded_func(x, dy, k=0):
-            ti.static(check())
-            return func(x, dy, k)
+            ti.static(check(x, dy))
+            result = ti.Vector.zero(ti.f32, n_result)
+            if ti.cast(k, ti.u32) < ti.u32(n_instances):
+                result = func(x, dy, k)
+            return result
     return guarded_func
 
 

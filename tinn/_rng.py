@@ -15,6 +15,7 @@ import numpy as np
 
 _MULT = np.uint64(0x5851F42D4C957F2D)
 _U64 = np.uint64
+CHUNK = 1 << 20             # elements drawn at a time (a few 8-byte temporaries each)
 
 
 def _jump_coeffs(deltas: np.ndarray):
@@ -66,15 +67,23 @@ class Pcg32:
             with np.errstate(over="ignore"):
                 self.state = mult * self.state + self.inc * total
 
-    def _states(self, n: int) -> np.ndarray:
-        """The states of the next ``n`` draws, ``shape + (n,)``, without advancing."""
-        mult, total = _jump_coeffs(np.arange(n))
+    def _floats_at(self, indices: np.ndarray) -> np.ndarray:
+        """The ``next_float()`` values of the draws ``indices`` ahead, ``shape + indices.shape``, without advancing."""
+        mult, total = _jump_coeffs(indices)
         with np.errstate(over="ignore"):
-            return mult * self.state[..., None] + self.inc[..., None] * total
+            return _output_float(mult * self.state[..., None] + self.inc[..., None] * total)
+
+    def _fill(self, n: int, draw_of) -> np.ndarray:
+        """``shape + (n,)`` float32 values, element e the draw ``draw_of(e)`` ahead; computed ``CHUNK``
+        elements at a time, so that the temporary 8-byte arrays stay bounded whatever ``n``."""
+        values = np.empty(self.shape + (n,), np.float32)
+        for lo in range(0, n, CHUNK):
+            values[..., lo:min(lo + CHUNK, n)] = self._floats_at(draw_of(np.arange(lo, min(lo + CHUNK, n))))
+        return values
 
     def draws(self, n: int) -> np.ndarray:
         """``n`` consecutive ``next_float()`` values (generator advanced by ``n``)."""
-        values = _output_float(self._states(n))
+        values = self._fill(n, lambda e: e)
         self.advance(n)
         return values
 
@@ -82,7 +91,6 @@ class Pcg32:
         """tcnn's GPU ``generate_random``: element e gets draw 4*(e mod M) + e div M, M = ceil(n/4);
         afterwards the generator is advanced by n."""
         m = -(-n // 4)
-        e = np.arange(n)
-        values = _output_float(self._states(4 * m))[..., 4 * (e % m) + e // m]
+        values = self._fill(n, lambda e: 4 * (e % m) + e // m)
         self.advance(n)
         return values

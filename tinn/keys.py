@@ -59,7 +59,8 @@ NON_NEGATIVE = at_least(0)
 POSITIVE_INT = at_least(1)
 UNIT_INTERVAL = Rule(lambda v: 0 <= v < 1, "must lie in [0, 1)")
 CLOSED_UNIT = between(0, 1)
-POWER_OF_TWO = Rule(lambda v: v >= 1 and v & (v - 1) == 0, "must be a power of two")
+def power_of_two(hi) -> Rule:
+    return Rule(lambda v: 1 <= v <= hi and v & (v - 1) == 0, f"must be a power of two of at most {hi}")
 OFF = Rule(lambda v: not v, "is not supported")
 
 

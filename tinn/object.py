@@ -122,29 +122,40 @@ class ParametricObject(Object, RuntimeBound):
         (all instances of a chunk at once)."""
         self._check_runtime()
         K = self.n_instances
-        values = np.empty((K, self.n_params), np.float32)
-        chunk = max(1, INIT_CHUNK // max(1, self.n_params))
-        for lo in range(0, K, chunk):
-            hi = min(lo + chunk, K)
-            values[lo:hi] = self.initial_params(Pcg32(seed, seq=np.arange(lo + 1, hi + 1)))
+        try:
+            values = np.empty((K, self.n_params), np.float32)
+            chunk = max(1, INIT_CHUNK // max(1, self.n_params))
+            for lo in range(0, K, chunk):
+                hi = min(lo + chunk, K)
+                values[lo:hi] = self.initial_params(Pcg32(seed, seq=np.arange(lo + 1, hi + 1)))
+        except MemoryError:
+            raise MemoryError(f"{self}: not enough memory to draw the initial parameters of {K} x {self.n_params} "
+                              f"float32 ({K * self.n_params * 4 / 2 ** 20:.0f} MiB)") from None
         self.store.set(self._offset, values)
 
     def _shape(self, a: np.ndarray) -> np.ndarray:
         return a[0] if self.n_instances == 1 else a
 
     def params(self) -> np.ndarray:
+        """A float32 copy of the training parameters θ, in tcnn's order (network matrices, then the encoding):
+        shape ``(n_params,)``, or ``(n_instances, n_params)`` for a network array."""
         self._check_runtime()
         if not self.n_params:                       # no store to read (a Taichi field cannot have size 0)
             return self._shape(np.zeros((self.n_instances, 0), np.float32))
         return self._shape(self.store.read(self.store.params, self._offset, self.n_params))
 
     def gradients(self) -> np.ndarray:
+        """A float32 copy of the accumulated gradients dL/dθ, shaped as :meth:`params`."""
         self._check_runtime()
         if not self.n_params:
             return self._shape(np.zeros((self.n_instances, 0), np.float32))
         return self._shape(self.store.read(self.store.grads, self._offset, self.n_params))
 
     def set_params(self, values):
+        """Set θ (the training weights; the inference weights follow at the optimizer's next step) from
+        floating-point ``values`` shaped as :meth:`params` (``(n_params,)`` or ``(n_instances, n_params)``).
+        ``TypeError`` for another dtype, ``ValueError`` for another shape, a NaN, an infinity or a value
+        beyond float32's range; nothing is written then."""
         self._check_runtime()
         arr = np.asarray(values)
         if not np.issubdtype(arr.dtype, np.floating):
@@ -152,8 +163,14 @@ class ParametricObject(Object, RuntimeBound):
         if arr.size != self.n_instances * self.n_params or arr.ndim not in (1, 2) or arr.shape[-1] != self.n_params:
             want = (self.n_params,) if self.n_instances == 1 else (self.n_instances, self.n_params)
             raise ValueError(f"params must have shape {want}, got {arr.shape}")
+        with np.errstate(over="ignore"):
+            arr = arr.astype(np.float32)
+        bad = np.flatnonzero(~np.isfinite(arr.reshape(-1)))
+        if bad.size:
+            raise ValueError(f"params must be finite float32 values; {bad.size} are not (NaN, infinite or beyond "
+                             f"float32's range ±3.4e38), the first at flat index {bad[0]}")
         if self.n_params:
-            self.store.set(self._offset, arr.astype(np.float32))
+            self.store.set(self._offset, arr)
 
     def _zero_gradients(self):
         if self.n_params:

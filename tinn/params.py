@@ -136,10 +136,11 @@ class _Slice(RuntimeBound):
     """Columns ``[offset, offset + n)`` of every array of an arena chunk, given back when dropped."""
 
     N_FIELDS = 1
+    HOST_COPIES = 0         # host arrays of the slice's size that filling it takes (counted by the size check)
 
     def __init__(self, n_instances: int, n: int, what: str):
         self._bind_runtime()
-        check_allocation(what, [(n_instances, n)] * self.N_FIELDS)
+        check_allocation(what, [(n_instances, n)] * (self.N_FIELDS + self.HOST_COPIES))
         self.n_instances = n_instances
         self._n = n
         self._arena = _arena(n_instances, self.N_FIELDS)
@@ -187,6 +188,7 @@ class ParamStore(_Slice):
     """
 
     N_FIELDS = 3
+    HOST_COPIES = 3         # the initial draw on the host: a component's blocks, their concatenation, all instances
 
     def __init__(self, n_instances: int, n_params: int, what: str = "parameter store"):
         super().__init__(n_instances, n_params, what)

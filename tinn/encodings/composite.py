@@ -47,9 +47,10 @@ import taichi as ti
 from .._kind import ops_of
 from .._kernels import static_chunks
 from ..registry import build_encoding, encodings
-from ..keys import NON_NEGATIVE, POWER_OF_TWO, REQUIRED, Key, between, reported
+from ..keys import NON_NEGATIVE, REQUIRED, Key, between, reported
 from ..object import Context
 from .encoding import Encoding, next_multiple
+from .oneblob import BINS
 
 REDUCTIONS = ("Concatenation", "Sum", "Product")
 NESTED_KEYS = {"n_dims_to_encode": Key(0, NON_NEGATIVE, "input dims this entry encodes"),
@@ -312,7 +313,7 @@ def _times_others(ops, a, factors: list, *skip: int):
 @encodings.register("NRC", "OneBlobFrequency")
 class NRCEncoding(CompositeEncoding):
     KEYS = {"n_frequencies": Key(12, between(1, 32), "TriangleWave octaves"),
-            "n_bins": Key(4, POWER_OF_TWO, "OneBlob bins")}
+            "n_bins": Key(4, BINS, "OneBlob bins")}
 
     def __init__(self, n_input_dims: int, n_frequencies: int = 12, n_bins: int = 4, **kwargs):
         if n_input_dims < 8:

@@ -194,6 +194,11 @@ class GridEncoding(TableEncoding):
         self.per_level_scale, self.interpolation = float(per_level_scale), interpolation
         self.levels, n_entries = level_geometry(n_input_dims, type, n_levels, log2_hashmap_size,
                                                 base_resolution, per_level_scale)
+        shrunk = [l for l, level in enumerate(self.levels) if not level[0] >= 0]
+        if shrunk:          # a scale below 0 leaves a level less than one cell (resolution 1, or 0 in float32)
+            raise ValueError(f"{type}Grid: key 'per_level_scale' {per_level_scale!r} with base_resolution "
+                             f"{base_resolution} shrinks level {shrunk[0]} below one cell: every level's "
+                             f"base_resolution * per_level_scale^level must be at least 1 (levels 0 to {n_levels - 1})")
         self.n_params = n_entries * n_features_per_level
         super().__init__(n_input_dims, n_levels, n_features_per_level, n_instances=n_instances, seed=seed)
 

@@ -8,20 +8,27 @@ periodic sum ``C(t) = Q(t) + Q(t - 1) + Q(t + 1)`` (the blob wraps around [0, 1]
     dy/dx_d = C'(k / K - x_d) - C'((k + 1) / K - x_d),   Q'(t) = K * 15/16 * max(1 - u^2, 0)^2
     d2y/dx_d2 = C''((k + 1) / K - x_d) - C''(k / K - x_d),  Q''(t) = -K^2 * 15/4 * u * max(1 - u^2, 0)
 
-The K outputs of one dim sum to 1. Any K works, including K > 32.
+The K outputs of one dim sum to 1. Any power of two up to ``MAX_BINS`` (4096) works, including K > 32;
+more bins than that would make every sample's encoding alone wider than any network takes.
 """
 import taichi as ti
 
 from ..registry import encodings
-from ..keys import POWER_OF_TWO, Key
+from ..keys import Key, power_of_two
 from ._per_dim import PerDimEncoding
+
+
+MAX_BINS = 4096
+BINS = power_of_two(MAX_BINS)
 
 
 @encodings.register("OneBlob")
 class OneBlobEncoding(PerDimEncoding):
-    KEYS = {"n_bins": Key(16, POWER_OF_TWO, "K, bins per input dim")}
+    KEYS = {"n_bins": Key(16, BINS, "K, bins per input dim")}
 
     def __init__(self, n_input_dims: int, n_bins: int = 16, **kwargs):
+        if not (isinstance(n_bins, int) and BINS(n_bins)):
+            raise ValueError(f"OneBlob: key 'n_bins' {BINS.text}, got {n_bins!r}")
         self.n_bins = self.width_per_dim = n_bins
         super().__init__(n_input_dims, **kwargs)
 

@@ -90,6 +90,12 @@ def from_tinn(a) -> torch.Tensor:
     return out
 
 
+def _check_int32(lo: int, hi: int):
+    """Ids that an int32 cannot hold are refused, not wrapped (2^32 + 1 would become network 1)."""
+    if lo < -2 ** 31 or hi >= 2 ** 31:
+        raise ValueError(f"instance ids must be network ids, got values in [{lo}, {hi}] (beyond int32's range)")
+
+
 def instances(instance):
     """Routing ids (a tensor, numpy array or sequence of integers) as the int32 ``(batch,)`` array tinn
     takes: a tensor by :func:`to_tinn`, host ids as numpy (``HOST``) or uploaded once (device path); tinn
@@ -99,9 +105,13 @@ def instances(instance):
     if isinstance(instance, torch.Tensor):
         if instance.is_floating_point() or instance.is_complex() or instance.dtype == torch.bool:
             raise TypeError(f"instance must hold integers, got {instance.dtype}")
+        if instance.dtype != torch.int32 and instance.numel():
+            _check_int32(int(instance.min()), int(instance.max()))
         return to_tinn(instance, torch.int32)
     arr = np.asarray(instance)
     if not np.issubdtype(arr.dtype, np.integer):
         raise TypeError(f"instance must hold integers, got {arr.dtype}")
+    if arr.size:
+        _check_int32(int(arr.min()), int(arr.max()))
     arr = np.ascontiguousarray(arr, dtype=np.int32)
     return arr if route()[0] == HOST else _buffers.put(arr, ti.i32)      # host data: one upload
