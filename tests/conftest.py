@@ -3,7 +3,10 @@
 
 Taichi falls back to the CPU when the asked-for arch has no driver; here that is an error instead,
 so a run meant for Vulkan never quietly tests the CPU. Tests that only make sense on the CPU backend
-carry ``@pytest.mark.x64_only(reason)`` and are skipped elsewhere, with that reason.
+carry ``@pytest.mark.x64_only(reason)`` and are skipped elsewhere, with that reason. Tests whose kernels
+take minutes to compile through Mesa's software Vulkan driver carry ``@pytest.mark.long_compile(reason)``
+and are skipped on Vulkan unless ``TINN_LONG_COMPILES=1`` (CI's time; the same code paths stay covered
+there by smaller tests).
 """
 import os
 
@@ -18,6 +21,8 @@ ARCH = os.environ.get("TINN_ARCH", "cpu")
 def pytest_configure(config):
     config.addinivalue_line("markers", "x64_only(reason): the test checks something that exists only on the "
                                        "CPU (x64) backend; skipped on other archs")
+    config.addinivalue_line("markers", "long_compile(reason): a test whose kernels compile for minutes through a "
+                                       "software Vulkan driver (llvmpipe); skipped on Vulkan unless TINN_LONG_COMPILES=1")
     if not hasattr(ti, ARCH):
         raise pytest.UsageError(f"TINN_ARCH={ARCH!r} is not a Taichi arch")
     ti.init(arch=getattr(ti, ARCH), enable_fallback=False, offline_cache=True, log_level=ti.WARN)
@@ -33,11 +38,15 @@ def pytest_report_header(config):
 def pytest_collection_modifyitems(config, items):
     if impl.current_cfg().arch == ti.x64:
         return
+    long_compiles = impl.current_cfg().arch == ti.vulkan and os.environ.get("TINN_LONG_COMPILES") != "1"
     for item in items:
         mark = item.get_closest_marker("x64_only")
         if mark is not None:
             reason = mark.args[0] if mark.args else mark.kwargs.get("reason", "x64 backend only")
             item.add_marker(pytest.mark.skip(reason=f"x64 only: {reason}"))
+        mark = item.get_closest_marker("long_compile")
+        if mark is not None and long_compiles:
+            item.add_marker(pytest.mark.skip(reason=f"long compile on Vulkan (TINN_LONG_COMPILES=1 runs it): {mark.args[0]}"))
 
 
 @pytest.fixture

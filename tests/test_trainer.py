@@ -103,6 +103,7 @@ def _small_image():
     return np.ascontiguousarray(img[::4, ::4, :3])            # 128 x 128
 
 
+@pytest.mark.long_compile("config_hash at its real size: about 4 min")
 def test_hash_config_learns_an_image():
     """config_hash.json on a 128x128 photo: a broken gradient could not reach the PSNR floor.
 
