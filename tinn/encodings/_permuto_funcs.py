@@ -138,13 +138,17 @@ def level_funcs(D: int, F: int, interp: str, entry_mask: int, any_input: bool = 
         return g * (lv.scale * (1.0 / n))
 
     @ti.func
+    def vertex_features(weights: ti.template(), base, k, entries, r):
+        """The F features of vertex r's table entry."""
+        e = at(base, entries[r])
+        return ti.Vector([weights[k, e + f] for f in ti.static(range(F))])
+
+    @ti.func
     def level_features(weights: ti.template(), base, k, xs, lv, mode: ti.template()):
         entries, b, _ = simplex(xs, lv)
         acc = ti.Vector.zero(ti.f32, F)
         for r in ti.static(range(n)):
-            e = at(base, entries[r])
-            for f in ti.static(range(F)):
-                acc[f] += b[r] * weights[k, e + f]
+            acc += b[r] * vertex_features(weights, base, k, entries, r)
         return acc
 
     @ti.func
@@ -164,9 +168,7 @@ def level_funcs(D: int, F: int, interp: str, entry_mask: int, any_input: bool = 
         entries, _, rank = simplex(xs, lv)
         v = ti.Vector.zero(ti.f32, n)
         for r in ti.static(range(n)):
-            e = at(base, entries[r])
-            for f in ti.static(range(F)):
-                v[r] += dy[f] * weights[k, e + f]
+            v[r] = dy.dot(vertex_features(weights, base, k, entries, r))
         return input_gradient(rank, lv, v)
 
     @ti.func
