@@ -71,10 +71,23 @@ def level_funcs(D: int, F: int, interp: str, entry_mask: int, any_input: bool = 
             w, dw, ddw = t * t * (3.0 - 2.0 * t), 6.0 * t * (1.0 - t), 6.0 - 12.0 * t
         return ti.cast(ti.cast(pf, ti.i32), ti.u32), w, dw, ddw
 
+    n_corners = 1 if interp == "Nearest" else 1 << D
+
     def corners():
         """Static list of corner offsets: 2^D of them (one for Nearest)."""
-        n_corners = 1 if interp == "Nearest" else 1 << D
         return [tuple((c >> d) & 1 for d in range(D)) for c in range(n_corners)]
+
+    @ti.func
+    def corner(c):
+        """The offsets of corner c (a loop index at run time): a u32 vector of D bits.
+
+        A corner's ``bits`` are a static tuple of ints (``corners()``, the corner loop unrolled: the forward
+        and the first-order scatter, the hot paths) or such a vector (a loop at run time: the input
+        gradients and the second order, whose unrolled corners compiled for tens of seconds)."""
+        bits = ti.Vector.zero(ti.u32, D)
+        for d in ti.static(range(D)):
+            bits[d] = (ti.cast(c, ti.u32) >> d) & ti.u32(1)
+        return bits
 
     @ti.func
     def corner_weight(w, bits: ti.template(), skip: ti.template()):
@@ -83,18 +96,29 @@ def level_funcs(D: int, F: int, interp: str, entry_mask: int, any_input: bool = 
         if ti.static(interp != "Nearest"):
             for d in ti.static(range(D)):
                 if ti.static(d not in skip):
-                    weight *= w[d] if ti.static(bits[d]) else 1.0 - w[d]
+                    if ti.static(isinstance(bits[d], int)):
+                        weight *= w[d] if ti.static(bits[d]) else 1.0 - w[d]
+                    else:
+                        weight *= ti.select(bits[d] != 0, w[d], 1.0 - w[d])
         return weight
 
-    def sign(bits, d):
-        return 1.0 if bits[d] else -1.0
+    @ti.func
+    def signed(bit: ti.template(), v):
+        """v if the corner is upper in the dim of ``bit``, else -v."""
+        out = v
+        if ti.static(isinstance(bit, int)):
+            if ti.static(not bit):
+                out = -v
+        else:
+            out = ti.select(bit != 0, v, -v)
+        return out
 
     @ti.func
     def corner_slopes(w, dw, bits: ti.template(), scale):
         """d weight / dx_d of the corner for every d: sign_d scale w'_d prod_{d' != d}(...)."""
         s = ti.Vector.zero(ti.f32, D)
         for d in ti.static(range(D)):
-            s[d] = ti.static(sign(bits, d)) * corner_weight(w, bits, (d,)) * scale * dw[d]
+            s[d] = signed(bits[d], corner_weight(w, bits, (d,)) * scale * dw[d])
         return s
 
     @ti.func
@@ -105,16 +129,24 @@ def level_funcs(D: int, F: int, interp: str, entry_mask: int, any_input: bool = 
             for d in ti.static(range(D)):
                 if ti.static(d == e):
                     if ti.static(interp == "Smoothstep"):
-                        h[e] += gs[d] * ti.static(sign(bits, d)) * corner_weight(w, bits, (d,)) * ddw[d]
+                        h[e] += gs[d] * signed(bits[d], corner_weight(w, bits, (d,)) * ddw[d])
                 else:
-                    h[e] += gs[d] * ti.static(sign(bits, d) * sign(bits, e)) * corner_weight(w, bits, (d, e)) \
+                    h[e] += gs[d] * signed(bits[d], signed(bits[e], corner_weight(w, bits, (d, e)))) \
                         * dw[d] * dw[e]
         return h * (scale * scale)
 
     @ti.func
+    def offsets(bits: ti.template()):
+        """The corner's offsets as a u32 vector (``bits``: a static tuple, or such a vector already)."""
+        if ti.static(isinstance(bits, tuple)):
+            return ti.Vector(bits, ti.u32)
+        else:
+            return bits
+
+    @ti.func
     def entry(lv, mode: ti.template(), p, bits: ti.template()):
         """Index of the corner's first feature, relative to the encoding's parameters: (offset + index) F."""
-        idx = grid_index(lv, mode, p + ti.Vector(bits, ti.u32))
+        idx = grid_index(lv, mode, p + offsets(bits))
         return ti.cast((lv.offset & entry_mask) + (idx & entry_mask), ti.i32) * F
 
     @ti.func
@@ -152,18 +184,28 @@ def level_funcs(D: int, F: int, interp: str, entry_mask: int, any_input: bool = 
         encoding), see ``corner_coefficient``."""
         if ti.static(not second or interp != "Nearest"):
             p, w, dw, _ = locate(xs, lv)
-            for bits in ti.static(corners()):
-                coefficient = corner_coefficient(w, dw, bits, lv.scale, second, gs)
-                e = entry(lv, mode, p, bits)
-                for f in ti.static(range(F)):
-                    add(G, base, slot, k, e + f, coefficient * dy[f])
+            if ti.static(second):
+                for c in range(n_corners):
+                    scatter_corner(add, G, base, slot, k, lv, mode, p, w, dw, corner(c), second, gs, dy)
+            else:
+                for bits in ti.static(corners()):
+                    scatter_corner(add, G, base, slot, k, lv, mode, p, w, dw, bits, second, gs, dy)
+
+    @ti.func
+    def scatter_corner(add: ti.template(), G: ti.template(), base, slot, k, lv, mode: ti.template(), p, w, dw,
+                       bits: ti.template(), second: ti.template(), gs, dy):
+        coefficient = corner_coefficient(w, dw, bits, lv.scale, second, gs)
+        e = entry(lv, mode, p, bits)
+        for f in ti.static(range(F)):
+            add(G, base, slot, k, e + f, coefficient * dy[f])
 
     @ti.func
     def level_input_gradient(weights: ti.template(), base, k, xs, lv, mode: ti.template(), dy):
         g = ti.Vector.zero(ti.f32, D)
         if ti.static(interp != "Nearest"):
             p, w, dw, _ = locate(xs, lv)
-            for bits in ti.static(corners()):
+            for c in range(n_corners):
+                bits = corner(c)
                 e = at(base, entry(lv, mode, p, bits))
                 value = 0.0
                 for f in ti.static(range(F)):
@@ -177,7 +219,8 @@ def level_funcs(D: int, F: int, interp: str, entry_mask: int, any_input: bool = 
         d_dy, h = ti.Vector.zero(ti.f32, F), ti.Vector.zero(ti.f32, D)
         if ti.static(interp != "Nearest"):
             p, w, dw, ddw = locate(xs, lv)
-            for bits in ti.static(corners()):
+            for c in range(n_corners):
+                bits = corner(c)
                 e = at(base, entry(lv, mode, p, bits))
                 slope = gs.dot(corner_slopes(w, dw, bits, lv.scale))
                 value = 0.0
