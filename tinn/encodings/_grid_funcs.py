@@ -194,6 +194,7 @@ def level_funcs(D: int, F: int, interp: str, entry_mask: int, any_input: bool = 
     @ti.func
     def scatter_corner(add: ti.template(), G: ti.template(), base, slot, k, lv, mode: ti.template(), p, w, dw,
                        bits: ti.template(), second: ti.template(), gs, dy):
+        """The adds of one corner (``bits``: static or at run time, see ``corner``) for ``level_scatter``."""
         coefficient = corner_coefficient(w, dw, bits, lv.scale, second, gs)
         e = entry(lv, mode, p, bits)
         for f in ti.static(range(F)):
