@@ -117,7 +117,7 @@ def block_scatter(D: int, F: int, interp: str, fn, geometry, runs, sizes):
                     for j in range((n + T - 1) // T):
                         e = s + j * T
                         if e < n and sums[e] != 0.0:
-                            ti.atomic_add(G[0, fn.at(base, start + e)], sums[e])
+                            ti.atomic_add(G[0, fn.at(base, start + e)], ti.cast(sums[e], G.dtype))
                     ti.simt.block.sync()                           # before the next level zeroes the sums
 
     return scatter

@@ -131,7 +131,7 @@ class _GridKernels:
 
         @ti.func
         def add_atomic(G: ti.template(), base, w_id, k, i, v):
-            ti.atomic_add(G[k, at(base, i)], v)
+            ti.atomic_add(G[k, at(base, i)], ti.cast(v, G.dtype))
 
         def scatter_kernel(runs):
             """The kernel adding each sample's gradients of the levels of ``runs`` with ``add``."""

@@ -142,7 +142,7 @@ def _weight_grad(G: ti.template(), off: ti.i32, delta: _f32_2d, h: _f32_2d, tile
                 b = order[j]
             acc += delta[b, r] * h[b, c]
         if tiles[t, 1] > tiles[t, 0]:               # a census's table ends in empty tiles
-            ti.atomic_add(G[tiles[t, 2], off + r * cols + c], acc)
+            ti.atomic_add(G[tiles[t, 2], off + r * cols + c], ti.cast(acc, G.dtype))
 
 
 class _Zeroing:

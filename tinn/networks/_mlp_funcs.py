@@ -81,7 +81,7 @@ def sample_funcs(plan, offset: int, weights, grads):
             for r in range(rows):
                 for c in range(cols):
                     if ti.static(with_grads):
-                        ti.atomic_add(grads[k, off + r * cols + c], g[r] * hs[li, c])
+                        ti.atomic_add(grads[k, off + r * cols + c], ti.cast(g[r] * hs[li, c], grads.dtype))
                     below[c] += weights[k, off + r * cols + c] * g[r]
             g = below
         return head(g, n_in)
