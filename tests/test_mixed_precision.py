@@ -168,6 +168,22 @@ def test_set_params_reaches_the_masters():
     np.testing.assert_array_equal(m.network.params(), theta)
 
 
+@needs_half
+def test_device_path_in_half_precision(monkeypatch):
+    """The device path (forced on the CPU: kernel MLP, device census and loss) trains a float16 model as the
+    host path does, within half precision."""
+    x, t = batch(5)
+    host = model()
+    losses = [host.trainer.training_step(x, t) for _ in range(3)]
+    monkeypatch.setattr(tinn._device, "FORCE", True)
+    dev = model()
+    xd, td = tinn._buffers.put(x), tinn._buffers.put(t)
+    dev_losses = [float(dev.trainer.training_step(xd, td)) for _ in range(3)]
+    np.testing.assert_allclose(dev_losses, losses, rtol=1e-2)
+    assert dev.trainer.loss_scaler.good_steps == 3
+    assert_close(dev.trainer.params_full_precision(), host.trainer.params_full_precision(), rtol=1e-2, atol_rel=1e-2)
+
+
 # -- the loss scale --------------------------------------------------------------------------------
 
 def test_loss_scale_rules():

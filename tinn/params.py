@@ -51,7 +51,7 @@ class _Chunk:
     slices placed in it."""
 
     def __init__(self, n_instances: int, width: int, n_fields: int, what: str, dtype=ti.f32):
-        self.n_instances, self.width = n_instances, width
+        self.n_instances, self.width, self.dtype = n_instances, width, dtype
         self.fields = fields = [ti.field(dtype) for _ in range(n_fields)]
 
         def place(builder):
@@ -89,7 +89,9 @@ class _Chunk:
         self.n_stores -= 1
 
     def view(self, field):
-        """The field's memory as a numpy array (x64 only), made once per field."""
+        """The field's memory as a float32 numpy array (x64 only; a float16 chunk has none), made once per field."""
+        if self.dtype != ti.f32:
+            return None
         if id(field) not in self._views:
             self._views[id(field)] = host_view(field)
         return self._views[id(field)]
