@@ -12,7 +12,7 @@ from tinn._device import HALF_ARCHS
 from tinn.mixed_precision import LossScale
 from reference import (EncodingRef, assert_close, mlp_backward_ref, mlp_forward_ref, mlp_shapes,
                        mlp_unflatten, padded, smooth_points)
-from test_registry_sweep import ENCODING_CASES, _one_name_per_class
+from test_registry_sweep import ENCODING_CASES, _one_name_per_class, run_funcs
 
 HALF = impl.current_cfg().arch.name in HALF_ARCHS
 needs_half = pytest.mark.skipif(not HALF, reason="this arch has no float16 fields (tinn refuses float16 there)")
@@ -109,6 +109,28 @@ def test_network_in_half_precision():
     dWs, dx_ref = mlp_backward_ref(Ws, zs, hs, padded(dL_dy, shapes[-1][0], 0.0), "Tanh", "Sigmoid")
     assert_close(net.gradients(), np.concatenate([d.ravel() for d in dWs]), rtol=2 * EPS16, atol_rel=EPS16)
     assert_close(dx, dx_ref, rtol=1e-4, atol_rel=1e-5)
+
+
+@needs_half
+@pytest.mark.parametrize("which", ["HashGrid", "MLP"])
+def test_per_sample_funcs_in_half_precision(which):
+    """``func`` / ``backward_func`` inside a user's kernel read the float16 weights and add into the float16
+    gradients: equal to the batch API's inference and backward within float16's rounding of the gradients."""
+    if which == "HashGrid":
+        obj = tinn.create_encoding(2, ENCODING_CASES["HashGrid"][0].config, precision="float16")
+    else:
+        obj = tinn.create_network(4, 2, {"otype": "CutlassMLP", "activation": "Sigmoid", "n_neurons": 16,
+                                         "n_hidden_layers": 1}, precision="float16")
+    rng = np.random.default_rng(6)
+    obj.set_params(rng.uniform(-1, 1, obj.n_params).astype(np.float32))
+    x = rng.random((19, obj.n_input_dims), dtype=np.float32)
+    dy = rng.normal(size=(19, obj.n_output_dims)).astype(np.float32)
+    y, dx, grads = run_funcs(obj, x, dy)
+    _, ctx = obj.forward(x)
+    dx_batch = obj.backward(ctx, dy)
+    assert_close(y, obj.inference(x)[:, :obj.n_output_dims], rtol=1e-5, atol_rel=1e-5)
+    assert_close(dx, dx_batch, rtol=1e-4, atol_rel=1e-5)
+    assert_close(grads, obj.gradients(), rtol=4 * EPS16, atol_rel=2 * EPS16)
 
 
 CONFIG = {"loss": {"otype": "L2"}, "optimizer": {"otype": "Adam", "learning_rate": 1e-2},
