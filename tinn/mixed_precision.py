@@ -66,15 +66,15 @@ class LossScale:
         """What a checkpoint keeps (JSON numbers)."""
         return {"scale": self.scale, "good_steps": self.good_steps, "skipped": self.skipped}
 
-    def check_state(self, state) -> dict:
-        """``state`` validated (``ValueError`` otherwise), ready for :meth:`load_state`."""
+    def check_state(self, state, where: str = "LossScale") -> dict:
+        """``state`` validated (else a ``ValueError`` starting with ``where``), ready for :meth:`load_state`."""
         ok = (isinstance(state, dict) and set(state) == {"scale", "good_steps", "skipped"}
               and all(isinstance(state[k], int) and not isinstance(state[k], bool) and 0 <= state[k] < 2 ** 31
                       for k in ("good_steps", "skipped"))
               and isinstance(state["scale"], (int, float)) and not isinstance(state["scale"], bool)
               and self.MIN <= state["scale"] <= self.MAX)
         if not ok:
-            raise ValueError(f"invalid loss scale state {state!r}: expected {{'scale': a number in [2^-24, 2^24], "
+            raise ValueError(f"{where}: invalid loss scale state {state!r}: expected {{'scale': a number in [2^-24, 2^24], "
                              f"'good_steps': int >= 0, 'skipped': int >= 0}}")
         return state
 

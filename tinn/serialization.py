@@ -75,9 +75,7 @@ def save(trainer, path):
     over ``path``: a crash never leaves a half-written checkpoint. Errors name ``path``.
     """
     trainer._check_runtime()
-    model, store = trainer.model, trainer.master_store
-    if trainer.loss_scaler is not None:
-        trainer._masters.sync()
+    model, store = trainer.model, trainer._master()
     arrays = {"params": store.read(store.params, store.offset, model.n_params),
               "inference_params": store.read(store.inference_params, store.offset, model.n_params)}
     arrays.update({f"optimizer.{k}": np.ascontiguousarray(v) for k, v in trainer.optimizer.state_dict().items()})
@@ -246,13 +244,9 @@ def load(trainer, path):
             mismatch("n_params", header.get("n_params"), n)
         if header.get("model") != _canonical(model.hyperparams()):
             mismatch("model config", header.get("model"), _canonical(model.hyperparams()))
-        scaler = trainer.loss_scaler
         if header.get("precision", "float32") != model.store.precision:
             mismatch("precision", header.get("precision", "float32"), model.store.precision)
-        try:
-            scale_state = None if scaler is None else scaler.check_state(header.get("loss_scale"))
-        except ValueError as e:
-            raise ValueError(f"{path}: checkpoint has an {e}") from None
+        scale_state = trainer.loss_scaler and trainer.loss_scaler.check_state(header.get("loss_scale"), path)
         loss_cfg, opt_cfg = header.get("loss"), header.get("optimizer")
         loss_otype = trainer.loss.hyperparams()["otype"]
         if not isinstance(loss_cfg, dict) or str(loss_cfg.get("otype", "")).lower() != loss_otype.lower():
@@ -287,17 +281,14 @@ def load(trainer, path):
     _commit(trainer, opt_cfg, loss_cfg, state, arrays["params"], arrays["inference_params"], scale_state)
 
 
-def _commit(trainer, opt_cfg, loss_cfg, state, params, inference_params, scale_state=None):
-    """Replace hyperparameters, optimizer state, parameters (and a float16 model's loss scale); on any failure
+def _commit(trainer, opt_cfg, loss_cfg, state, params, inference_params, scale_state):
+    """Replace hyperparameters, optimizer state, parameters (and a float16 model's loss scale); on a failure
     put the old ones back."""
-    model, store, optimizer, loss = trainer.model, trainer.master_store, trainer.optimizer, trainer.loss
-    scaler = trainer.loss_scaler
-    if scaler is not None:
-        trainer._masters.sync()
+    model, store, optimizer, loss = trainer.model, trainer._master(), trainer.optimizer, trainer.loss
     old = (optimizer.hyperparams(), loss.hyperparams(), optimizer.state_dict(),
            store.read(store.params, store.offset, model.n_params),
            store.read(store.inference_params, store.offset, model.n_params),
-           None if scaler is None else scaler.state())
+           trainer.loss_scaler and trainer.loss_scaler.state())
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -318,9 +309,9 @@ def _write_params(trainer, params, inference_params, scale_state):
     store = trainer.master_store
     store.write(store.params, store.offset, params)
     store.write(store.inference_params, store.offset, inference_params)
-    if scale_state is not None:
+    if scale_state:
         trainer.loss_scaler.load_state(scale_state)
-        trainer._masters.publish()
+    trainer._published()
 
 
 # -- tcnn snapshots ---------------------------------------------------------------------
@@ -381,22 +372,17 @@ def load_tcnn(trainer, source, instance: int | None = None):
     takes them as its float32 master weights, rounded into its own (values beyond float16's range are refused).
     """
     trainer._check_runtime()
-    model, store = trainer.model, trainer.master_store
-    row = _instance_row(model, instance)
-    values = read_tcnn(source)
+    model, row, values = trainer.model, _instance_row(trainer.model, instance), read_tcnn(source)
     if values.size != model.n_params:
         raise ValueError(f"tcnn snapshot has {values.size} params, this model has {model.n_params}")
-    if trainer._masters is not None:
-        if values.size and np.abs(values).max() > FLOAT16_MAX:
-            raise ValueError(f"tcnn snapshot has a parameter beyond float16's range (+-{FLOAT16_MAX:g}) "
-                             "for this half-precision model")
-        trainer._masters.sync()
+    if model.store.precision == "float16" and values.size and np.abs(values).max() > FLOAT16_MAX:
+        raise ValueError(f"tcnn snapshot has a parameter beyond float16's range (+-{FLOAT16_MAX:g})")
+    store = trainer._master()
     for field in {id(store.params): store.params, id(store.inference_params): store.inference_params}.values():
         full = store.read(field, store.offset, model.n_params)
         full[row] = values
         store.write(field, store.offset, full)
-    if trainer._masters is not None:
-        trainer._masters.publish()
+    trainer._published()
 
 
 def _instance_row(model, instance):

@@ -133,6 +133,17 @@ class Trainer(RuntimeBound):
         self._settle()
         return self.model.params()
 
+    def _master(self):
+        """:attr:`master_store`, a float16 model's masters brought up to its weights if they were set since."""
+        if self._masters is not None:
+            self._masters.sync()
+        return self.master_store
+
+    def _published(self):
+        """After the master weights were written: a float16 model's weights rounded from them."""
+        if self._masters is not None:
+            self._masters.publish()
+
     def params_full_precision(self) -> np.ndarray:
         """The float32 weights the optimizer steps (tcnn's ``params_full_precision()``): the master weights of a
         float16 model, else ``params()``."""
@@ -140,8 +151,7 @@ class Trainer(RuntimeBound):
         self._settle()
         if self._masters is None:
             return self.model.params()
-        self._masters.sync()
-        store = self.master_store
+        store = self._master()
         values = store.read(store.params, store.offset, self.model.n_params)
         return values[0] if self.model.n_instances == 1 else values
 
