@@ -180,6 +180,26 @@ def test_master_weights_stay_float32_and_follow_float32_training(optimizer):
 
 
 @needs_half
+def test_network_array_in_half_precision():
+    """A float16 array of 3 networks: the networks a batch reaches train as the float32 array's do (within half
+    precision); the one it does not reach keeps its weights and masters."""
+    x, t = batch(7)
+    ids = np.random.default_rng(7).integers(0, 2, len(x)).astype(np.int32)       # network 2 gets no samples
+    half, full = (tinn.create_from_config(2, 2, CONFIG, n_instances=3, seed=5, precision=p)
+                  for p in ("float16", "float32"))
+    before = half.trainer.params_full_precision()
+    for _ in range(3):
+        half.trainer.training_step(x, t, ids)
+        full.trainer.training_step(x, t, ids)
+    masters = half.trainer.params_full_precision()
+    assert masters.shape == (3, half.network.n_params)
+    np.testing.assert_array_equal(masters[2], before[2])
+    assert not np.array_equal(masters[:2], before[:2])
+    assert_close(masters, full.trainer.params(), rtol=0.05, atol_rel=0.02)
+    np.testing.assert_array_equal(half.trainer.params(), f16(masters))
+
+
+@needs_half
 def test_set_params_reaches_the_masters():
     m = model()
     theta = f16(np.random.default_rng(4).normal(0, 0.1, m.network.n_params))
