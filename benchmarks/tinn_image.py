@@ -51,6 +51,12 @@ def draw_batch(image: ti.types.ndarray(dtype=ti.f32, ndim=3), xy: ti.types.ndarr
             rgb[b, c] = top * (1.0 - ty) + bottom * ty
 
 
+def param_bytes(store) -> int:
+    """Bytes of the model's parameters, inference weights and gradients (the float32 master weights of a
+    float16 model belong to its trainer and are not counted)."""
+    return 3 * store.n_instances * store.n_params * (2 if store.precision == "float16" else 4)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch", type=int, default=1 << 16)
@@ -62,6 +68,8 @@ def main():
     ap.add_argument("--infer-chunk", type=int, default=1 << 18)
     ap.add_argument("--no-infer", action="store_true")
     ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--precision", default="float32", choices=("float32", "float16"),
+                    help="the model's parameter precision (float16: master weights and a loss scale)")
     ap.add_argument("--arch", default="cpu", help="Taichi arch: cpu, cuda, vulkan, metal, ...")
     args = ap.parse_args()
 
@@ -70,7 +78,7 @@ def main():
     on_device = args.arch != "cpu"
     img, desc = C.load_image(args.image)
     H, W, _ = img.shape
-    model = tinn.create_from_config(2, 3, args.config, seed=args.seed)
+    model = tinn.create_from_config(2, 3, args.config, seed=args.seed, precision=args.precision)
     if on_device:
         img_d, xy_d, target_d = ti.ndarray(ti.f32, img.shape), ti.ndarray(ti.f32, (args.batch, 2)), ti.ndarray(ti.f32, (args.batch, 3))
         img_d.from_numpy(img)
@@ -131,6 +139,8 @@ def main():
         result.update(infer_launches_per_call=infer_cost["launches"], infer_read_backs_per_call=infer_cost["read_backs"])
         result.update(infer_samples_per_s=len(coords) / imon.wall, infer_pixels=len(coords),
                       infer_foreign_cores=round(imon.foreign_cores, 3), psnr=C.psnr(out.reshape(H, W, 3), img))
+    result["precision"] = args.precision
+    result["param_bytes"] = param_bytes(model.network.store)
     result["peak_rss_mib"] = round(C.peak_rss_mib(), 1)
     C.emit(result)
 

@@ -139,6 +139,9 @@ def parse_args(argv=None):
     ap.add_argument("--batch", type=_positive, default=1 << 16, help="samples per step (default: 65536)")
     ap.add_argument("--out", default="out", help="folder for the snapshots and reference.jpg (default: out)")
     ap.add_argument("--seed", type=int, default=1337, help="seed of the parameters and of the sampled batches")
+    ap.add_argument("--precision", default="float32", choices=("float32", "float16"),
+                    help="parameter precision (float16: half the parameter memory, float32 master weights and a "
+                         "dynamic loss scale; default: float32)")
     ap.add_argument("--gui", action="store_true", help="show the reconstruction live in a window")
     ap.add_argument("--arch", default="cpu", choices=ARCHS, metavar="ARCH",
                     help=f"Taichi arch: {', '.join(ARCHS)} (default: cpu)")
@@ -175,7 +178,7 @@ def main(argv=None):
     print(f"Image {args.image}: {W}x{H}; config {args.config}; batch {args.batch}, {args.steps} steps")
 
     try:
-        model = tinn.create_from_config(2, 3, config, seed=args.seed)
+        model = tinn.create_from_config(2, 3, config, seed=args.seed, precision=args.precision)
     except (TypeError, ValueError) as e:
         ap.error(f"CONFIG {args.config!r}: {e}")
     print(f"Model: {model.network.n_params} parameters "

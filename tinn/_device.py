@@ -22,3 +22,17 @@ def is_cpu() -> bool:
 def active() -> bool:
     """Whether batches live in ``ti.ndarray``s and the MLP runs as kernels: every arch but the CPU."""
     return FORCE or not is_cpu()
+
+
+HALF_ARCHS = ("x64", "arm64", "cuda")
+"""The archs whose kernels read and write float16 fields (Taichi's f16). Vulkan needs the device's
+``shaderFloat16``: Mesa's llvmpipe has none (creating a pipeline that touches an f16 field fails), and
+Taichi 1.7 has no query for it, so Vulkan, Metal and OpenGL are refused."""
+
+
+def require_half(what: str):
+    """``ValueError`` naming ``what`` unless the current arch runs float16 fields (before any field or kernel)."""
+    arch = impl.current_cfg().arch
+    if arch.name not in HALF_ARCHS:
+        raise ValueError(f"{what}: precision 'float16' needs float16 fields, which tinn runs on "
+                         f"{', '.join(HALF_ARCHS)}; this Taichi program runs on {arch.name} (use precision 'float32')")

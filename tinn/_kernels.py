@@ -63,7 +63,7 @@ def static_chunks(items, size: int = 32):
 @ti.kernel
 def rows_copy(field: ti.template(), offset: ti.i32, rows: I32_1D, values: F32_2D, mode: ti.template()):
     """Between ``field[rows[g], offset + i]`` and ``values[g, i]``: mode 0 reads into ``values``,
-    1 writes them, 2 adds them."""
+    1 writes them, 2 adds them (rounded to the field's dtype: float16 for a half-precision store)."""
     n = values.shape[1]
     C = ti.static(columns_per_task())
     tasks = (n + C - 1) // C
@@ -74,9 +74,9 @@ def rows_copy(field: ti.template(), offset: ti.i32, rows: I32_1D, values: F32_2D
             if ti.static(mode == 0):
                 values[g, i] = field[r, offset + i]
             elif ti.static(mode == 1):
-                field[r, offset + i] = values[g, i]
+                field[r, offset + i] = ti.cast(values[g, i], field.dtype)
             else:
-                field[r, offset + i] = field[r, offset + i] + values[g, i]
+                field[r, offset + i] = ti.cast(field[r, offset + i] + values[g, i], field.dtype)
 
 
 @ti.kernel
@@ -88,7 +88,7 @@ def _copy_columns(dst: ti.template(), dst_off: ti.i32, src: ti.template(), src_o
         k, c = t // tasks, t % tasks
         if active[k]:
             for i in range(c * C, ti.min(c * C + C, n)):
-                dst[k, dst_off + i] = src[k, src_off + i]
+                dst[k, dst_off + i] = ti.cast(src[k, src_off + i], dst.dtype)
 
 
 def copy_columns(dst, dst_off: int, src, src_off: int, n: int, active):
@@ -106,7 +106,7 @@ def _fill_columns(dst: ti.template(), offset: ti.i32, n: ti.i32, n_rows: ti.i32,
     for t in range(n_rows * tasks):
         k, c = t // tasks, t % tasks
         for i in range(c * C, ti.min(c * C + C, n)):
-            dst[k, offset + i] = value
+            dst[k, offset + i] = ti.cast(value, dst.dtype)
 
 
 def fill_columns(dst, offset: int, n: int, n_rows: int, value: float):

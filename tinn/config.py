@@ -39,8 +39,10 @@ class TrainableModel:
 
 
 def create_from_config(n_input_dims: int, n_output_dims: int, config, *, n_instances: int = 1,
-                       seed: int = 1337) -> TrainableModel:
-    """Loss, optimizer, ``NetworkWithInputEncoding`` and ``Trainer`` from one tcnn config."""
+                       seed: int = 1337, precision: str = "float32") -> TrainableModel:
+    """Loss, optimizer, ``NetworkWithInputEncoding`` and ``Trainer`` from one tcnn config. ``precision="float16"``
+    trains in tcnn's half precision: float16 parameters and gradients, float32 master weights in the trainer
+    and a dynamic loss scale (``tinn.mixed_precision``)."""
     config = load_config(config)
     unknown = set(config) - set(SECTIONS)
     if unknown:
@@ -49,5 +51,6 @@ def create_from_config(n_input_dims: int, n_output_dims: int, config, *, n_insta
     loss, optimizer = create_loss(loss), create_optimizer(optimizer)
     network = NetworkWithInputEncoding(_check_dims(n_input_dims, "n_input_dims"),
                                        _check_dims(n_output_dims, "n_output_dims"), encoding, network,
-                                       n_instances=_check_instances(n_instances), seed=check_seed(seed))
+                                       n_instances=_check_instances(n_instances), seed=check_seed(seed),
+                                       precision=precision)
     return TrainableModel(loss, optimizer, network, Trainer(network, optimizer, loss))

@@ -150,6 +150,26 @@ def check_seed(seed) -> int:
     return check_int(seed, "seed", 0, 2 ** 64 - 1)
 
 
+PRECISIONS = ("float32", "float16")
+"""A model's ``precision`` keyword (``create_from_config``, ``NetworkWithInputEncoding``, ``create_encoding``,
+``create_network``): the dtype its parameters, inference weights and gradients are stored in. ``"float16"``
+is tcnn's half precision: the trainer keeps float32 master weights and a dynamic loss scale
+(``tinn.mixed_precision``)."""
+
+
+def check_precision(precision) -> str:
+    """``"float32"`` or ``"float16"`` from that name (any case) or a numpy dtype of it; else ``ValueError``."""
+    name = precision.lower() if isinstance(precision, str) else None
+    if name is None:
+        try:
+            name = np.dtype(precision).name if precision is not None else None
+        except TypeError:
+            name = None
+    if name not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(map(repr, PRECISIONS))}, got {precision!r}")
+    return name
+
+
 class Options:
     """Reads one component's config through its key table, naming the component in every error."""
 

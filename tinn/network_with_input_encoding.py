@@ -7,6 +7,7 @@ encoding, and are initialised in that order from one pcg32 generator.
 import numpy as np
 import taichi as ti
 
+from .keys import check_precision
 from .registry import build_encoding, build_network, load_config
 from .object import Context, DifferentiableObject
 from .params import allocate, check_sizes
@@ -21,11 +22,13 @@ class NetworkWithInputEncoding(DifferentiableObject):
     files); ``n_instances=K`` makes a network array (every batch then takes ``instance`` ids or a
     dense ``(K, B_k, n_input_dims)`` layout); ``seed`` draws the initial parameters. The whole
     model's parameters are one store, allocated here: ``params()`` is ``(n_params,)``, network
-    matrices first, then the encoding's, as in tcnn.
+    matrices first, then the encoding's, as in tcnn. ``precision="float16"`` stores them (and the
+    gradients) in half precision, as tcnn does (``tinn.keys.PRECISIONS``; see ``docs/trainer.md``).
     """
 
     def __init__(self, n_input_dims: int, n_output_dims: int, encoding_config=None, network_config=None, *,
-                 n_instances: int = 1, seed: int = 1337):
+                 n_instances: int = 1, seed: int = 1337, precision: str = "float32"):
+        precision = check_precision(precision)
         super().__init__(n_instances, seed)
         self.encoding = build_encoding(n_input_dims, load_config(encoding_config or {}),
                                         alignment=OUTPUT_ALIGNMENT, n_instances=n_instances, seed=seed)
@@ -38,7 +41,7 @@ class NetworkWithInputEncoding(DifferentiableObject):
         self.n_input_dims, self.n_output_dims = self.encoding.n_input_dims, self.network.n_output_dims
         self.padded_output_width = self.network.padded_output_width
         self.n_params = self.network.n_params + self.encoding.n_params
-        allocate(self)
+        allocate(self, precision=precision)
 
     def hyperparams(self):
         """``{"otype": "NetworkWithInputEncoding", "encoding": {...}, "network": {...}}``: rebuilds the model."""

@@ -23,6 +23,7 @@ import taichi as ti
 from ._kernels import copy_columns, fill_columns, rows_copy
 from ._memory import MAX_ELEMENTS, FieldTree, check_allocation, host_view
 from ._program import RuntimeBound, current_program
+from ._device import require_half
 
 VIEW_MIN = 1 << 18
 """Floats from which a block of all instances' parameters is used in place instead of copied (1 MiB)."""
@@ -34,19 +35,24 @@ two apart map ``params[i]`` and ``grads[i]`` to the same cache sets, which made 
 ALIGN = 16
 """Stores start on a 64-byte boundary (a cache line)."""
 
+DTYPES = {"float32": ti.f32, "float16": ti.f16}
+"""A store's precision (``tinn.keys.PRECISIONS``, checked there) and the dtype of its fields."""
+
+FLOAT16_MAX = float(np.finfo(np.float16).max)
+
 CHUNK_MIN, CHUNK_MAX = 1 << 18, 1 << 24
 """Floats per array of an arena's first chunk (1 MiB) and the most a later one grows to (64 MiB);
 a store larger than that gets a chunk of its own size."""
 
 
 class _Chunk:
-    """One field tree of ``n_fields`` arrays, each ``(n_instances, width)`` (a store's ``params``,
+    """One field tree of ``n_fields`` arrays of ``dtype``, each ``(n_instances, width)`` (a store's ``params``,
     ``inference`` and ``grads``, or a buffer's one array), and the free column ranges between the
     slices placed in it."""
 
-    def __init__(self, n_instances: int, width: int, n_fields: int, what: str):
-        self.n_instances, self.width = n_instances, width
-        self.fields = fields = [ti.field(ti.f32) for _ in range(n_fields)]
+    def __init__(self, n_instances: int, width: int, n_fields: int, what: str, dtype=ti.f32):
+        self.n_instances, self.width, self.dtype = n_instances, width, dtype
+        self.fields = fields = [ti.field(dtype) for _ in range(n_fields)]
 
         def place(builder):
             for i, f in enumerate(fields):
@@ -83,17 +89,21 @@ class _Chunk:
         self.n_stores -= 1
 
     def view(self, field):
-        """The field's memory as a numpy array (x64 only), made once per field."""
+        """The field's memory as a float32 numpy array (x64 only; a float16 chunk has none), made once per field."""
+        if self.dtype != ti.f32:
+            return None
         if id(field) not in self._views:
             self._views[id(field)] = host_view(field)
         return self._views[id(field)]
 
 
 class _Arena:
-    """The chunks holding every slice of ``n_instances`` rows and ``n_fields`` arrays in one Taichi program."""
+    """The chunks holding every slice of ``n_instances`` rows and ``n_fields`` arrays of ``dtype`` in one
+    Taichi program."""
 
-    def __init__(self, n_instances: int, n_fields: int):
+    def __init__(self, n_instances: int, n_fields: int, dtype=ti.f32):
         self.n_instances, self.n_fields, self.chunks, self.next_floats = n_instances, n_fields, [], CHUNK_MIN
+        self.dtype = dtype
 
     def take(self, n: int, what: str):
         for chunk in self.chunks:
@@ -104,7 +114,7 @@ class _Arena:
         width = max(-(-n // ALIGN) * ALIGN, self.next_floats // K)
         width = min(width, max(MAX_ELEMENTS // K, n))            # an oversized store fails its size check
         check_allocation(what, [(K, width)] * self.n_fields)
-        chunk = _Chunk(K, width, self.n_fields, what)
+        chunk = _Chunk(K, width, self.n_fields, what, self.dtype)
         if width * K <= CHUNK_MAX:
             self.next_floats = min(2 * self.next_floats, CHUNK_MAX)
         self.chunks.append(chunk)
@@ -119,16 +129,16 @@ class _Arena:
 _ARENAS: dict = {}
 
 
-def _arena(n_instances: int, n_fields: int) -> _Arena:
-    """The arena of the live Taichi program for slices of ``n_instances`` rows and ``n_fields`` arrays
-    (arenas of older programs are dropped: ``ti.init`` freed their fields)."""
+def _arena(n_instances: int, n_fields: int, dtype=ti.f32) -> _Arena:
+    """The arena of the live Taichi program for slices of ``n_instances`` rows and ``n_fields`` arrays of
+    ``dtype`` (arenas of older programs are dropped: ``ti.init`` freed their fields)."""
     program = current_program()
     if _ARENAS.get("program") is not program:
         _ARENAS.clear()
         _ARENAS["program"] = program
-    key = (n_instances, n_fields)
+    key = (n_instances, n_fields) if dtype == ti.f32 else (n_instances, n_fields, dtype)
     if key not in _ARENAS:
-        _ARENAS[key] = _Arena(n_instances, n_fields)
+        _ARENAS[key] = _Arena(n_instances, n_fields, dtype)
     return _ARENAS[key]
 
 
@@ -138,12 +148,12 @@ class _Slice(RuntimeBound):
     N_FIELDS = 1
     HOST_COPIES = 0         # host arrays of the slice's size that filling it takes (counted by the size check)
 
-    def __init__(self, n_instances: int, n: int, what: str):
+    def __init__(self, n_instances: int, n: int, what: str, dtype=ti.f32):
         self._bind_runtime()
         check_allocation(what, [(n_instances, n)] * (self.N_FIELDS + self.HOST_COPIES))
         self.n_instances = n_instances
         self._n = n
-        self._arena = _arena(n_instances, self.N_FIELDS)
+        self._arena = _arena(n_instances, self.N_FIELDS, dtype)
         self._chunk, self.offset = self._arena.take(n, what)
 
     def __del__(self):
@@ -185,14 +195,23 @@ class ParamStore(_Slice):
     The fields are shared with other stores; every method takes absolute column offsets and touches
     only this store's columns. ``inference()`` and ``func`` read ``inference_params``: the optimizer
     fills it after each step (a copy of the trained weights, or its averaged weights).
+
+    ``precision`` is ``"float32"`` or ``"float16"`` (``tinn.keys.PRECISIONS``): the dtype of all three fields.
+    A float16 store is what the model reads and writes; its float32 master weights belong to the trainer
+    (``tinn.mixed_precision``). ``version`` counts the writes of the parameters through :meth:`set`, so that
+    the master weights can follow them.
     """
 
     N_FIELDS = 3
     HOST_COPIES = 3         # the initial draw on the host: a component's blocks, their concatenation, all instances
 
-    def __init__(self, n_instances: int, n_params: int, what: str = "parameter store"):
-        super().__init__(n_instances, n_params, what)
+    def __init__(self, n_instances: int, n_params: int, what: str = "parameter store", precision: str = "float32"):
+        if precision == "float16":
+            require_half(what)
+        super().__init__(n_instances, n_params, what, DTYPES[precision])
+        self.precision = precision
         self.n_params = n_params
+        self.version = 0
         self.params, self.inference_params, self.grads = self._chunk.fields
         self.zero_grad()                          # the columns may have held a dropped store's gradients
 
@@ -221,9 +240,14 @@ class ParamStore(_Slice):
         self.write_rows(field, offset, self._all(), values)
 
     def set(self, offset: int, values: np.ndarray):
-        """Set parameters: the training weights and the inference weights."""
+        """Set parameters: the training weights and the inference weights (a float16 store refuses values
+        beyond float16's range, ``ValueError``, before writing anything)."""
+        if self.precision == "float16" and np.size(values) and np.max(np.abs(values)) > FLOAT16_MAX:
+            raise ValueError(f"a parameter of magnitude {float(np.max(np.abs(values))):.6g} lies beyond float16's "
+                             f"range (+-{FLOAT16_MAX:g}) of this half-precision model")
         self.write(self.params, offset, values)
         self.write(self.inference_params, offset, values)
+        self.version += 1
 
     def publish(self, source, source_offset: int, active):
         """Fill the inference weights of the instances with ``active[k] != 0`` (int32, numpy or ``ti.ndarray``) from
@@ -298,12 +322,12 @@ def check_sizes(obj):
                              f"{MAX_ELEMENTS:,} (2^31 - 1) one array can address")
 
 
-def allocate(obj, seed: int | None = None) -> ParamStore:
+def allocate(obj, seed: int | None = None, precision: str = "float32") -> ParamStore:
     """Create ``obj``'s parameter store, bind every component to its columns and initialise it from
-    ``seed`` (default: ``obj.seed``) with tcnn's pcg32 draws. Sizes that cannot be allocated are
-    refused with a ``ValueError`` before any memory is taken."""
+    ``seed`` (default: ``obj.seed``) with tcnn's pcg32 draws. Sizes that cannot be allocated, and float16
+    ``precision`` on an arch without it, are refused with a ``ValueError`` before any memory is taken."""
     check_sizes(obj)
-    store = ParamStore(obj.n_instances, obj.n_params, what=_describe(obj))
+    store = ParamStore(obj.n_instances, obj.n_params, what=_describe(obj), precision=precision)
     obj.bind(store, store.offset)
     obj.reset_params(obj.seed if seed is None else seed)
     return store

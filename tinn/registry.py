@@ -13,7 +13,7 @@ import os
 
 import commentjson
 
-from .keys import check_int, check_seed, describe
+from .keys import check_int, check_precision, check_seed, describe
 from .params import allocate
 
 
@@ -119,20 +119,24 @@ def build_network(n_input_dims: int, n_output_dims: int, config, *, n_instances:
                   seed=check_seed(seed))
 
 
-def create_encoding(n_input_dims: int, config, *, alignment: int = 0, n_instances: int = 1, seed: int = 1337):
+def create_encoding(n_input_dims: int, config, *, alignment: int = 0, n_instances: int = 1, seed: int = 1337,
+                    precision: str = "float32"):
     """An encoding of ``n_input_dims`` inputs, ready to use: built, then its parameter store allocated and
     initialised from ``seed`` (``tinn.params.allocate``). ``alignment`` pads the output width (tcnn's torch
-    API: 0)."""
+    API: 0); ``precision`` (``tinn.keys.PRECISIONS``) is its parameters' dtype."""
+    precision = check_precision(precision)
     enc = build_encoding(n_input_dims, config, alignment=alignment, n_instances=n_instances, seed=seed)
-    allocate(enc)
+    allocate(enc, precision=precision)
     return enc
 
 
-def create_network(n_input_dims: int, n_output_dims: int, config, *, n_instances: int = 1, seed: int = 1337):
+def create_network(n_input_dims: int, n_output_dims: int, config, *, n_instances: int = 1, seed: int = 1337,
+                   precision: str = "float32"):
     """An MLP from ``n_input_dims`` to ``n_output_dims``, ready to use (its parameters allocated, as
     :func:`create_encoding`)."""
+    precision = check_precision(precision)
     net = build_network(n_input_dims, n_output_dims, config, n_instances=n_instances, seed=seed)
-    allocate(net)
+    allocate(net, precision=precision)
     return net
 
 

@@ -6,7 +6,9 @@ zip of ``.npy`` files, no pickle) holding
 * ``header`` — a uint8 array of UTF-8 JSON: ``format`` ("tinn-checkpoint"),
   ``version`` (1), ``n_instances``, ``n_params``, and the ``model``, ``loss`` and
   ``optimizer`` hyperparameters (full configs, defaults included);
-* ``params`` — the training parameters, float32 ``(n_instances, n_params)``;
+* ``params`` — the training parameters, float32 ``(n_instances, n_params)`` (for a float16 model, the
+  trainer's float32 master weights; the header then also holds ``precision`` ("float16") and the
+  ``loss_scale`` state, ``{"scale", "good_steps", "skipped"}``);
 * ``inference_params`` — the weights ``inference()`` reads (the optimizer's EMA /
   average / lookahead weights when it keeps them, else equal to ``params``);
 * ``optimizer.<key>`` — every array of ``optimizer.state_dict()`` (nested optimizers'
@@ -36,6 +38,7 @@ import zipfile
 
 import numpy as np
 
+from .params import FLOAT16_MAX
 from .registry import create_loss, create_optimizer
 
 FORMAT, VERSION = "tinn-checkpoint", 1
@@ -72,13 +75,15 @@ def save(trainer, path):
     over ``path``: a crash never leaves a half-written checkpoint. Errors name ``path``.
     """
     trainer._check_runtime()
-    model, store = trainer.model, trainer.model.store
+    model, store = trainer.model, trainer._master()
     arrays = {"params": store.read(store.params, store.offset, model.n_params),
               "inference_params": store.read(store.inference_params, store.offset, model.n_params)}
     arrays.update({f"optimizer.{k}": np.ascontiguousarray(v) for k, v in trainer.optimizer.state_dict().items()})
     header = {"format": FORMAT, "version": VERSION, "n_instances": model.n_instances, "n_params": model.n_params,
               "model": model.hyperparams(), "loss": trainer.loss.hyperparams(),
               "optimizer": trainer.optimizer.hyperparams()}
+    if trainer.loss_scaler is not None:
+        header.update(precision="float16", loss_scale=trainer.loss_scaler.state())
     arrays["header"] = np.frombuffer(json.dumps(header).encode("utf-8"), np.uint8)
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
@@ -239,6 +244,9 @@ def load(trainer, path):
             mismatch("n_params", header.get("n_params"), n)
         if header.get("model") != _canonical(model.hyperparams()):
             mismatch("model config", header.get("model"), _canonical(model.hyperparams()))
+        if header.get("precision", "float32") != model.store.precision:
+            mismatch("precision", header.get("precision", "float32"), model.store.precision)
+        scale_state = trainer.loss_scaler and trainer.loss_scaler.check_state(header.get("loss_scale"), path)
         loss_cfg, opt_cfg = header.get("loss"), header.get("optimizer")
         loss_otype = trainer.loss.hyperparams()["otype"]
         if not isinstance(loss_cfg, dict) or str(loss_cfg.get("otype", "")).lower() != loss_otype.lower():
@@ -270,33 +278,40 @@ def load(trainer, path):
             arrays[name] = archive.read(name, dtype, shape)
             _check_values(path, name, arrays[name])
     state = {k[len("optimizer."):]: v for k, v in arrays.items() if k.startswith("optimizer.")}
-    _commit(trainer, opt_cfg, loss_cfg, state, arrays["params"], arrays["inference_params"])
+    _commit(trainer, opt_cfg, loss_cfg, state, arrays["params"], arrays["inference_params"], scale_state)
 
 
-def _commit(trainer, opt_cfg, loss_cfg, state, params, inference_params):
-    """Replace hyperparameters, optimizer state and parameters; on any failure put the old ones back."""
-    model, store, optimizer, loss = trainer.model, trainer.model.store, trainer.optimizer, trainer.loss
+def _commit(trainer, opt_cfg, loss_cfg, state, params, inference_params, scale_state):
+    """Replace hyperparameters, optimizer state, parameters (and a float16 model's loss scale); on a failure
+    put the old ones back."""
+    model, store, optimizer, loss = trainer.model, trainer._master(), trainer.optimizer, trainer.loss
     old = (optimizer.hyperparams(), loss.hyperparams(), optimizer.state_dict(),
            store.read(store.params, store.offset, model.n_params),
-           store.read(store.inference_params, store.offset, model.n_params))
+           store.read(store.inference_params, store.offset, model.n_params),
+           trainer.loss_scaler and trainer.loss_scaler.state())
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             optimizer.update_hyperparams(opt_cfg)
         loss.update_hyperparams(loss_cfg)
         optimizer.load_state_dict(state)
-        _write_params(store, params, inference_params)
+        _write_params(trainer, params, inference_params, scale_state)
     except BaseException:
         optimizer.update_hyperparams(old[0])
         loss.update_hyperparams(old[1])
         optimizer.load_state_dict(old[2])
-        _write_params(store, old[3], old[4])
+        _write_params(trainer, old[3], old[4], old[5])
         raise
 
 
-def _write_params(store, params, inference_params):
+def _write_params(trainer, params, inference_params, scale_state):
+    """The weights into the store the optimizer steps; a float16 model's rounded from them, its scale restored."""
+    store = trainer.master_store
     store.write(store.params, store.offset, params)
     store.write(store.inference_params, store.offset, inference_params)
+    if scale_state:
+        trainer.loss_scaler.load_state(scale_state)
+    trainer._published()
 
 
 # -- tcnn snapshots ---------------------------------------------------------------------
@@ -306,8 +321,9 @@ def export_tcnn(trainer, path, instance: int | None = None):
     model, store = trainer.model, trainer.model.store
     row = _instance_row(model, instance)
     params = store.read(store.inference_params, store.offset, model.n_params)[row]
-    data = {"n_params": model.n_params, "params_type": "float",
-            "params_binary": {"bytes": params.astype("<f4").tobytes(), "subtype": None}}
+    half = store.precision == "float16"            # as tcnn's half-precision build: "__half"
+    data = {"n_params": model.n_params, "params_type": "__half" if half else "float",
+            "params_binary": {"bytes": params.astype("<f2" if half else "<f4").tobytes(), "subtype": None}}
     text = json.dumps(data, default=lambda b: list(b))
     with open(path, "w") as f:
         f.write(text)
@@ -352,18 +368,21 @@ def read_tcnn(source) -> np.ndarray:
 def load_tcnn(trainer, source, instance: int | None = None):
     """Set the parameters (training and inference) of one network from a tcnn snapshot.
 
-    As tcnn's ``Trainer::deserialize`` without an optimizer entry: optimizer state is kept.
+    As tcnn's ``Trainer::deserialize`` without an optimizer entry: optimizer state is kept. A float16 model
+    takes them as its float32 master weights, rounded into its own (values beyond float16's range are refused).
     """
     trainer._check_runtime()
-    model, store = trainer.model, trainer.model.store
-    row = _instance_row(model, instance)
-    values = read_tcnn(source)
+    model, row, values = trainer.model, _instance_row(trainer.model, instance), read_tcnn(source)
     if values.size != model.n_params:
         raise ValueError(f"tcnn snapshot has {values.size} params, this model has {model.n_params}")
+    if model.store.precision == "float16" and values.size and np.abs(values).max() > FLOAT16_MAX:
+        raise ValueError(f"tcnn snapshot has a parameter beyond float16's range (+-{FLOAT16_MAX:g})")
+    store = trainer._master()
     for field in {id(store.params): store.params, id(store.inference_params): store.inference_params}.values():
         full = store.read(field, store.offset, model.n_params)
         full[row] = values
         store.write(field, store.offset, full)
+    trainer._published()
 
 
 def _instance_row(model, instance):

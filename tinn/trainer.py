@@ -12,7 +12,10 @@ as tcnn's ``Trainer::training_step`` does::
 The pieces are also available separately: ``forward(x, target) -> ctx`` (``ctx.loss``,
 ``ctx.dL_doutput``), ``backward(ctx)`` and ``optimizer_step(active=None)``, which steps the
 networks it is given (all of them by default). With a network array, pass ``instance`` (or
-a dense ``(K, B_k, dims)`` batch). tinn computes in float32, so the loss scale is 1.
+a dense ``(K, B_k, dims)`` batch). A float32 model (the default) trains with loss scale 1. A model of
+``precision="float16"`` trains as tcnn's half-precision build: float32 master weights for the optimizer
+(``params_full_precision()``) and a dynamic loss scale (``loss_scaler``, a ``tinn.mixed_precision.LossScale``:
+a step whose float16 gradients overflow is skipped and the scale lowered; ``loss_scale`` is its value).
 
 Every argument is checked before any kernel runs: shapes, dtypes, and values (``x``, ``target``
 and ``pdf`` finite, ``pdf > 0``; a ``ValueError`` names the argument and the first bad row),
@@ -46,6 +49,7 @@ from ._census import Faults
 from ._batch import as_batch
 from ._kind import DEVICE, HOST, ops_of
 from ._program import RuntimeBound
+from .mixed_precision import LossScale, MasterWeights
 from .object import Context, DifferentiableObject, chunk_samples
 from .routing import Routing
 
@@ -54,10 +58,9 @@ class Trainer(RuntimeBound):
     """Trains ``model`` (a :class:`DifferentiableObject`, usually a ``NetworkWithInputEncoding``) with
     ``optimizer`` on ``loss``; ``seed`` re-initialises the model's parameters first.
 
-    The optimizer is allocated for the model's parameters here (tcnn's ``Trainer`` constructor).
+    The optimizer is allocated for the model's parameters here (tcnn's ``Trainer`` constructor); for a
+    float16 model, for float32 master weights of them (module docstring).
     """
-
-    loss_scale = 1.0
 
     def __init__(self, model: DifferentiableObject, optimizer, loss, *, seed: int | None = None):
         self._bind_runtime()
@@ -65,8 +68,21 @@ class Trainer(RuntimeBound):
         if seed is not None:
             model.reset_params(seed)
         store = model.store
-        optimizer.allocate(model.n_params, model.layer_sizes(), model.n_instances, store)
+        half = store.precision == "float16"
+        self._masters = MasterWeights(store) if half else None
+        self.loss_scaler = LossScale() if half else None
+        optimizer.allocate(model.n_params, model.layer_sizes(), model.n_instances, self.master_store)
         self._faults = None                         # made by the first step of device batches
+
+    @property
+    def loss_scale(self) -> float:
+        """The factor on the loss's gradients (and the optimizer's divisor): 1 in float32, else ``loss_scaler``'s."""
+        return 1.0 if self.loss_scaler is None else self.loss_scaler.scale
+
+    @property
+    def master_store(self):
+        """The store the optimizer steps: the model's own, or for a float16 model its float32 master weights."""
+        return self.model.store if self._masters is None else self._masters.store
 
     def __repr__(self):
         m, opt = self.model, self.optimizer.hyperparams()
@@ -116,6 +132,28 @@ class Trainer(RuntimeBound):
         self._check_runtime()
         self._settle()
         return self.model.params()
+
+    def _master(self):
+        """:attr:`master_store`, a float16 model's masters brought up to its weights if they were set since."""
+        if self._masters is not None:
+            self._masters.sync()
+        return self.master_store
+
+    def _published(self):
+        """After the master weights were written: a float16 model's weights rounded from them."""
+        if self._masters is not None:
+            self._masters.publish()
+
+    def params_full_precision(self) -> np.ndarray:
+        """The float32 weights the optimizer steps (tcnn's ``params_full_precision()``): the master weights of a
+        float16 model, else ``params()``."""
+        self._check_runtime()
+        self._settle()
+        if self._masters is None:
+            return self.model.params()
+        store = self._master()
+        values = store.read(store.params, store.offset, self.model.n_params)
+        return values[0] if self.model.n_instances == 1 else values
 
     def params_inference(self) -> np.ndarray:
         """The weights ``inference()`` reads (tcnn's ``params_inference()``)."""
@@ -209,7 +247,14 @@ class Trainer(RuntimeBound):
         ``ti.ndarray`` mask ``(n_instances,)``), or all of them. The optimizer was bound to the model at
         construction; it checks ``active``."""
         self._check_runtime()
-        self.optimizer.step(loss_scale=self.loss_scale, active=active)
+        if self._masters is None:
+            self.optimizer.step(loss_scale=1.0, active=active)
+            return
+        self._masters.sync()
+        scale = self.loss_scale                     # the scale the gradients carry
+        if self.loss_scaler.update(self._masters.read_gradients()):
+            self.optimizer.step(loss_scale=scale, active=active)
+            self._masters.publish()
 
     def training_step(self, x, target, instance=None, pdf=None, *, per_instance: bool = False):
         """One step; returns the loss, or ``(loss, per-network losses)`` with ``per_instance=True``.

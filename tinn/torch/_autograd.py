@@ -14,6 +14,10 @@ on CUDA: nothing passes through the host), numpy and one upload where torch cann
 (Vulkan, Metal). Each forward keeps its own native context, so several forwards may precede their
 backwards. Parameter gradients are read from the native store right after each native call, so calls
 never see each other's gradients.
+
+A module of float16 parameters scales as tinycudann does: the output gradient is multiplied by
+``native.loss_scale`` (128) before the native backward, which stores float16 parameter gradients, and every
+gradient it returns is divided by it (float32 modules: scale 1, nothing is multiplied).
 """
 from __future__ import annotations
 
@@ -21,6 +25,14 @@ import torch
 
 from ._store import read_gradients
 from ._tensors import from_tinn, to_tinn
+
+
+def _scaled(t, scale: float):
+    return t if scale == 1.0 else (t * scale).contiguous()
+
+
+def _unscaled(t, scale: float):
+    return t if scale == 1.0 else t / scale
 
 
 def _none_if_empty(t):
@@ -53,9 +65,10 @@ class _ModuleFunctionBackward(torch.autograd.Function):
         ctx.save_for_backward(dy, x, params)
         native = fwd.native
         want_dx, want_dparams = fwd.needs_input_grad[1], fwd.needs_input_grad[2]
-        dx = native.backward(fwd.native_ctx, to_tinn(dy), input_gradient=want_dx)
-        dx = from_tinn(dx) if want_dx else torch.empty(())
-        dparams = read_gradients(native.object, params) if want_dparams else torch.empty(())
+        scale = native.loss_scale
+        dx = native.backward(fwd.native_ctx, to_tinn(_scaled(dy, scale)), input_gradient=want_dx)
+        dx = _unscaled(from_tinn(dx), scale) if want_dx else torch.empty(())
+        dparams = _unscaled(read_gradients(native.object, params), scale) if want_dparams else torch.empty(())
         return dx, dparams
 
     @staticmethod
@@ -68,8 +81,9 @@ class _ModuleFunctionBackward(torch.autograd.Function):
         dy, x, params = ctx.saved_tensors
         fwd = ctx.fwd
         native = fwd.native
-        d_dy, dx = native.backward_backward_input(fwd.native_ctx, to_tinn(d_dx), to_tinn(dy))
-        d_dy = from_tinn(d_dy) if ctx.needs_input_grad[1] else None
-        dx = from_tinn(dx) if ctx.needs_input_grad[2] else None
-        dparams = read_gradients(native.object, params) if ctx.needs_input_grad[3] else None
+        scale = native.loss_scale
+        d_dy, dx = native.backward_backward_input(fwd.native_ctx, to_tinn(_scaled(d_dx, scale)), to_tinn(dy))
+        d_dy = _unscaled(from_tinn(d_dy), scale) if ctx.needs_input_grad[1] else None
+        dx = _unscaled(from_tinn(dx), scale) if ctx.needs_input_grad[2] else None
+        dparams = _unscaled(read_gradients(native.object, params), scale) if ctx.needs_input_grad[3] else None
         return None, d_dy, dx, dparams

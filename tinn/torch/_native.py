@@ -27,7 +27,8 @@ class Precision(enum.Enum):
 
 
 class NativeModule:
-    """tinycudann's native methods over the tinn object ``obj`` (which computes in float32)."""
+    """tinycudann's native methods over the tinn object ``obj`` (which computes in float32 and stores its
+    parameters in its store's precision: float16 for a module built with ``dtype=torch.float16``)."""
 
     def __init__(self, obj):
         self.object = obj
@@ -45,10 +46,16 @@ class NativeModule:
         return self.object.n_params
 
     def param_precision(self) -> Precision:
-        return Precision.Fp32
+        return Precision.Fp16 if self.object.store.precision == "float16" else Precision.Fp32
 
     def output_precision(self) -> Precision:
-        return Precision.Fp32
+        """As tinycudann's: the parameters' precision (a module returns its outputs in that dtype)."""
+        return self.param_precision()
+
+    @property
+    def loss_scale(self) -> float:
+        """tinycudann's: 128 for float16 parameters (gradients are scaled by it inside the backward), else 1."""
+        return 128.0 if self.param_precision() is Precision.Fp16 else 1.0
 
     def initial_params(self, seed: int) -> torch.Tensor:
         """Initial parameters for ``seed`` (instance k draws from ``pcg32(seed, seq=k+1)``), as the module's

@@ -29,8 +29,16 @@ and version, but its ``.data`` writes are not seen.
 ``module.native_tcnn_module`` has tinycudann's native methods (:class:`tinn.torch._native.NativeModule`).
 
 If Taichi is not initialised when the first module is built, ``tinn.init()`` is called (a tinycudann
-script has no ``ti.init``); tinn computes in float32 on Taichi's arch, so ``supports_jit_fusion()`` is
-``False`` and ``loss_scale`` is 1.
+script has no ``ti.init``); ``supports_jit_fusion()`` is ``False``.
+
+Precision, as tinycudann's ``dtype``: every module takes ``dtype=None``, ``torch.float32`` or ``torch.float16``
+(tinycudann's ``Encoding`` argument; ``Network`` and ``NetworkWithInputEncoding`` take it as a keyword).
+``torch.float16`` stores the native parameters and gradients as float16 (tinn's ``precision="float16"``, on
+the archs that have float16 fields): ``module.dtype`` is ``torch.float16``, ``param_precision()`` and
+``output_precision()`` are ``Fp16``, outputs are half tensors, ``loss_scale`` is 128 (applied inside the
+backward and divided out of the gradients), and ``params`` stays the float32 master copy, as tinycudann's.
+Otherwise the parameters are float32, ``loss_scale`` is 1, and the output has ``dtype``, or with ``None``
+``x``'s dtype (tinycudann's default is its build's half precision; tinn's is float32).
 """
 from __future__ import annotations
 
@@ -76,20 +84,28 @@ def _dims(n, name: str) -> int:
 class Module(torch.nn.Module):
     """Base of the tinycudann-compatible modules: a native tinn object and its flat ``params``."""
 
-    def __init__(self, seed: int = 1337, n_instances: int = 1):
+    def __init__(self, seed: int = 1337, n_instances: int = 1, dtype=None):
         super().__init__()
+        if dtype not in (None, torch.float32, torch.float16):
+            raise ValueError(f"{type(self).__name__} only supports fp32 or fp16 precision, but got {dtype}")
         _ensure_taichi()
         self.seed = _dims(seed, "seed")
         self.n_instances = _dims(n_instances, "n_instances")
+        self.output_dtype = dtype
         self.native_tcnn_module = NativeModule(self._native_tcnn_module())
-        self.dtype = torch.float32
-        self.loss_scale = 1.0
+        self.dtype = torch.float16 if dtype == torch.float16 else torch.float32
+        self.loss_scale = self.native_tcnn_module.loss_scale
         self.jit_fusion = False
         self.params = as_params(torch.from_numpy(np.array(self.native_tcnn_module.params())))
         self._synced = self._published = self._params_key()
 
     def _native_tcnn_module(self):
         raise NotImplementedError
+
+    @property
+    def _precision(self) -> str:
+        """The native object's parameter precision (``tinn.keys.PRECISIONS``)."""
+        return "float16" if getattr(self, "output_dtype", None) == torch.float16 else "float32"
 
     @property
     def n_params(self) -> int:
@@ -145,7 +161,8 @@ class Module(torch.nn.Module):
         return y.to(x.device, self._output_dtype(x))
 
     def _output_dtype(self, x):
-        return x.dtype
+        dtype = getattr(self, "output_dtype", None)
+        return x.dtype if dtype is None else dtype
 
     # -- pickling and copies (tcnn's __getstate__): the native object is rebuilt, params carried -------
     def __getstate__(self):
@@ -173,15 +190,16 @@ class NetworkWithInputEncoding(Module):
     """
 
     def __init__(self, n_input_dims, n_output_dims, encoding_config, network_config, seed=1337, *,
-                 n_instances=1):
+                 n_instances=1, dtype=None):
         self.n_input_dims = _dims(n_input_dims, "n_input_dims")
         self.n_output_dims = _dims(n_output_dims, "n_output_dims")
         self.encoding_config, self.network_config = encoding_config, network_config
-        super().__init__(seed=seed, n_instances=n_instances)
+        super().__init__(seed=seed, n_instances=n_instances, dtype=dtype)
 
     def _native_tcnn_module(self):
         return _NativeNetworkWithInputEncoding(self.n_input_dims, self.n_output_dims, self.encoding_config,
-                                               self.network_config, n_instances=self.n_instances, seed=self.seed)
+                                               self.network_config, n_instances=self.n_instances, seed=self.seed,
+                                               precision=self._precision)
 
 
 class Network(Module):
@@ -191,37 +209,32 @@ class Network(Module):
     ``n_params = 32*64 + 64*64 + 64*16 = 7168``. (``tinn.Network`` takes its inputs unpadded.)
     """
 
-    def __init__(self, n_input_dims, n_output_dims, network_config, seed=1337, *, n_instances=1):
+    def __init__(self, n_input_dims, n_output_dims, network_config, seed=1337, *, n_instances=1, dtype=None):
         self.n_input_dims = _dims(n_input_dims, "n_input_dims")
         self.n_output_dims = _dims(n_output_dims, "n_output_dims")
         self.network_config = network_config
-        super().__init__(seed=seed, n_instances=n_instances)
+        super().__init__(seed=seed, n_instances=n_instances, dtype=dtype)
 
     def _native_tcnn_module(self):
         return _NativeNetworkWithInputEncoding(self.n_input_dims, self.n_output_dims, {"otype": "Identity"},
-                                               self.network_config, n_instances=self.n_instances, seed=self.seed)
+                                               self.network_config, n_instances=self.n_instances, seed=self.seed,
+                                               precision=self._precision)
 
 
 class Encoding(Module):
     """An input encoding configured by tcnn's ``encoding`` section; ``n_output_dims`` follows from the config
     (no padding, as tinycudann's ``Encoding``).
 
-    ``dtype``: the output dtype, ``torch.float32`` or ``torch.float16`` (tinycudann's precision); ``None``
-    returns the input's dtype. tinn computes in float32 either way.
+    ``dtype``: tinycudann's precision (module docstring): ``torch.float16`` stores the parameters as float16
+    and returns half outputs; ``torch.float32`` float32; ``None`` float32 parameters, outputs in ``x``'s dtype.
     """
 
     def __init__(self, n_input_dims, encoding_config, seed=1337, dtype=None, *, n_instances=1):
-        if dtype not in (None, torch.float32, torch.float16):
-            raise ValueError(f"Encoding only supports fp32 or fp16 precision, but got {dtype}")
         self.n_input_dims = _dims(n_input_dims, "n_input_dims")
         self.encoding_config = encoding_config
-        self.output_dtype = dtype
-        super().__init__(seed=seed, n_instances=n_instances)
-        self.dtype = torch.float32 if dtype is None else dtype
+        super().__init__(seed=seed, n_instances=n_instances, dtype=dtype)
         self.n_output_dims = self.native_tcnn_module.n_output_dims()
 
     def _native_tcnn_module(self):
-        return create_encoding(self.n_input_dims, self.encoding_config, n_instances=self.n_instances, seed=self.seed)
-
-    def _output_dtype(self, x):
-        return x.dtype if self.output_dtype is None else self.output_dtype
+        return create_encoding(self.n_input_dims, self.encoding_config, n_instances=self.n_instances, seed=self.seed,
+                               precision=self._precision)
