@@ -108,3 +108,24 @@ def test_reading_the_store_allocates_nothing():
         built.inference(rng.random((4, 2), dtype=np.float32))
     made = tinn.create_encoding(2, config)
     assert made.store.n_params == made.n_params and made.params().shape == (made.n_params,)
+
+
+@pytest.mark.parametrize("first", ["host path", "device path"])
+def test_the_path_is_the_calls_not_the_models(first, monkeypatch):
+    """The kind of a call's batches picks the backends at every call (``routing.on_device``): a model used on one
+    path gives the same results on the other, and back (nothing is chosen once per model)."""
+    enc = {"otype": "HashGrid", "n_levels": 2, "n_features_per_level": 2, "log2_hashmap_size": 6, "base_resolution": 4}
+    net = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1}
+    x, dy = rng.random((37, 2), dtype=np.float32), rng.normal(size=(37, 3)).astype(np.float32)
+    results = []
+    for device in ([False, True, False] if first == "host path" else [True, False, True]):
+        monkeypatch.setattr(tinn._device, "FORCE", device)
+        if not results:
+            model = tinn.NetworkWithInputEncoding(2, 3, enc, net, seed=4)
+        y, ctx = model.forward(x)
+        dx = model.backward(ctx, dy)
+        results.append((model.inference(x), y, dx, model.gradients()))
+    for other in results[1:]:
+        for got, want in zip(other, results[0]):
+            np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-6)
+
