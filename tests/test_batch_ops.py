@@ -129,3 +129,27 @@ def test_the_path_is_the_calls_not_the_models(first, monkeypatch):
         for got, want in zip(other, results[0]):
             np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-6)
 
+
+@pytest.mark.parametrize("path", ["host", "device"])
+@pytest.mark.parametrize("routing", ["single", "routed", "dense"])
+def test_a_step_checks_each_argument_once(path, routing, monkeypatch):
+    """A training step (and the trainer's ``forward``) checks the shape and dtype of ``x``, ``target``, ``pdf``
+    and the ids once, at the step's entry: the calls it composes (the model's forward, the loss) check none
+    of them again, nor the model's output."""
+    import tinn._batch as batch
+    monkeypatch.setattr(tinn._device, "FORCE", path == "device")
+    K = 1 if routing == "single" else 2
+    model = tinn.NetworkWithInputEncoding(2, 3, {"otype": "Identity"}, {"otype": "FullyFusedMLP", "n_neurons": 16,
+                                                                        "n_hidden_layers": 1}, n_instances=K, seed=2)
+    trainer = tinn.Trainer(model, tinn.create_optimizer({"otype": "Adam"}), tinn.create_loss({"otype": "RelativeL2"}))
+    lead = (K, 8) if routing == "dense" else (16,)
+    wrap = put if path == "device" else (lambda a: a)
+    x, target = wrap(rng.random(lead + (2,), dtype=np.float32)), wrap(rng.random(lead + (3,), dtype=np.float32))
+    pdf = wrap(rng.random(lead + (3,), dtype=np.float32) + 0.5)
+    instance = (np.arange(16, dtype=np.int32) % K) if routing == "routed" else None
+    checks, check = [], batch.check_array
+    monkeypatch.setattr(batch, "check_array", lambda a, name, *args: checks.append(name) or check(a, name, *args))
+    for call in (trainer.training_step, trainer.forward):
+        checks.clear()
+        call(x, target, instance, pdf)
+        assert sorted(checks) == sorted(["x", "target", "pdf"] + (["instance"] if instance is not None else []))

@@ -74,6 +74,9 @@ class HostOps(BatchOps):
 
     kind = "numpy"
 
+    def __init__(self):
+        self._unused = {}
+
     @staticmethod
     def empty(shape):
         """A new float32 batch of ``shape`` (uninitialised)."""
@@ -165,6 +168,13 @@ class HostOps(BatchOps):
     def no_ids():
         """The one-element ids a kernel takes for a single network's batch (unread)."""
         return _NO_IDS
+
+    def unused(self, shape: tuple, dtype=np.int32):
+        """A zero array of ``shape`` for a kernel argument that is not read (kept, one per shape and dtype)."""
+        key = (tuple(shape), np.dtype(dtype))
+        if key not in self._unused:
+            self._unused[key] = np.zeros(shape, dtype)
+        return self._unused[key]
 
     @staticmethod
     def has_bad(a, positive: bool = False) -> bool:
