@@ -19,7 +19,8 @@ rule). The class holds the config, the layout (``MLP.plan``, a ``_mlp_plan.MLPPl
 initialisation; the work is done by a backend, each reading the plan:
 batches by ``_mlp_host.HostMLP`` on the CPU (numpy's BLAS on tinn's worker threads) or
 ``_kernel_mlp.KernelMLP`` on other archs (Taichi kernels on device buffers), chosen per call by the
-batch's kind (``routing.on_device``) in ``MLP._batch_path``, and samples inside users' kernels by the ``ti.func``s of ``_mlp_funcs``.
+batch's kind (``routing.on_device``) in ``MLP._batch_path``, and samples inside users' kernels by the
+``ti.func``s of ``_mlp_funcs``.
 """
 import warnings
 
