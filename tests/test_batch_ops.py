@@ -28,6 +28,17 @@ def test_both_kinds_have_the_same_operations():
             "host", "adopt", "copy_into"} <= public_methods(HOST)
 
 
+@pytest.mark.parametrize("ops", [HOST, DEVICE], ids=["numpy", "ti.ndarray"])
+def test_unused_arguments_are_kept_per_shape_and_dtype(ops):
+    """A kernel's unread arguments (``unused``, ``no_ids``) are of the kind's type and made once, not per call:
+    the host's belong to ``HOST`` (no module-global arrays)."""
+    ints, floats = ops.unused((1,), np.int32), ops.unused((1, 1), np.float32)
+    assert ints is ops.unused((1,), np.int32) and floats is ops.unused((1, 1), np.float32)
+    assert ops_of(ints) is ops and tuple(ints.shape) == (1,) and tuple(floats.shape) == (1, 1)
+    assert (ints.dtype, floats.dtype) == ((np.int32, np.float32) if ops is HOST else (ti.i32, ti.f32))
+    assert ops.no_ids() is ops.no_ids() and ops.host(ops.no_ids()).tolist() == [0]
+
+
 def test_ops_of_picks_the_device_for_any_ndarray():
     a = rng.random((4, 3), dtype=np.float32)
     assert ops_of(a) is HOST and ops_of(put(a)) is DEVICE and ops_of(a, put(a)) is DEVICE
