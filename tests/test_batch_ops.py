@@ -28,6 +28,17 @@ def test_both_kinds_have_the_same_operations():
             "host", "adopt", "copy_into"} <= public_methods(HOST)
 
 
+@pytest.mark.parametrize("ops", [HOST, DEVICE], ids=["numpy", "ti.ndarray"])
+def test_unused_arguments_are_kept_per_shape_and_dtype(ops):
+    """A kernel's unread arguments (``unused``, ``no_ids``) are of the kind's type and made once, not per call:
+    the host's belong to ``HOST`` (no module-global arrays)."""
+    ints, floats = ops.unused((1,), np.int32), ops.unused((1, 1), np.float32)
+    assert ints is ops.unused((1,), np.int32) and floats is ops.unused((1, 1), np.float32)
+    assert ops_of(ints) is ops and tuple(ints.shape) == (1,) and tuple(floats.shape) == (1, 1)
+    assert (ints.dtype, floats.dtype) == ((np.int32, np.float32) if ops is HOST else (ti.i32, ti.f32))
+    assert ops.no_ids() is ops.no_ids() and ops.host(ops.no_ids()).tolist() == [0]
+
+
 def test_ops_of_picks_the_device_for_any_ndarray():
     a = rng.random((4, 3), dtype=np.float32)
     assert ops_of(a) is HOST and ops_of(put(a)) is DEVICE and ops_of(a, put(a)) is DEVICE
@@ -108,3 +119,48 @@ def test_reading_the_store_allocates_nothing():
         built.inference(rng.random((4, 2), dtype=np.float32))
     made = tinn.create_encoding(2, config)
     assert made.store.n_params == made.n_params and made.params().shape == (made.n_params,)
+
+
+@pytest.mark.parametrize("first", ["host path", "device path"])
+def test_the_path_is_the_calls_not_the_models(first, monkeypatch):
+    """The kind of a call's batches picks the backends at every call (``routing.on_device``): a model used on one
+    path gives the same results on the other, and back (nothing is chosen once per model)."""
+    enc = {"otype": "HashGrid", "n_levels": 2, "n_features_per_level": 2, "log2_hashmap_size": 6, "base_resolution": 4}
+    net = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1}
+    x, dy = rng.random((37, 2), dtype=np.float32), rng.normal(size=(37, 3)).astype(np.float32)
+    results = []
+    for device in ([False, True, False] if first == "host path" else [True, False, True]):
+        monkeypatch.setattr(tinn._device, "FORCE", device)
+        if not results:
+            model = tinn.NetworkWithInputEncoding(2, 3, enc, net, seed=4)
+        y, ctx = model.forward(x)
+        dx = model.backward(ctx, dy)
+        results.append((model.inference(x), y, dx, model.gradients()))
+    for other in results[1:]:
+        for got, want in zip(other, results[0]):
+            np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-6)
+
+
+@pytest.mark.parametrize("path", ["host", "device"])
+@pytest.mark.parametrize("routing", ["single", "routed", "dense"])
+def test_a_step_checks_each_argument_once(path, routing, monkeypatch):
+    """A training step (and the trainer's ``forward``) checks the shape and dtype of ``x``, ``target``, ``pdf``
+    and the ids once, at the step's entry: the calls it composes (the model's forward, the loss) check none
+    of them again, nor the model's output."""
+    import tinn._batch as batch
+    monkeypatch.setattr(tinn._device, "FORCE", path == "device")
+    K = 1 if routing == "single" else 2
+    model = tinn.NetworkWithInputEncoding(2, 3, {"otype": "Identity"}, {"otype": "FullyFusedMLP", "n_neurons": 16,
+                                                                        "n_hidden_layers": 1}, n_instances=K, seed=2)
+    trainer = tinn.Trainer(model, tinn.create_optimizer({"otype": "Adam"}), tinn.create_loss({"otype": "RelativeL2"}))
+    lead = (K, 8) if routing == "dense" else (16,)
+    wrap = put if path == "device" else (lambda a: a)
+    x, target = wrap(rng.random(lead + (2,), dtype=np.float32)), wrap(rng.random(lead + (3,), dtype=np.float32))
+    pdf = wrap(rng.random(lead + (3,), dtype=np.float32) + 0.5)
+    instance = (np.arange(16, dtype=np.int32) % K) if routing == "routed" else None
+    checks, check = [], batch.check_array
+    monkeypatch.setattr(batch, "check_array", lambda a, name, *args: checks.append(name) or check(a, name, *args))
+    for call in (trainer.training_step, trainer.forward):
+        checks.clear()
+        call(x, target, instance, pdf)
+        assert sorted(checks) == sorted(["x", "target", "pdf"] + (["instance"] if instance is not None else []))

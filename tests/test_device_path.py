@@ -54,7 +54,7 @@ def pair(build, monkeypatch):
         mlp = device
         while not hasattr(mlp, "_batch_path"):
             mlp = mlp.network
-        assert type(mlp._batch_path()).__name__ == "KernelMLP"       # chosen at its first use
+        assert type(mlp._batch_path(Routing(1, ops=_kind.DEVICE))).__name__ == "KernelMLP"   # a device batch's backend
     return host, device
 
 

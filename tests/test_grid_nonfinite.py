@@ -83,7 +83,7 @@ def check(tinn, ti, Routing, case):
     enc.set_params(theta)
     x, n_finite = batch(D, rng)
     B, width = x.shape[0], enc.padded_output_width
-    y, ctx = enc._forward(nd(ti, x), Routing(B))
+    y, ctx = enc._forward(nd(ti, x), Routing(B, ops=tinn._kind.DEVICE))     # a device batch: values unchecked
     y = y.to_numpy()
     np.testing.assert_allclose(y[:n_finite, :N_LEVELS * F], grid_ref(x[:n_finite], theta, levels, F, interp),
                                rtol=1e-4, atol=1e-5)

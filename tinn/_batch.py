@@ -3,7 +3,9 @@
 Batches cross the public API as row-major ``(batch, dims)`` float32 arrays: numpy arrays, ``ti.ndarray``s
 or torch tensors. :func:`as_batch` checks one against its kind's operations (``tinn._kind.ops_of``) and
 returns it ready for the components: a ``ti.ndarray`` as it is on the device path, a contiguous numpy
-array on the host path. :func:`check_ids` is the one rule for a network array's per-sample ids.
+array on the host path. :func:`check_ids` is the one rule for a network array's per-sample ids,
+:func:`as_mask` for an optimizer step's networks, :func:`check_out` for an ``out`` argument. A public call
+checks each argument once: the calls it composes are told what was checked (``Routing.checked``).
 """
 import numpy as np
 import taichi as ti
@@ -32,14 +34,15 @@ def check_array(a, name: str, dtype, shapes: str, fits):
 
 
 def as_batch(a, n_dims, name: str = "x", *, dtype=np.float32, allow_dense: bool = False, finite: bool = False,
-             positive: bool = False):
+             positive: bool = False, deferred: bool = False):
     """Check a ``(batch, n_dims)`` array and return it ready for the components, of the path's one kind: a
     ``ti.ndarray`` on the device path (a host array checked on the host, then uploaded once), a contiguous
     numpy array on the host path. Inside a call every batch then has one kind, ``Routing.ops``.
 
     ``n_dims=None`` accepts any width. With ``allow_dense`` a ``(K, batch_k, n_dims)`` array is accepted
     too and returned unchanged in shape (the caller flattens it). ``finite`` rejects NaN and +-Inf,
-    ``positive`` also values <= 0 (:func:`check_values`).
+    ``positive`` also values <= 0 (:func:`check_values`); with ``deferred`` the values of a batch that stays
+    on the device are left to the kernels that read it (a training step's census and loss kernel).
     """
     if is_device(a):
         check_live(a, name)
@@ -51,7 +54,7 @@ def as_batch(a, n_dims, name: str = "x", *, dtype=np.float32, allow_dense: bool 
                 lambda s: len(s) in ((2, 3) if allow_dense else (2,)) and (n_dims is None or s[-1] == n_dims))
     ops = ops_of(a)
     a = ops.contiguous(a)
-    if finite or positive:
+    if (finite or positive) and not (deferred and ops is DEVICE):
         check_values(a, name, positive=positive, ops=ops)
     return DEVICE.adopt(a) if active() and ops is HOST and a.shape[-1] else a   # (no empty ndarray)
 
@@ -98,3 +101,38 @@ def as_instances(instance, batch: int, n_instances: int) -> np.ndarray | None:
     check_ids(arr, batch)
     check_id_range(int(arr.min()), int(arr.max()), n_instances)
     return np.ascontiguousarray(arr)
+
+
+def check_out(out, caller, shape: tuple):
+    """An ``out`` argument: float32, ``shape``, C-contiguous and of the kind of the array the caller passed
+    (``TypeError`` / ``ValueError``)."""
+    if is_device(caller) != is_device(out) or not (is_device(out) or isinstance(out, np.ndarray)):
+        raise TypeError(f"out must be of x's kind ({type(caller).__name__}), got {type(out).__name__}")
+    if _dtype_name(out) != "float32":
+        raise TypeError(f"out must have dtype float32, got {out.dtype}")
+    if tuple(out.shape) != shape:
+        raise ValueError(f"out must have shape {shape}, got {tuple(out.shape)}")
+    if not is_device(out) and not out.flags.c_contiguous:
+        raise ValueError("out must be C-contiguous")
+
+
+def as_mask(active, n_instances: int, kernel_array=lambda mask: mask):
+    """The ``active`` argument of an optimizer step as the int32 ``(n_instances,)`` mask its kernels read (1: step
+    that network): an int32 ``ti.ndarray`` mask as it is (its kind, dtype and shape checked; its values are read
+    on the device), else host network ids (``None``: every network) as a host mask handed to ``kernel_array``
+    (an optimizer's upload of its small tables). ``ValueError`` for anything else."""
+    if is_device(active):
+        check_live(active, "active")
+        if active.dtype != ti.i32 or tuple(active.shape) != (n_instances,):
+            raise ValueError(f"a device 'active' must be an int32 mask of shape ({n_instances},), "
+                             f"got {active.dtype} {tuple(active.shape)}")
+        return active
+    if active is None:
+        return kernel_array(np.ones(n_instances, np.int32))
+    ids = np.asarray(active)
+    if ids.ndim != 1 or not (ids.size == 0 or np.issubdtype(ids.dtype, np.integer)) or (
+            ids.size and (ids.min() < 0 or ids.max() >= n_instances)):
+        raise ValueError(f"active must be a list of network ids in [0, {n_instances}), got {active!r}")
+    mask = np.zeros(n_instances, np.int32)
+    mask[ids.astype(np.int64)] = 1
+    return kernel_array(mask)

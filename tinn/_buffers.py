@@ -70,11 +70,6 @@ kept = _Kept()
 """``kept(key, make)``: the buffer kept under ``key``, made by ``make()`` the first time."""
 
 
-def unread():
-    """A ``(1, 1)`` float32 ``ti.ndarray`` for an array argument a kernel does not read (kept)."""
-    return kept("unread", lambda: buffer((1, 1)))
-
-
 def zeros_i32():
     """A one-element int32 ``ti.ndarray`` holding 0 (kept: the ids kernels take for a single network's batch)."""
     return kept("zero ids", lambda: put(np.zeros(1, np.int32), ti.i32))

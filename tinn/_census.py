@@ -255,11 +255,12 @@ class Faults:
                       "skipped)")
 
 
-def loss_checks(census: "Census | None") -> tuple:
+def loss_checks(census: "Census | None", ops) -> tuple:
     """The loss kernel's census arguments ``(facts, values, mask, fault record, fault values, step)``: a census's
-    (its ``target`` and ``pdf`` are then checked by the loss kernel), or unused placeholders."""
+    (its ``target`` and ``pdf`` are then checked by the loss kernel), or unused placeholders of ``ops``' kind."""
     if census is None:
-        return unused((1,)), unused((1,), ti.f32), unused((1,)), unused((1,)), unused((1,), ti.f32), 0
+        ints, floats = ops.unused((1,), np.int32), ops.unused((1,), np.float32)
+        return ints, floats, ints, ints, floats, 0
     faults = census.faults
     if faults is None:
         return census.facts, census.values, census.mask, unused((1,)), unused((1,), ti.f32), 0

@@ -11,7 +11,8 @@ import taichi as ti
 from taichi.lang import impl
 
 FORCE = False
-"""Use the device path on the CPU too (read when a model is built and at every call)."""
+"""Use the device path on the CPU too (read at every call, by ``tinn._batch.as_batch``: the kind of the call's
+batches then picks every backend)."""
 
 
 def is_cpu() -> bool:

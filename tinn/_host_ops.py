@@ -13,7 +13,6 @@ from taichi.lang import impl
 
 from ._program import check_live, current_program
 
-_NO_IDS = np.zeros(1, np.int32)
 _HOST_TYPES = {"f32": (ctypes.c_float, np.float32), "i32": (ctypes.c_int32, np.int32)}
 
 
@@ -73,6 +72,9 @@ class HostOps(BatchOps):
     """Operations on float32 numpy batches ``(batch, n)`` (``(K, B, n)`` where dense)."""
 
     kind = "numpy"
+
+    def __init__(self):
+        self._unused = {}
 
     @staticmethod
     def empty(shape):
@@ -161,10 +163,16 @@ class HostOps(BatchOps):
         """Network ids as a contiguous int32 numpy array."""
         return np.ascontiguousarray(instance, np.int32)
 
-    @staticmethod
-    def no_ids():
-        """The one-element ids a kernel takes for a single network's batch (unread)."""
-        return _NO_IDS
+    def no_ids(self):
+        """The one-element ids a kernel takes for a single network's batch (unread; kept)."""
+        return self.unused((1,), np.int32)
+
+    def unused(self, shape: tuple, dtype=np.int32):
+        """A zero array of ``shape`` for a kernel argument that is not read (kept, one per shape and dtype)."""
+        key = (tuple(shape), np.dtype(dtype))
+        if key not in self._unused:
+            self._unused[key] = np.zeros(shape, dtype)
+        return self._unused[key]
 
     @staticmethod
     def has_bad(a, positive: bool = False) -> bool:

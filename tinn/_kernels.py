@@ -14,7 +14,6 @@ shader invocation after 65,535 loop iterations).
 
 import functools
 
-import numpy as np
 import taichi as ti
 
 from ._device import is_cpu
@@ -93,10 +92,9 @@ def _copy_columns(dst: ti.template(), dst_off: ti.i32, src: ti.template(), src_o
 
 def copy_columns(dst, dst_off: int, src, src_off: int, n: int, active):
     """``dst[k, dst_off + i] = src[k, src_off + i]`` for ``i < n`` and every ``k`` with ``active[k] != 0``
-    (``active``: int32, numpy or a ``ti.ndarray``)."""
+    (``active``: an int32 kernel array, numpy or a ``ti.ndarray``: an optimizer's mask)."""
     if n:
-        _copy_columns(dst, dst_off, src, src_off, n,
-                      active if isinstance(active, ti.Ndarray) else np.ascontiguousarray(active, dtype=np.int32))
+        _copy_columns(dst, dst_off, src, src_off, n, active)
 
 
 @ti.kernel

@@ -1,8 +1,11 @@
 """The kind of a batch, told once: :func:`ops_of` gives the operations of a batch's kind (``HOST`` for
 numpy, ``DEVICE`` for ``ti.ndarray``), and the few seams where a result changes kind for its caller.
 
-Components call ``ops_of(x).empty_like(x)``, ``ops_of(x).columns(...)`` and so on; none asks what kind
-an array is. Taichi has no empty ndarray, so a ``(batch, 0)`` result is numpy whatever the path.
+A call's batches get their kind once (``tinn._batch.as_batch``) and its routing carries the operations
+(``routing.ops``): components call ``routing.ops.empty_like(x)``, ``routing.ops.columns(...)`` and so on;
+none asks what kind an array is. Results go back to the caller's kind here (:func:`callers_kind`,
+:func:`callers_output`, :func:`callers_loss`). Taichi has no empty ndarray, so a ``(batch, 0)`` result is
+numpy whatever the path.
 """
 import numpy as np
 import taichi as ti
@@ -11,7 +14,8 @@ from ._buffers import buffer
 from ._host_ops import HOST, ndarray_view
 from ._ndarray_ops import DEVICE
 
-__all__ = ["DEVICE", "HOST", "add", "callers_kind", "contiguous", "copy_into", "empty_like", "flatten", "full_like", "host",
+__all__ = ["DEVICE", "HOST", "add", "callers_kind", "callers_loss", "callers_output",
+           "contiguous", "copy_into", "empty_like", "flatten", "full_like", "host",
            "is_device", "ops_of", "unflatten"]
 
 
@@ -41,6 +45,26 @@ def callers_kind(a, caller):
     else:
         view[...] = a
     return out
+
+
+def callers_output(y, n_cols: int, dense, caller):
+    """The first ``n_cols`` columns of a batch's result ``y`` (``(batch, width)``, a component's output) in the
+    layout of a ``dense`` ``(K, B_k)`` batch (``None``: flat), of the caller's kind: a device result for a
+    ``ti.ndarray`` caller stays on the device when it has those columns only; anything else is read on the
+    host once, then has the caller's kind (:func:`callers_kind`)."""
+    if is_device(y) and is_device(caller) and y.shape[1] == n_cols:
+        return DEVICE.unflatten(y, dense) if dense else y
+    y = np.ascontiguousarray(host(y)[:, :n_cols])
+    return callers_kind(y.reshape(dense + (-1,)) if dense else y, caller)
+
+
+def callers_loss(loss, per_network, caller):
+    """A loss and its per-network losses as the caller of a loss or a step gets them: numbers (a float and a
+    numpy array) for a host ``caller``; for a ``ti.ndarray`` caller as they are (on the device path read
+    when someone reads them, ``tinn._census.LossValue``)."""
+    if is_device(caller):
+        return loss, per_network
+    return float(loss), np.asarray(per_network)
 
 
 # -- one batch's operation, its kind picked from the batch (for callers that hold a single batch) -------

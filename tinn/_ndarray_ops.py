@@ -165,6 +165,12 @@ class NdarrayOps(BatchOps):
         return zeros_i32()
 
     @staticmethod
+    def unused(shape: tuple, dtype=np.int32):
+        """A ``ti.ndarray`` of ``shape`` for a kernel argument that is not read (kept per program)."""
+        dtype = ti.i32 if np.dtype(dtype) == np.int32 else ti.f32
+        return kept(("unused", tuple(shape), dtype), lambda: buffer(shape, dtype))
+
+    @staticmethod
     def has_bad(a, positive: bool = False) -> bool:
         """Whether a float32 batch holds NaN or +-Inf (with ``positive``, also values <= 0): counted on the
         device, one integer read back."""

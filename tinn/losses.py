@@ -23,23 +23,18 @@ network) is not an error: it gives a non-finite loss, as in tcnn.
 import numpy as np
 import taichi as ti
 
-from . import _buffers, _census
-from ._census import ROWS_PER_TASK, LossValue, PerNetwork, loss_checks, unused
+from . import _census
+from ._census import ROWS_PER_TASK, loss_checks
 from ._kernels import specialised
 from ._types import F32_1D, F32_2D, I32_1D
-from ._batch import as_batch, as_instances
+from ._batch import as_batch
 from ._device import is_cpu
-from ._host_ops import to_numpy
-from ._kind import DEVICE, HOST, callers_kind, ops_of
+from ._kind import callers_kind, callers_loss
 from ._program import RuntimeBound
 from .registry import losses
 from .keys import Options
 from .object import Object
-from .routing import Routing, device_ids
-
-_UNREAD = np.ones((1, 1), np.float32)      # the pdf argument of an unweighted evaluation (never read)
-_HOST_UNUSED = (np.zeros(1, np.int32), _UNREAD[0], np.zeros(1, np.int32), np.zeros(1, np.int32), _UNREAD[0])
-"""The census arguments of a host evaluation (never read)."""
+from .routing import Routing
 
 
 @specialised
@@ -158,8 +153,14 @@ class Loss(Object, RuntimeBound):
         self._check_runtime()
         dense = routing is not None and routing.dense is not None
         checked = routing is not None and routing.has_checked(target)       # by the trainer, or on the device
-        t = as_batch(target, None, "target", allow_dense=dense, finite=not checked)
-        p = as_batch(prediction, None, "prediction", allow_dense=dense)
+
+        def batch(a, n_dims, name, **values):           # checked here unless the trainer did
+            if routing is not None and routing.has_checked(a):
+                return a
+            return as_batch(a, n_dims, name, allow_dense=dense, **values)
+
+        t = batch(target, None, "target", finite=True)
+        p = batch(prediction, None, "prediction")
         samples = (int(np.prod(p.shape[:-1])), int(np.prod(t.shape[:-1])))   # a dense batch's prediction may be flat
         if samples[0] != samples[1] or (len(p.shape) == len(t.shape) and p.shape[:-1] != t.shape[:-1]) \
                 or p.shape[-1] < t.shape[-1]:
@@ -167,25 +168,18 @@ class Loss(Object, RuntimeBound):
                              "at least as many prediction columns as target columns")
         if t.shape[-1] < self.min_dims:
             raise ValueError(f"loss '{self.otype}' needs targets with at least {self.min_dims} dims, got {t.shape[-1]}")
-        q = None if pdf is None else as_batch(pdf, t.shape[-1], "pdf", allow_dense=dense, positive=not checked)
+        q = None if pdf is None else batch(pdf, t.shape[-1], "pdf", positive=True)
         if q is not None and q.shape != t.shape:
             raise ValueError(f"pdf must have the target's shape {t.shape}, got {q.shape}")
-        ops = ops_of(p)                         # the path's kind (as_batch made every batch of one call one kind)
-        if routing is None and instance is None:
-            routing = Routing(p.shape[0], ops=ops)
-        elif routing is None and ops is DEVICE and ops_of(instance) is DEVICE:
-            ids, n_instances, counts = device_ids(instance, p.shape[0], n_instances)
-            routing = Routing(p.shape[0], n_instances, ids, counts=counts, ops=ops)
-        elif routing is None:
-            n_instances = n_instances or int(np.max(to_numpy(instance, "instance"))) + 1
-            routing = Routing(p.shape[0], n_instances, as_instances(instance, p.shape[0], n_instances), ops=ops)
+        if routing is None:                     # (p is flat: a dense batch needs its routing)
+            _, routing = Routing.of(p, instance, 1 if instance is None else n_instances)
         elif routing.batch != int(np.prod(p.shape[:-1])):
             raise ValueError(f"prediction has {int(np.prod(p.shape[:-1]))} samples, its routing {routing.batch}")
+        ops = routing.ops                       # the path's kind (as_batch made every batch of one call one kind)
         loss, grad, per_network = self._evaluate(ops.rows(p), ops.rows(t), None if q is None else ops.rows(q),
                                                  routing, loss_scale, checked)
         grad = callers_kind(ops.unflatten(grad, p.shape[:2]) if len(p.shape) == 3 else grad, prediction)
-        if ops_of(prediction) is HOST:             # a host caller gets numbers
-            loss, per_network = float(loss), np.asarray(per_network)
+        loss, per_network = callers_loss(loss, per_network, prediction)
         if not per_instance:
             return loss, grad
         return loss, grad, per_network
@@ -201,27 +195,23 @@ class Loss(Object, RuntimeBound):
         of a larger batch (``routing.whole``) is normalised by the whole batch's counts, so the
         chunks' losses and gradients add up to the whole batch's.
 
-        On the device the loss kernel sums the losses per network itself and the loss is a
-        :class:`~tinn._census.LossValue`, read when someone reads it; with a census (a trainer's step of device
-        batches, ``checked``) the kernel also checks ``target`` and ``pdf`` there.
+        One path for every batch: the routing says where the kernel leaves the losses and sums them per network
+        (``routing.loss_sums``, ``routing.network_losses``: on the host per sample, then per network in float64;
+        on the device the kernel's own per-network sums, and the loss is a :class:`~tinn._census.LossValue`,
+        read when someone reads it); with a census (a trainer's step of device batches, ``checked``) the kernel
+        also checks ``target`` and ``pdf`` there.
         """
         B, D = t.shape
-        weighted, census = q is not None, routing.census if checked else None
-        inv, (ids, routed) = routing.normalisers(D), routing.kernel_ids()
-        grad = routing.ops.empty_like(p)
-        if routing.on_device:
-            inv = DEVICE.adopt(inv)
-            q = _buffers.unread() if q is None else q
-            sums, per_task = _buffers.buffer((routing.n_instances,)), ROWS_PER_TASK if is_cpu() else 16
-            _kernel(type(self), per_task)(p, t, q, weighted, ids, routed, inv, float(loss_scale), grad, unused((1,), ti.f32),
-                                          True, sums, census is not None, *loss_checks(census), -(-B // per_task))
-            loss = LossValue(sums, routing, census)
-            return loss, grad, PerNetwork(loss)
-        rows = np.empty(B, np.float32)
-        _kernel(type(self), ROWS_PER_TASK)(p, t, _UNREAD if q is None else q, weighted, ids, routed, inv,
-                                           float(loss_scale), grad, rows, False, _UNREAD[0], False, *_HOST_UNUSED, 0, 0)
-        per_network = routing.sum_per_network(rows)
-        return routing.mean(per_network), grad, per_network
+        ops, weighted, census = routing.ops, q is not None, routing.census if checked else None
+        inv, (ids, routed) = ops.adopt(routing.normalisers(D)), routing.kernel_ids()
+        q = ops.unused((1, 1), np.float32) if q is None else q
+        grad, (rows, sums) = ops.empty_like(p), routing.loss_sums(B)
+        per_task = ROWS_PER_TASK if is_cpu() else 16
+        _kernel(type(self), per_task)(p, t, q, weighted, ids, routed, inv, float(loss_scale), grad, rows,
+                                      routing.on_device, sums, census is not None, *loss_checks(census, ops),
+                                      -(-B // per_task))
+        loss, per_network = routing.network_losses(rows, sums, census)
+        return loss, grad, per_network
 
 
 def _loss(name: str, doc: str, **attrs):

@@ -21,8 +21,8 @@ import numpy as np
 import taichi as ti
 
 from ._kernels import fill_columns
-from ._batch import as_batch
-from ._kind import callers_kind, copy_into, full_like, host, is_device, unflatten
+from ._batch import as_batch, check_out
+from ._kind import callers_kind, callers_output, copy_into, full_like, host, unflatten
 from ._program import RuntimeBound
 from ._rng import Pcg32
 from ._sample import SampleFuncs
@@ -188,11 +188,11 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
 
     def _prepare(self, x, instance):
         """Validate a batch and describe its routing once; a dense ``(K, B_k, n)`` batch is flattened. ``instance``
-        may be the batch's own :class:`Routing` (a trainer's: ``x`` is then the flat batch it describes, and its
-        values are not checked again where the routing says they were)."""
+        may be the batch's own :class:`Routing` (a trainer's: ``x`` is then the flat batch it describes, not checked
+        again where the routing says it was)."""
         self._check_runtime()
         if isinstance(instance, Routing):
-            arr = as_batch(x, self.n_input_dims, finite=not instance.has_checked(x))
+            arr = x if instance.has_checked(x) else as_batch(x, self.n_input_dims, finite=True)
             if arr.shape[0] != instance.batch or instance.n_instances != self.n_instances:
                 raise ValueError(f"the routing describes {instance.batch} samples of {instance.n_instances} networks, "
                                  f"not this batch of {arr.shape[0]} for {self.n_instances}")
@@ -202,11 +202,7 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
 
     def _finish(self, y: np.ndarray, routing: Routing, caller, flat: bool = False):
         """The output ``(batch, n_output_dims)`` of the ``caller``'s kind, in a dense batch's layout unless ``flat``."""
-        dense = routing.dense if not flat else None
-        if routing.on_device and is_device(caller) and y.shape[1] == self.n_output_dims:
-            return unflatten(y, dense) if dense else y   # a device batch's output stays there
-        y = np.ascontiguousarray(host(y)[:, : self.n_output_dims])
-        return y.reshape(dense + (-1,)) if dense else y
+        return callers_output(y, self.n_output_dims, None if flat else routing.dense, caller)
 
     def inference(self, x, instance=None, *, out=None) -> np.ndarray:
         """Outputs ``(batch, n_output_dims)`` for inputs ``(batch, n_input_dims)``; with a network array,
@@ -219,13 +215,13 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         caller = x
         x, routing = self._prepare(x, instance)
         if out is not None:
-            self._check_out(out, caller, routing)
+            check_out(out, caller, (routing.dense or (routing.batch,)) + (self.n_output_dims,))
         chunk = chunk_samples(self, training=False)
         if out is not None and routing.dense is None and (routing.batch <= chunk or routing.on_device):
             y = self._inference_into(x, routing, out)
             return out if y is out else callers_kind(y, caller)
         if routing.batch <= chunk or routing.on_device:       # a device batch is not cut
-            y = callers_kind(self._finish(self._inference(x, routing), routing, caller), caller)
+            y = self._finish(self._inference(x, routing), routing, caller)
             return y if out is None else copy_into(out, y)
         y = np.empty((routing.batch, self.n_output_dims), np.float32) if out is None else out.reshape(routing.batch, -1)
         for lo in range(0, routing.batch, chunk):
@@ -234,19 +230,6 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         if out is not None:
             return out
         return callers_kind(y.reshape(routing.dense + (-1,)) if routing.dense else y, caller)
-
-    def _check_out(self, out, caller, routing):
-        """``out`` must have the result's shape, float32 and the caller's kind (``TypeError`` / ``ValueError``)."""
-        shape = routing.dense + (self.n_output_dims,) if routing.dense else (routing.batch, self.n_output_dims)
-        if is_device(caller) != is_device(out) or not (is_device(out) or isinstance(out, np.ndarray)):
-            raise TypeError(f"out must be of x's kind ({type(caller).__name__}), got {type(out).__name__}")
-        dtype = out.dtype if is_device(out) else np.dtype(out.dtype)
-        if dtype not in (ti.f32, np.float32):
-            raise TypeError(f"out must have dtype float32, got {out.dtype}")
-        if tuple(out.shape) != shape:
-            raise ValueError(f"out must have shape {shape}, got {tuple(out.shape)}")
-        if isinstance(out, np.ndarray) and not out.flags.c_contiguous:
-            raise ValueError("out must be C-contiguous")
 
     def _inference_into(self, x, routing, out):
         """Outputs of a flat batch written into ``out`` ``(batch, n_output_dims)`` (a component whose last kernel
@@ -261,8 +244,8 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         x, routing = self._prepare(x, instance)
         y, ctx = self._forward(x, routing)
         if isinstance(instance, Routing):       # a trainer's flat batch: its output stays flat (no copy)
-            return callers_kind(self._finish(y, routing, caller, flat=True), caller), ctx
-        return callers_kind(self._finish(y, routing, caller), caller), ctx
+            return self._finish(y, routing, caller, flat=True), ctx
+        return self._finish(y, routing, caller), ctx
 
     def backward(self, ctx: Context, dL_doutput, *, input_gradient: bool = True, mode: str = "overwrite"):
         """Accumulate (or overwrite) parameter gradients; return ``dL/dinput`` unless ``input_gradient=False``
@@ -283,7 +266,7 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
             raise ValueError(f"dL_ddLdinput has {v.shape[0]} samples, the forward pass had {ctx.x.shape[0]}")
         dy, dx = self._backward_backward_input(ctx, v, g, self._gradient_mode(ctx, mode))
         dx = full_like(ctx.x, 0.0) if dx is None else dx
-        return (callers_kind(self._finish(dy, ctx.routing, dL_ddLdinput), dL_ddLdinput),
+        return (self._finish(dy, ctx.routing, dL_ddLdinput),
                 callers_kind(self._dense(ctx, dx), dL_ddLdinput))
 
     def _output_gradient(self, ctx: Context, dL_doutput, mode: str) -> np.ndarray:
@@ -295,7 +278,8 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         if mode not in GRADIENT_MODES:
             raise ValueError(f"mode must be one of {GRADIENT_MODES}, got {mode!r}")
         routing = ctx.routing
-        g = as_batch(dL_doutput, self.n_output_dims, "dL_doutput", allow_dense=routing.dense is not None)
+        g = dL_doutput if routing.has_checked(dL_doutput) else \
+            as_batch(dL_doutput, self.n_output_dims, "dL_doutput", allow_dense=routing.dense is not None)
         g = routing.ops.rows(g)
         if g.shape[0] != routing.batch:
             raise ValueError(f"dL_doutput has {g.shape[0]} samples, the forward pass had {routing.batch}")

@@ -27,11 +27,12 @@ import numpy as np
 import taichi as ti
 
 from . import _buffers
-from ._census import TILE, Census
+from ._census import TILE, Census, LossValue, PerNetwork
 from ._groups import Groups
 from ._types import I32_1D, I32_2D
 from ._batch import as_instances, check_id_range, check_ids
 from ._program import check_live
+from ._host_ops import to_numpy
 from ._kind import DEVICE, HOST, ops_of
 
 
@@ -136,9 +137,11 @@ class Routing:
         return self if self._whole is None else self._whole
 
     @classmethod
-    def of(cls, x: np.ndarray, instance, n_instances: int, census: tuple | None = None) -> tuple[np.ndarray, "Routing"]:
+    def of(cls, x: np.ndarray, instance, n_instances: int | None,
+           census: tuple | None = None) -> tuple[np.ndarray, "Routing"]:
         """A checked batch ``x`` as ``(batch, dims)`` and its routing: ``instance`` ids (checked here), or
         none for a dense ``(n_instances, B_k, dims)`` batch, which is flattened network by network.
+        ``n_instances=None`` (a loss's routed batch): the largest id + 1.
 
         ``census=(n_target_dims, faults, reuse)``: a training step's device batch, described by a census on the
         device (device ids are then checked there too, not here; ``reuse``: see :class:`~tinn._census.Census`)."""
@@ -147,8 +150,10 @@ class Routing:
             return cls._described(x, instance, n_instances, *census)
         if len(x.shape) == 2:                   # a numpy array or a ti.ndarray
             if ops is DEVICE and ops_of(instance) is DEVICE:
-                ids, _, counts = device_ids(instance, x.shape[0], n_instances)
+                ids, n_instances, counts = device_ids(instance, x.shape[0], n_instances)
                 return x, cls(x.shape[0], n_instances, ids, counts=counts, ops=ops)
+            if n_instances is None:
+                n_instances = int(np.max(to_numpy(instance, "instance"))) + 1
             return x, cls(x.shape[0], n_instances, as_instances(instance, x.shape[0], n_instances), ops=ops)
         if x.shape[0] != n_instances:
             raise ValueError(f"a dense batch needs shape ({n_instances}, batch, {x.shape[-1]}), got {x.shape}")
@@ -216,6 +221,26 @@ class Routing:
         if n_active is None:
             n_active = int(np.count_nonzero(self.whole.counts))
         return float(per_network.sum() / max(n_active, 1))
+
+    def loss_sums(self, batch: int) -> tuple:
+        """``(rows, sums)``: where the loss kernel leaves the losses of a batch of ``batch`` samples, as the
+        routing sums them per network. On the host every sample's loss in ``rows`` ``(batch,)``, summed per
+        network in float64 by :meth:`network_losses`; on the device each network's sum in ``sums``
+        ``(n_instances,)``, summed by the kernel itself (one atomic add per run of one network's samples). The
+        other one is an unread placeholder."""
+        if self.on_device:
+            return self.ops.unused((1,), np.float32), _buffers.buffer((self.n_instances,))
+        return np.empty(batch, np.float32), self.ops.unused((1,), np.float32)
+
+    def network_losses(self, rows, sums, census: Census | None = None) -> tuple:
+        """``(loss, per-network losses)`` from what the loss kernel left in :meth:`loss_sums`: a float and a float64
+        ``(n_instances,)`` array on the host; on the device a :class:`~tinn._census.LossValue` (and its
+        :class:`~tinn._census.PerNetwork`), read when someone reads it (settling ``census`` first)."""
+        if self.on_device:
+            loss = LossValue(sums, self, census)
+            return loss, PerNetwork(loss)
+        per_network = self.sum_per_network(rows)
+        return self.mean(per_network), per_network
 
     def has_checked(self, a) -> bool:
         """Whether ``a`` is one of the arrays whose values were checked for this batch (``checked``)."""

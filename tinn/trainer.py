@@ -44,10 +44,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import serialization
-from . import _device
 from ._census import Faults
 from ._batch import as_batch
-from ._kind import DEVICE, HOST, ops_of
+from ._kind import callers_loss
 from ._program import RuntimeBound
 from .mixed_precision import LossScale, MasterWeights
 from .object import Context, DifferentiableObject, chunk_samples
@@ -72,7 +71,7 @@ class Trainer(RuntimeBound):
         self._masters = MasterWeights(store) if half else None
         self.loss_scaler = LossScale() if half else None
         optimizer.allocate(model.n_params, model.layer_sizes(), model.n_instances, self.master_store)
-        self._faults = None                         # made by the first step of device batches
+        self._faults = Faults()                     # the record of a bad step of device batches
 
     @property
     def loss_scale(self) -> float:
@@ -124,8 +123,7 @@ class Trainer(RuntimeBound):
 
     def _settle(self):
         """Raise the ``ValueError`` of a bad step of device batches not yet reported (module docstring)."""
-        if self._faults is not None:
-            self._faults.settle(self.model.n_instances)
+        self._faults.settle(self.model.n_instances)
 
     def params(self) -> np.ndarray:
         """The training parameters (tcnn's ``params()``), as ``model.params()``."""
@@ -190,25 +188,25 @@ class Trainer(RuntimeBound):
         ``instance_losses`` (per network, ``(n_instances,)``) added. Checks every value first (on the device a
         read-back)."""
         self._settle()
-        host = ops_of(x) is HOST
-        x, target, instance, pdf = self._checked(x, target, instance, pdf, deferred=False)
-        ctx = self._forward(x, target, instance, pdf, reuse=False)     # its ctx may outlive the next step
+        caller = x
+        x, target, pdf, routing = self._routed(x, target, instance, pdf, deferred=False)
+        ctx = self._forward(x, target, pdf, routing)
+        ctx.loss, ctx.instance_losses = callers_loss(ctx.loss, ctx.instance_losses, caller)
         ctx.instance_losses = np.asarray(ctx.instance_losses)
-        if host:                                    # a host caller gets a float
-            ctx.loss = float(ctx.loss)
         return ctx
 
-    def _checked(self, x, target, instance, pdf, deferred: bool) -> tuple:
-        """The arguments of a step, checked before anything runs: shapes and dtypes, and the values of host
-        arrays (and, unless ``deferred``, of device ones: see the module docstring)."""
+    def _routed(self, x, target, instance, pdf, deferred: bool, reuse: bool = False) -> tuple:
+        """``(x, target, pdf, routing)``: the arguments of a step checked once, before anything runs (shapes and
+        dtypes; the values of host arrays and, unless ``deferred``, of device ones: see the module docstring),
+        of the path's kind, and the batch's :class:`Routing` (for device batches a census's, which checks them on
+        the device; ``reuse``: the census's step-only arrays are the trainer's, kept from step to step). The
+        routing records the checked arrays (``routing.checked``): the calls the step composes check none again."""
         self._check_runtime()
         model = self.model
         dense = model.n_instances > 1 and instance is None      # a (K, B_k, dims) batch
 
         def checked(a, n_dims, name, **values):
-            if deferred and ops_of(a) is DEVICE and _device.active():        # checked by the census
-                values = {}
-            return as_batch(a, n_dims, name, allow_dense=dense, **values)     # (on the device path: uploaded)
+            return as_batch(a, n_dims, name, allow_dense=dense, deferred=deferred, **values)
 
         x = checked(x, model.n_input_dims, "x", finite=True)
         target = checked(target, model.n_output_dims, "target", finite=True)
@@ -218,22 +216,18 @@ class Trainer(RuntimeBound):
             pdf = checked(pdf, model.n_output_dims, "pdf", positive=True)
             if pdf.shape != target.shape:
                 raise ValueError(f"pdf must have the target's shape {tuple(target.shape)}, got {tuple(pdf.shape)}")
-        return x, target, instance, pdf
-
-    def _forward(self, x, target, instance, pdf, routing=None, reuse: bool = True) -> Context:
-        """Forward and loss of a checked batch (``routing``: the chunk of a larger batch it is, else built here;
-        for device batches by a census, which checks them on the device; ``reuse``: the census's step-only
-        arrays are the trainer's, kept from step to step)."""
-        if routing is None:
-            device = ops_of(x) is DEVICE
-            if device and self._faults is None:
-                self._faults = Faults()
-            census = (self.model.n_output_dims, self._faults, reuse) if device else None
-            x, routing = Routing.of(x, instance, self.model.n_instances, census=census)
+        census = (model.n_output_dims, self._faults, reuse)            # (for device batches only)
+        x, routing = Routing.of(x, instance, model.n_instances, census=census)
         routing.checked = (x, target, pdf)
+        return x, target, pdf, routing
+
+    def _forward(self, x, target, pdf, routing) -> Context:
+        """Forward and loss of a checked batch ``x`` (flat) and its ``routing``, which records the checked arrays."""
         y, ctx = self.model.forward(x, routing)
+        routing.checked += (y,)
         ctx.loss, ctx.dL_doutput, ctx.instance_losses = self.loss.evaluate(
             y, target, pdf, routing=routing, per_instance=True, loss_scale=self.loss_scale)
+        routing.checked += (ctx.dL_doutput,)            # the loss's gradient, for the model's backward
         return ctx
 
     def backward(self, ctx: Context):
@@ -265,34 +259,33 @@ class Trainer(RuntimeBound):
         batches on the device path reads nothing back and returns the loss unread (module docstring); for host
         arrays it is a float.
         """
-        host = ops_of(x) is HOST
-        x, target, instance, pdf = self._checked(x, target, instance, pdf, deferred=True)
-        if ops_of(x) is DEVICE or int(np.prod(x.shape[:-1])) <= chunk_samples(self.model, training=True):
-            ctx = self._forward(x, target, instance, pdf)          # one pass (a device batch is never cut)
+        caller = x
+        x, target, pdf, routing = self._routed(x, target, instance, pdf, deferred=True, reuse=True)
+        if routing.on_device or routing.batch <= chunk_samples(self.model, training=True):
+            ctx = self._forward(x, target, pdf, routing)            # one pass (a device batch is never cut)
             self.backward(ctx)
-            loss, losses, active = ctx.loss, ctx.instance_losses, ctx.routing.step_mask
+            loss, losses = ctx.loss, ctx.instance_losses
         else:
-            loss, losses, active = self._chunked_gradients(x, target, instance, pdf)
-        self.optimizer_step(active)
-        if host:                                    # a host caller gets a float (a device one: read lazily)
-            loss = float(loss)
+            loss, losses = self._chunked_gradients(x, target, pdf, routing)
+        self.optimizer_step(routing.step_mask)
+        loss, losses = callers_loss(loss, losses, caller)
         return (loss, np.asarray(losses)) if per_instance else loss
 
-    def _chunked_gradients(self, x, target, instance, pdf):
-        """``(loss, per-network losses, active networks)`` of a large batch, its gradients accumulated
-        chunk by chunk into the model's (the first chunk overwrites them)."""
-        x, whole = Routing.of(x, instance, self.model.n_instances)
+    def _chunked_gradients(self, x, target, pdf, whole: Routing):
+        """``(loss, per-network losses)`` of a large host batch, its gradients accumulated chunk by chunk into the
+        model's (the first chunk overwrites them)."""
         target = target.reshape(whole.batch, -1)
         pdf = None if pdf is None else pdf.reshape(whole.batch, -1)
         loss, losses, chunk = 0.0, 0.0, chunk_samples(self.model, training=True)
         for lo in range(0, whole.batch, chunk):
             hi = min(lo + chunk, whole.batch)
-            ctx = self._forward(x[lo:hi], target[lo:hi], None, None if pdf is None else pdf[lo:hi],
-                                whole.chunk(lo, hi))
+            part = whole.chunk(lo, hi)
+            part.checked = (x[lo:hi], target[lo:hi], None if pdf is None else pdf[lo:hi])
+            ctx = self._forward(*part.checked, part)
             self.model.backward(ctx, ctx.dL_doutput, input_gradient=False,
                                 mode="overwrite" if lo == 0 else "accumulate")
             loss, losses = loss + ctx.loss, losses + ctx.instance_losses
-        return loss, losses, whole.active
+        return loss, losses
 
 
 def _samples(batch: np.ndarray) -> str:

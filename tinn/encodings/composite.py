@@ -27,7 +27,7 @@ overlap (explicit ``dims_to_encode_begin``) tinn *sums* them, which is the true 
 tcnn lets the later slice overwrite the earlier. Input dims no entry reads get 0.
 
 Batches are numpy arrays or ``ti.ndarray``s (the device path): the slices, concatenations and
-element-wise sums and products are the batch's operations (``tinn._kind.ops_of``: numpy's for numpy, small
+element-wise sums and products are the batch's operations (``routing.ops``: numpy's for numpy, small
 kernels that keep a ``ti.ndarray`` on the device), picked once per call.
 
 ``hyperparams()`` lists every nested entry with its resolved ``n_dims_to_encode`` and
@@ -44,7 +44,6 @@ from math import lcm
 import numpy as np
 import taichi as ti
 
-from .._kind import ops_of
 from .._kernels import static_chunks
 from ..registry import build_encoding, encodings
 from ..keys import NON_NEGATIVE, REQUIRED, Key, between, reported
@@ -167,7 +166,7 @@ class CompositeEncoding(Encoding):
 
     # -- batch API -------------------------------------------------------------------
     def _run(self, x, routing, keep: bool):
-        ops, outs, ctxs = ops_of(x), [], []
+        ops, outs, ctxs = routing.ops, [], []
         for e, (begin, n) in zip(self.nested, self.slices):
             xi = ops.columns(x, begin, n)
             if keep:
@@ -266,7 +265,7 @@ class CompositeEncoding(Encoding):
             yield k, e, begin, n, g
 
     def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
-        ops = ops_of(ctx.x, dL_dy)
+        ops = ctx.routing.ops
         dx = ops.full_like(ctx.x, 0.0) if input_gradient else None
         for k, e, begin, n, g in self._nested_gradients(ops, ctx, dL_dy):
             if not (input_gradient or e.n_params):
@@ -282,7 +281,7 @@ class CompositeEncoding(Encoding):
         dL2/d(dL_dy) concatenates or sums the ``t_k``. Product: ``g_k = dL_dy prod_(j != k) y_j``, so
         dL2/d(dL_dy) = ``sum_k t_k prod_(j != k) y_j``, and factor j also gets the first-order backward of
         ``dL_dy sum_(k != j) t_k prod_(i != j, k) y_i`` (its parameters' and inputs' share through the others)."""
-        ops = ops_of(ctx.x, dL_ddLdx, dL_dy)
+        ops = ctx.routing.ops
         dx, ts = ops.full_like(ctx.x, 0.0), []
         for k, e, begin, n, g in self._nested_gradients(ops, ctx, dL_dy):
             t, dxi = e._backward_backward_input(ctx.nested[k], ops.columns(dL_ddLdx, begin, n), g, overwrite)

@@ -7,7 +7,6 @@ Typical use is inside a ``Composite``, to drop input dims.
 """
 import taichi as ti
 
-from .._kind import ops_of
 from ..registry import encodings
 from ..object import Context
 from .encoding import Encoding
@@ -36,10 +35,10 @@ class EmptyEncoding(Encoding):
         return forward, vjp
 
     def _forward(self, x, routing):
-        return ops_of(x).full_like(x, self.fill_value, (x.shape[0], self.padded_output_width)), Context(self, x, routing)
+        return routing.ops.full_like(x, self.fill_value, (x.shape[0], self.padded_output_width)), Context(self, x, routing)
 
     def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
-        return ops_of(ctx.x).full_like(ctx.x, 0.0) if input_gradient else None
+        return ctx.routing.ops.full_like(ctx.x, 0.0) if input_gradient else None
 
     def _backward_backward_input(self, ctx, dL_ddLdx, dL_dy, overwrite):
-        return ops_of(ctx.x).full_like(ctx.x, 0.0, (ctx.x.shape[0], self.padded_output_width)), None
+        return ctx.routing.ops.full_like(ctx.x, 0.0, (ctx.x.shape[0], self.padded_output_width)), None

@@ -10,7 +10,6 @@ from __future__ import annotations
 from math import lcm
 from typing import Any, NamedTuple
 
-from .._kind import ops_of
 from .._align import next_multiple
 from ..keys import Options, reported
 from ..object import Context, DifferentiableObject
@@ -85,20 +84,20 @@ class KernelEncoding(Encoding):
         return kernels.func, kernels.backward_func
 
     def _forward(self, x, routing):
-        y = ops_of(x).empty_like(x, (x.shape[0], self.padded_output_width))
+        y = routing.ops.empty_like(x, (x.shape[0], self.padded_output_width))
         self._kernels().forward(x, y)
         return y, Context(self, x, routing)
 
     def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
         if not input_gradient:
             return None
-        ops = ops_of(ctx.x, dL_dy)
+        ops = ctx.routing.ops
         dx = ops.empty_like(ctx.x)
         self._kernels().backward(ctx.x, ops.contiguous(dL_dy), dx)
         return dx
 
     def _backward_backward_input(self, ctx, dL_ddLdx, dL_dy, overwrite):
-        ops = ops_of(ctx.x, dL_ddLdx, dL_dy)
+        ops = ctx.routing.ops
         dy = ops.empty_like(ctx.x, (ctx.x.shape[0], self.padded_output_width))
         dx = ops.empty_like(ctx.x)
         self._kernels().backward_backward(ctx.x, ops.contiguous(dL_ddLdx), ops.contiguous(dL_dy), dy, dx)

@@ -21,7 +21,6 @@ import taichi as ti
 from .._kernels import specialised
 from .. import _blas
 from .._device import is_cpu
-from .._kind import HOST, ops_of
 from .._types import F32_2D, F32_4D
 from ..registry import encodings
 from ..keys import Key, between
@@ -92,7 +91,7 @@ class FrequencyEncoding(PerDimEncoding):
         return value, slope, curvature
 
     def _forward(self, x, routing):
-        if ops_of(x) is not HOST or not is_cpu():                # numpy's sin/cos for host batches on the CPU
+        if routing.on_device or not is_cpu():                # numpy's sin/cos for host batches on the CPU
             return super()._forward(x, routing)
         theta = np.multiply(np.float32(math.pi), x.T, order="C")      # phase() at octave 0, (D, B)
         n_restarts = -(-self.n_frequencies // RESTART)

@@ -45,7 +45,7 @@ import math
 import numpy as np
 import taichi as ti
 
-from .. import _device, _kind
+from .. import _kind
 from .._device import is_cpu
 from ..registry import encodings
 from ..keys import OFF, POSITIVE_INT, Key, Options, above, between, one_of, reported
@@ -95,7 +95,7 @@ class TableEncoding(Encoding):
     def __init__(self, n_input_dims, n_levels, n_features_per_level, *, n_instances, seed):
         self.required_output_alignment = n_features_per_level
         super().__init__(n_input_dims, n_levels * n_features_per_level, n_instances=n_instances, seed=seed)
-        self._kernels = None
+        self._kernels = {}
 
     def initial_params(self, rng):
         return (rng.uniform_fill(self.n_params) * np.float32(2) - np.float32(1)) * np.float32(1e-4)
@@ -104,7 +104,7 @@ class TableEncoding(Encoding):
     def _encode(self, weights, x, routing):
         y = _kind.empty_like(x, (x.shape[0], self.padded_output_width))     # on the device for a device x
         ids, routed = routing.kernel_ids()
-        self._get_kernels().forward(weights, self._offset, x, ids, y, routed)
+        self._get_kernels(routing).forward(weights, self._offset, x, ids, y, routed)
         return y
 
     def _inference(self, x, routing):
@@ -134,16 +134,20 @@ class TableEncoding(Encoding):
     def _scatter_gradients(self, ctx, dL_dy, overwrite, dL_ddLdx=None):
         """Add (write if ``overwrite``) dL/dθ, or dL2/dθ given ``dL_ddLdx``; the kernels, the contiguous dL_dy
         and the routing for the per-sample kernel that follows."""
-        k = self._get_kernels()
+        k = self._get_kernels(ctx.routing)
         dL_dy = _kind.contiguous(dL_dy)
         inst, routed = ctx.routing.kernel_ids()
         k.backward_params(self.store.grads, self._offset, ctx.x, inst, dL_dy, routed, overwrite, dL_ddLdx)
         return k, dL_dy, inst, routed
 
-    def _get_kernels(self):
+    def _get_kernels(self, routing=None):
         """The kernels of this config, shared with every grid of the same config (fields and the column
-        offset are arguments); whether they use private gradient tables is part of the config."""
-        if self._kernels is None:
+        offset are arguments); whether they use private gradient tables is part of the config, and so is
+        whether the batch's values were checked on the host (a host ``routing``; a device batch's are checked
+        by kernels, so its grid kernels take any input). Without a routing (the per-sample funcs, which take
+        any input anyway), the kernels already built."""
+        checked = next(iter(self._kernels), True) if routing is None else not routing.on_device
+        if checked not in self._kernels:
             self.store                          # bind before the first kernel call
             if self._offset + self.n_params > OFFSET_MASK + 1:
                 raise ValueError(f"{type(self).__name__}: {self.n_params} parameters at column {self._offset} of the store: "
@@ -151,15 +155,15 @@ class TableEncoding(Encoding):
             cpu = is_cpu()
             n_workers = max(1, ti.lang.impl.current_cfg().cpu_max_num_threads) if cpu else 1
             private = cpu and n_workers * self.n_instances * self.n_params * 4 <= SCRATCH_BUDGET_BYTES
-            self._kernels = grid_kernels(self.n_input_dims, self.n_features_per_level, self.n_instances,
-                                         self.n_params, self.n_raw_output_dims, self.padded_output_width,
-                                         self.interpolation, tuple(self.levels), private, not _device.active(),
-                                         self.level_funcs)
-        return self._kernels
+            self._kernels[checked] = grid_kernels(self.n_input_dims, self.n_features_per_level, self.n_instances,
+                                                  self.n_params, self.n_raw_output_dims, self.padded_output_width,
+                                                  self.interpolation, tuple(self.levels), private, checked,
+                                                  self.level_funcs)
+        return self._kernels[checked]
 
     def set_padded_output_width(self, width):
         super().set_padded_output_width(width)
-        self._kernels = None
+        self._kernels = {}
 
     def _sample_funcs(self, weights, grads):
         return self._get_kernels().sample_funcs(weights, grads, self._offset)

@@ -18,14 +18,15 @@ One implementation serves both otypes and any width or depth (tinn has no tensor
 rule). The class holds the config, the layout (``MLP.plan``, a ``_mlp_plan.MLPPlan`` built once) and the
 initialisation; the work is done by a backend, each reading the plan:
 batches by ``_mlp_host.HostMLP`` on the CPU (numpy's BLAS on tinn's worker threads) or
-``_kernel_mlp.KernelMLP`` on other archs (Taichi kernels on device buffers), chosen in
-``MLP._batch_path``, and samples inside users' kernels by the ``ti.func``s of ``_mlp_funcs``.
+``_kernel_mlp.KernelMLP`` on other archs (Taichi kernels on device buffers), chosen per call by the
+batch's kind (``routing.on_device``) in ``MLP._batch_path``, and samples inside users' kernels by the
+``ti.func``s of ``_mlp_funcs``.
 """
 import warnings
 
 import numpy as np
 
-from .. import _device, _kind
+from .. import _kind
 from ..registry import networks
 from ..keys import POSITIVE_INT, Key, Options, between, reported
 from . import activations
@@ -104,37 +105,39 @@ class MLP(Network):
         return sample_funcs(self.plan, self._offset, weights, grads)
 
     # -- batch API ---------------------------------------------------------------
-    def _batch_path(self):
-        """The backend that runs batches, chosen once by arch (``tinn._device.active()``): numpy's BLAS on
-        the CPU, Taichi kernels on device buffers on every other arch."""
-        if "_path" not in self.__dict__:
-            self._path = KernelMLP(self) if _device.active() else HostMLP(self)
-        return self._path
+    def _batch_path(self, routing):
+        """The backend that runs a batch of ``routing``'s kind (``routing.on_device``, told once per call by
+        ``tinn._batch.as_batch``): numpy's BLAS for host batches, Taichi kernels for device buffers. Each is
+        made on first use and kept."""
+        on_device = routing.on_device
+        paths = self.__dict__.setdefault("_paths", {})
+        if on_device not in paths:
+            paths[on_device] = KernelMLP(self) if on_device else HostMLP(self)
+        return paths[on_device]
 
     def _inference(self, x, routing):
-        return self._batch_path().run(x, routing, keep=False)[0]
+        return self._batch_path(routing).run(x, routing, keep=False)[0]
 
     def _inference_into(self, x, routing, out):
-        """The kernel path writes its last layer straight into a device ``out``; else as every object does."""
-        path = self._batch_path()
-        if isinstance(path, KernelMLP) and _kind.is_device(out):
-            return path.run(x, routing, keep=False, out=out)[0]
+        """A device batch's last kernel writes straight into a device ``out``; else as every object does."""
+        if routing.on_device and _kind.is_device(out):
+            return self._batch_path(routing).run(x, routing, keep=False, out=out)[0]
         return super()._inference_into(x, routing, out)
 
     def _forward(self, x, routing):
-        return self._batch_path().run(x, routing, keep=True)
+        return self._batch_path(routing).run(x, routing, keep=True)
 
     def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
-        return self._batch_path().backward(ctx, dL_dy, input_gradient, overwrite)
+        return self._batch_path(ctx.routing).backward(ctx, dL_dy, input_gradient, overwrite)
 
     # -- second order: two halves, so that NetworkWithInputEncoding can run its encoding's between them --
     def _second_order_begin(self, ctx, dL_dy, input_gradient: bool):
         """``(dL/dx or None, state)``: the first-order input gradient (no parameter gradients) and what
         :meth:`_second_order_end` needs."""
-        return self._batch_path().output_adjoints(ctx, dL_dy, input_gradient)
+        return self._batch_path(ctx.routing).output_adjoints(ctx, dL_dy, input_gradient)
 
     def _second_order_end(self, ctx, state, dL_ddLdx, overwrite: bool):
-        return self._batch_path().second_order(ctx, state, dL_ddLdx, overwrite)
+        return self._batch_path(ctx.routing).second_order(ctx, state, dL_ddLdx, overwrite)
 
     def _backward_backward_input(self, ctx, dL_ddLdx, dL_dy, overwrite):
         _, state = self._second_order_begin(ctx, dL_dy, input_gradient=False)

@@ -39,13 +39,14 @@ from __future__ import annotations
 import numpy as np
 import taichi as ti
 
-from .. import _buffers, _kind
+from .. import _buffers
+from .._batch import as_mask
 from .._types import F32_1D, F32_2D, F32_3D, I32_1D, I32_2D  # noqa: F401 (the optimizers' aliases)
 from .._program import RuntimeBound
 from ..keys import INT32_MAX, NON_NEGATIVE, UNIT_INTERVAL, Key, Options
 from ..object import Object, ParametricObject
 from ..params import ParamStore
-from .step import Step, check_device_mask, count_steps, host_mask, new_counter
+from .step import Step, count_steps, new_counter
 
 
 def zeros(shape, dtype):
@@ -216,10 +217,7 @@ class Optimizer(Object, RuntimeBound):
     def mask(self, active):
         """``active`` (module docstring) as the int32 ``(K,)`` mask that kernels read: a device mask as it
         is, host ids through :meth:`kernel_array` (uploaded on the device path when it changes)."""
-        if _kind.is_device(active):
-            check_device_mask(active, self.n_instances)
-            return active
-        return self.kernel_array("active", host_mask(self.n_instances, active))
+        return as_mask(active, self.n_instances, lambda mask: self.kernel_array("active", mask))
 
     def all_networks(self):
         """The mask of every network as a kernel argument (copies of whole state arrays at allocation)."""
@@ -332,8 +330,7 @@ def step_arrays(optimizer: Optimizer, params: np.ndarray, gradients, *, loss_sca
     if grads.shape != params.shape:
         raise ValueError(f"gradients must have the parameters' shape {params.shape}, got {grads.shape}")
     flat = params.reshape(-1, params.shape[-1])
-    if not _kind.is_device(active):
-        host_mask(flat.shape[0], active)                    # bad ids are refused before anything changes
+    as_mask(active, flat.shape[0])                          # bad ids are refused before anything changes
     store = None if optimizer.slot is None else optimizer.slot.store
     if store is None or (store.n_instances, store.n_params) != flat.shape:
         optimizer.allocate(flat.shape[1], [(1, flat.shape[1])], flat.shape[0])

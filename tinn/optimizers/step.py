@@ -10,7 +10,6 @@ device step hands no numpy array to any kernel and reads nothing back.
 """
 from dataclasses import dataclass
 
-import numpy as np
 import taichi as ti
 
 from .. import _buffers
@@ -31,26 +30,6 @@ class Step:
     loss_scale: float = 1.0
     lr_scale: object = None
     publish_to: tuple | None = None
-
-
-def host_mask(n_instances: int, active) -> np.ndarray:
-    """int32 ``(n_instances,)``: 1 for the network ids listed in ``active`` (all for ``None``)."""
-    if active is None:
-        return np.ones(n_instances, np.int32)
-    ids = np.asarray(active)
-    if ids.ndim != 1 or not (ids.size == 0 or np.issubdtype(ids.dtype, np.integer)) or (
-            ids.size and (ids.min() < 0 or ids.max() >= n_instances)):
-        raise ValueError(f"active must be a list of network ids in [0, {n_instances}), got {active!r}")
-    mask = np.zeros(n_instances, np.int32)
-    mask[ids.astype(np.int64)] = 1
-    return mask
-
-
-def check_device_mask(mask, n_instances: int):
-    """Refuse a ``ti.ndarray`` ``active`` that is not an int32 ``(n_instances,)`` mask."""
-    if mask.dtype != ti.i32 or tuple(mask.shape) != (n_instances,):
-        raise ValueError(f"a device 'active' must be an int32 mask of shape ({n_instances},), "
-                         f"got {mask.dtype} {tuple(mask.shape)}")
 
 
 @ti.kernel
