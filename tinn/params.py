@@ -21,7 +21,7 @@ import numpy as np
 import taichi as ti
 
 from ._kernels import copy_columns, fill_columns, rows_copy
-from ._memory import MAX_ELEMENTS, FieldTree, check_allocation, host_view
+from ._memory import MAX_ELEMENTS, FieldTree, check_allocation, host_views, register_views
 from ._program import RuntimeBound, current_program
 
 VIEW_MIN = 1 << 18
@@ -57,7 +57,9 @@ class _Chunk:
         self._tree = FieldTree(place, what)
         self.free = [(0, width)]                   # sorted, disjoint [start, end) ranges
         self.n_stores = 0
-        self._views = {}
+        self.views = host_views(fields)            # x64: what tinn's kernels take instead of the fields
+        if self.views is not None:
+            register_views(fields, self.views)
 
     def take(self, n: int):
         """The first free column range of ``n`` (aligned) columns: its start, or ``None``."""
@@ -83,10 +85,10 @@ class _Chunk:
         self.n_stores -= 1
 
     def view(self, field):
-        """The field's memory as a numpy array (x64 only), made once per field."""
-        if id(field) not in self._views:
-            self._views[id(field)] = host_view(field)
-        return self._views[id(field)]
+        """The field's memory as a numpy array (x64 only, else ``None``)."""
+        if self.views is None:
+            return None
+        return next(v for f, v in zip(self.fields, self.views) if f is field)
 
 
 class _Arena:
