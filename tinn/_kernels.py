@@ -22,7 +22,7 @@ from taichi.lang.field import Field
 from taichi.types.annotations import Template
 
 from ._device import is_cpu
-from ._memory import host_memory, view_of
+from ._memory import view_of
 from ._program import current_program
 from ._types import F32_2D, I32_1D
 
@@ -84,13 +84,12 @@ def arena_kernel(func):
 
     @functools.wraps(func)
     def call(*args):
-        if host_memory():
-            views = [view_of(args[i]) if isinstance(args[i], Field) else args[i] for i in positions]
-            if all(v is not None for v in views):
-                args = list(args)
-                for i, view in zip(positions, views):
-                    args[i] = view
-                return viewing()(*args)
+        views = [view_of(args[i]) if isinstance(args[i], Field) else args[i] for i in positions]
+        if all(v is not None for v in views):
+            args = list(args)
+            for i, view in zip(positions, views):
+                args[i] = view
+            return viewing()(*args)
         return on_fields(*args)
 
     return call

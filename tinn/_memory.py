@@ -170,22 +170,26 @@ def host_views(fields) -> list | None:
     return views
 
 
-_VIEWS = weakref.WeakKeyDictionary()
+_VIEWS: dict = {}
+"""``id(field)`` -> (the field, weakly; its host view) for every field viewed so far."""
 
 
 def register_views(fields, views):
-    """Remember ``views[i]`` as the host memory of ``fields[i]`` (:func:`view_of`)."""
+    """Remember ``views[i]`` as the host memory of ``fields[i]`` (:func:`view_of`) while the field lives."""
     for f, v in zip(fields, views):
-        _VIEWS[f] = v
+        key = id(f)
+        _VIEWS[key] = (weakref.ref(f, lambda _, key=key: _VIEWS.pop(key, None)), v)
 
 
 def view_of(field) -> np.ndarray | None:
     """A 2-D float32 field's memory as a numpy array (x64 only, else ``None``): the view its owner
     registered, or one made now (a compile of the address kernel for this field) and kept while the
     field lives."""
-    if field not in _VIEWS:
-        views = host_views([field])
-        if views is None:
-            return None
-        _VIEWS[field] = views[0]
-    return _VIEWS[field]
+    entry = _VIEWS.get(id(field))
+    if entry is not None and entry[0]() is field:
+        return entry[1]
+    views = host_views([field])
+    if views is not None:
+        register_views([field], views)
+        return views[0]
+    return None
