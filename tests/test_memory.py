@@ -229,6 +229,60 @@ def test_a_second_model_of_one_config_compiles_no_kernel():
     assert out["offsets"][0] != out["offsets"][1]             # two stores in one arena chunk
 
 
+@pytest.mark.parametrize("n_instances", [1, 3])
+def test_a_second_model_in_a_chunk_of_its_own_compiles_no_kernel_of_tinn(n_instances):
+    """A model too big to share its arena chunk: the second one, in a new chunk, compiles none of tinn's
+    kernels for its creation, first step, inference and per-sample funcs (only the user's kernel that
+    captures them, and the one small kernel that finds the new chunk's address on the CPU). Both models
+    train alike (same seed, same data), so the shared kernels work on each model's own memory."""
+    out = run(f"""
+        ti.init(arch=ti.cpu, offline_cache=False, log_level=ti.ERROR)
+        from taichi.lang.kernel_impl import Kernel
+        K = {n_instances}
+        big = {{**GRID, "n_levels": 2, "log2_hashmap_size": 17, "base_resolution": 16, "per_level_scale": 64.0}}
+        cfg = {{"encoding": big, "network": NET, "optimizer": {{"otype": "Adam"}}, "loss": {{"otype": "L2"}}}}
+        names, materialize = [], Kernel.materialize
+        def record(kernel, key=None, *args, **kwargs):
+            if (key or (kernel.func, 0, kernel.autodiff_mode)) not in kernel.compiled_kernels:
+                names.append(kernel.func.__name__)
+            return materialize(kernel, key, *args, **kwargs)
+        Kernel.materialize = record
+        xs, ys = (np.broadcast_to(a, (K,) + a.shape).copy() if K > 1 else a for a in (x, y))
+        ids = np.arange(len(x), dtype=np.int32) % K
+        def build_and_use():
+            m = tinn.create_from_config(2, 3, cfg, n_instances=K)
+            m.trainer.training_step(xs, ys)
+            net = m.network
+            f, ff, bf, jf = net.func, net.forward_func, net.backward_func, net.jacobian_func
+            out = np.zeros((len(x), 3 + 3 + 2 + 6), np.float32)
+            @ti.kernel
+            def user_kernel(x: ti.types.ndarray(), ids: ti.types.ndarray(), out: ti.types.ndarray()):
+                for b in range(x.shape[0]):
+                    xv, k = ti.Vector([x[b, 0], x[b, 1]]), ids[b]
+                    y1, y2 = f(xv, k), ff(xv, k)
+                    dx = bf(xv, ti.Vector([1.0, 0.0, 0.0]), k)
+                    y3, J = jf(xv, k)
+                    for i in ti.static(range(3)):
+                        out[b, i], out[b, 3 + i] = y1[i], y2[i]
+                        for d in ti.static(range(2)):
+                            out[b, 8 + 2 * i + d] = J[i, d]
+                    out[b, 6], out[b, 7] = dx[0], dx[1]
+            user_kernel(x, ids, out)
+            return m, net.inference(xs), out
+        first = build_and_use()
+        names.clear()
+        second = build_and_use()
+        print(json.dumps({{"compiled": names, "n_params": first[0].network.n_params,
+                          "same": all(bool(np.array_equal(a, b)) for a, b in zip(first[1:], second[1:])),
+                          "params_same": bool(np.array_equal(first[0].network.params(), second[0].network.params())),
+                          "chunks": [id(m.network.store._chunk) for m in (first[0], second[0])]}}))
+    """)
+    assert out["n_params"] * n_instances > tinn.params.CHUNK_MIN
+    assert out["chunks"][0] != out["chunks"][1]                 # the second model got a chunk of its own
+    assert sorted(out["compiled"]) == ["_addresses", "user_kernel"], out["compiled"]
+    assert out["same"] and out["params_same"]
+
+
 def test_creating_and_dropping_models_keeps_memory_flat():
     out = run("""
         def rss():

@@ -2,9 +2,9 @@
 chunking, and the row/column copies of parameter memory.
 
 :func:`specialised` caches a kernel factory per Taichi program and per configuration constants, and
-forgets the kernels of a program once ``ti.init`` has replaced it. Kernels take fields as
-``ti.template()`` arguments and offsets as runtime arguments, so that every model of one config,
-whose parameters share an arena field (``tinn.params``), runs the same compiled kernel.
+forgets the kernels of a program once ``ti.init`` has replaced it. Kernels take parameter memory as
+``ARENA`` arguments (:func:`arena_kernel`) and offsets as runtime arguments, so that every model of one
+config runs the same compiled kernel, whichever arena chunk (``tinn.params``) holds its parameters.
 
 Copies run as one parallel loop over (row, block of ``CHUNK`` columns) on the CPU: contiguous work per
 task that the compiler vectorises. On a GPU a task is one element (a warp's threads then touch
@@ -13,10 +13,15 @@ shader invocation after 65,535 loop iterations).
 """
 
 import functools
+import inspect
+import types
 
 import taichi as ti
+from taichi.lang.field import Field
+from taichi.types.annotations import Template
 
 from ._device import is_cpu
+from ._memory import view_of
 from ._program import current_program
 from ._types import F32_2D, I32_1D
 
@@ -47,6 +52,54 @@ def specialised(factory):
     return get
 
 
+class _ArenaArray(Template):
+    """The annotation of a kernel argument that is a 2-D float32 field of parameter memory (an arena
+    chunk's array, :mod:`tinn.params`): see :func:`arena_kernel`."""
+
+
+ARENA = _ArenaArray()
+
+
+def dtype_of(array):
+    """Inside a kernel, the element type of an ``ARENA`` argument: a field's own (float16 or float32), float32
+    for the ndarray view :func:`arena_kernel` hands in its place (only float32 fields are viewed)."""
+    return getattr(array, "dtype", ti.f32)
+
+
+def arena_kernel(func):
+    """``ti.kernel`` for a kernel whose ``ARENA`` arguments are 2-D float32 fields of parameter memory.
+
+    Taichi compiles a kernel once per field given to a ``ti.template()`` argument, so a model placed
+    in a new arena chunk would compile every such kernel again. On the x64 backend the kernel instead
+    takes each field's memory as a 2-D ndarray (the field's own memory, viewed without a copy:
+    ``_memory.view_of``), and one compiled kernel serves every chunk and every model. Elsewhere
+    (or for a field numpy cannot view) the arguments stay templates."""
+    names = [name for name, p in inspect.signature(func).parameters.items() if isinstance(p.annotation, _ArenaArray)]
+    positions = [i for i, name in enumerate(inspect.signature(func).parameters) if name in names]
+    on_fields, on_views = ti.kernel(func), []
+
+    def viewing():
+        if not on_views:                           # the same function, its ARENA arguments 2-D ndarrays
+            copy = types.FunctionType(func.__code__, func.__globals__, func.__name__, func.__defaults__,
+                                      func.__closure__)
+            copy.__qualname__, copy.__module__, copy.__doc__ = func.__qualname__, func.__module__, func.__doc__
+            copy.__annotations__ = {**func.__annotations__, **{name: F32_2D for name in names}}
+            on_views.append(ti.kernel(copy))
+        return on_views[0]
+
+    @functools.wraps(func)
+    def call(*args):
+        views = [view_of(args[i]) if isinstance(args[i], Field) else args[i] for i in positions]
+        if all(v is not None for v in views):
+            args = list(args)
+            for i, view in zip(positions, views):
+                args[i] = view
+            return viewing()(*args)
+        return on_fields(*args)
+
+    return call
+
+
 def columns_per_task() -> int:
     """``CHUNK`` columns per parallel task of a copy on the CPU, one on a GPU (read when a kernel compiles)."""
     return CHUNK if is_cpu() else 1
@@ -59,8 +112,8 @@ def static_chunks(items, size: int = 32):
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
-@ti.kernel
-def rows_copy(field: ti.template(), offset: ti.i32, rows: I32_1D, values: F32_2D, mode: ti.template()):
+@arena_kernel
+def rows_copy(field: ARENA, offset: ti.i32, rows: I32_1D, values: F32_2D, mode: ti.template()):
     """Between ``field[rows[g], offset + i]`` and ``values[g, i]``: mode 0 reads into ``values``,
     1 writes them, 2 adds them (rounded to the field's dtype: float16 for a half-precision store)."""
     n = values.shape[1]
@@ -73,13 +126,13 @@ def rows_copy(field: ti.template(), offset: ti.i32, rows: I32_1D, values: F32_2D
             if ti.static(mode == 0):
                 values[g, i] = field[r, offset + i]
             elif ti.static(mode == 1):
-                field[r, offset + i] = ti.cast(values[g, i], field.dtype)
+                field[r, offset + i] = ti.cast(values[g, i], dtype_of(field))
             else:
-                field[r, offset + i] = ti.cast(field[r, offset + i] + values[g, i], field.dtype)
+                field[r, offset + i] = ti.cast(field[r, offset + i] + values[g, i], dtype_of(field))
 
 
-@ti.kernel
-def _copy_columns(dst: ti.template(), dst_off: ti.i32, src: ti.template(), src_off: ti.i32, n: ti.i32,
+@arena_kernel
+def _copy_columns(dst: ARENA, dst_off: ti.i32, src: ARENA, src_off: ti.i32, n: ti.i32,
                   active: I32_1D):
     C = ti.static(columns_per_task())
     tasks = (n + C - 1) // C
@@ -87,7 +140,7 @@ def _copy_columns(dst: ti.template(), dst_off: ti.i32, src: ti.template(), src_o
         k, c = t // tasks, t % tasks
         if active[k]:
             for i in range(c * C, ti.min(c * C + C, n)):
-                dst[k, dst_off + i] = ti.cast(src[k, src_off + i], dst.dtype)
+                dst[k, dst_off + i] = ti.cast(src[k, src_off + i], dtype_of(dst))
 
 
 def copy_columns(dst, dst_off: int, src, src_off: int, n: int, active):
@@ -97,14 +150,14 @@ def copy_columns(dst, dst_off: int, src, src_off: int, n: int, active):
         _copy_columns(dst, dst_off, src, src_off, n, active)
 
 
-@ti.kernel
-def _fill_columns(dst: ti.template(), offset: ti.i32, n: ti.i32, n_rows: ti.i32, value: ti.f32):
+@arena_kernel
+def _fill_columns(dst: ARENA, offset: ti.i32, n: ti.i32, n_rows: ti.i32, value: ti.f32):
     C = ti.static(columns_per_task())
     tasks = (n + C - 1) // C
     for t in range(n_rows * tasks):
         k, c = t // tasks, t % tasks
         for i in range(c * C, ti.min(c * C + C, n)):
-            dst[k, offset + i] = ti.cast(value, dst.dtype)
+            dst[k, offset + i] = ti.cast(value, dtype_of(dst))
 
 
 def fill_columns(dst, offset: int, n: int, n_rows: int, value: float):

@@ -7,6 +7,7 @@ Taichi's CPU backend allows a limited number of field trees (512): objects share
 import ctypes
 import math
 import os
+import weakref
 
 import numpy as np
 import taichi as ti
@@ -129,22 +130,66 @@ def _addresses(f: ti.template(), i: ti.i32, j: ti.i32, out: U64_1D):
     out[2] = ti.get_addr(f, [i, 0])
 
 
-def host_view(field) -> np.ndarray | None:
-    """A 2-D float32 field's own memory as a numpy array (no copy) on the x64 backend (the one where
-    Taichi's ``get_addr`` gives host addresses), or ``None`` elsewhere or if the layout is not row-major
-    and contiguous.
+def host_memory() -> bool:
+    """Whether field memory is host memory that numpy can view (the x64 backend, where Taichi's
+    ``get_addr`` gives host addresses)."""
+    return impl.current_cfg().arch == ti.x64
 
-    The view is valid while the field's tree lives: its owner keeps it and never hands it out.
-    Compiles a small kernel per field (about 0.07 s), so owners ask only for large fields.
+
+class HostView(np.ndarray):
+    """A field's own memory seen from numpy (:func:`host_views`): a kernel argument that copies nothing."""
+
+
+def host_views(fields) -> list | None:
+    """The memory of 2-D float32 fields placed in one field tree, each under its own ``dense`` node
+    directly below the root, as numpy arrays (no copy), on the x64 backend; ``None`` elsewhere, for other
+    element types (a float16 chunk) or if the layout is not row-major and contiguous.
+
+    One small kernel, compiled for the first field, finds the tree's address; the others lie at their
+    dense nodes' offsets in the root cell (``offset_bytes_in_parent_cell``), so a tree costs one compile
+    however many arrays it holds. The views are valid while the tree lives: its owner keeps them and
+    never hands them out.
     """
-    if impl.current_cfg().arch != ti.x64:
+    first = fields[0]
+    if not host_memory() or first.dtype != ti.f32:
         return None
-    rows, cols = field.shape
+    rows, cols = first.shape
     i, j = min(1, rows - 1), min(1, cols - 1)
     out = np.zeros(3, np.uint64)
-    _addresses(field, i, j, out)
+    _addresses(first, i, j, out)
     base, right, down = (int(a) for a in out)
     if right - base != 4 * j or down - base != 4 * cols * i:
         return None
-    memory = (ctypes.c_float * (rows * cols)).from_address(base)
-    return np.frombuffer(memory, np.float32).reshape(rows, cols)
+    root = base - first.snode.parent().ptr.offset_bytes_in_parent_cell
+    views = []
+    for f in fields:
+        if f.shape != first.shape:
+            return None
+        memory = (ctypes.c_float * (rows * cols)).from_address(root + f.snode.parent().ptr.offset_bytes_in_parent_cell)
+        views.append(np.frombuffer(memory, np.float32).reshape(rows, cols).view(HostView))
+    return views
+
+
+_VIEWS: dict = {}
+"""``id(field)`` -> (the field, weakly; its host view) for every field viewed so far."""
+
+
+def register_views(fields, views):
+    """Remember ``views[i]`` as the host memory of ``fields[i]`` (:func:`view_of`) while the field lives."""
+    for f, v in zip(fields, views):
+        key = id(f)
+        _VIEWS[key] = (weakref.ref(f, lambda _, key=key: _VIEWS.pop(key, None)), v)
+
+
+def view_of(field) -> np.ndarray | None:
+    """A 2-D float32 field's memory as a numpy array (x64 only, else ``None``): the view its owner
+    registered, or one made now (a compile of the address kernel for this field) and kept while the
+    field lives."""
+    entry = _VIEWS.get(id(field))
+    if entry is not None and entry[0]() is field:
+        return entry[1]
+    views = host_views([field])
+    if views is not None:
+        register_views([field], views)
+        return views[0]
+    return None

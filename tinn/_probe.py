@@ -11,7 +11,7 @@ inside its block, so tests can hold the counts of a step and benchmarks can repo
 Launches are every ``@ti.kernel`` call (tinn's and Taichi's own, such as the copy kernels behind
 ``to_numpy`` / ``from_numpy``); read-backs are ``ti.ndarray.to_numpy`` calls; numpy arguments are numpy
 arrays handed to a kernel other than Taichi's copies (on CUDA each one is a device allocation, two
-copies and two waits). The hooks are installed for the block only.
+copies and two waits), a view of a field's own memory on the CPU (``_memory.HostView``) excepted. The hooks are installed for the block only.
 """
 import contextlib
 from collections import Counter
@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from taichi.lang._ndarray import Ndarray
 from taichi.lang.kernel_impl import Kernel
+
+from ._memory import HostView
 
 COPY_KERNELS = ("ndarray_to_ext_arr", "ext_arr_to_ndarray")
 """Taichi's own ``to_numpy`` / ``from_numpy`` kernels."""
@@ -52,7 +54,8 @@ def counting():
         if name == COPY_KERNELS[1]:
             seen.uploads += 1
         elif name != COPY_KERNELS[0]:
-            seen.numpy_arguments += [(name, a.shape) for a in (*args, *kwargs.values()) if isinstance(a, np.ndarray)]
+            seen.numpy_arguments += [(name, a.shape) for a in (*args, *kwargs.values())
+                                     if isinstance(a, np.ndarray) and not isinstance(a, HostView)]
         return launch(kernel, *args, **kwargs)
 
     def reader(real):

@@ -21,7 +21,7 @@ import numpy as np
 import taichi as ti
 
 from ._kernels import copy_columns, fill_columns, rows_copy
-from ._memory import MAX_ELEMENTS, FieldTree, check_allocation, host_view
+from ._memory import MAX_ELEMENTS, FieldTree, check_allocation, host_views, register_views
 from ._program import RuntimeBound, current_program
 from ._device import require_half
 
@@ -63,7 +63,9 @@ class _Chunk:
         self._tree = FieldTree(place, what)
         self.free = [(0, width)]                   # sorted, disjoint [start, end) ranges
         self.n_stores = 0
-        self._views = {}
+        self.views = host_views(fields)            # x64: what tinn's kernels take instead of the fields
+        if self.views is not None:
+            register_views(fields, self.views)
 
     def take(self, n: int):
         """The first free column range of ``n`` (aligned) columns: its start, or ``None``."""
@@ -89,12 +91,10 @@ class _Chunk:
         self.n_stores -= 1
 
     def view(self, field):
-        """The field's memory as a float32 numpy array (x64 only; a float16 chunk has none), made once per field."""
-        if self.dtype != ti.f32:
+        """The field's memory as a float32 numpy array (x64 only; a float16 chunk has none), else ``None``."""
+        if self.views is None:
             return None
-        if id(field) not in self._views:
-            self._views[id(field)] = host_view(field)
-        return self._views[id(field)]
+        return next(v for f, v in zip(self.fields, self.views) if f is field)
 
 
 class _Arena:

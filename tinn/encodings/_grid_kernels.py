@@ -3,7 +3,7 @@ the permutohedral encoding runs them with its own, ``_permuto_funcs.py``)."""
 import taichi as ti
 
 from .._device import is_cpu
-from .._kernels import specialised
+from .._kernels import ARENA, arena_kernel, dtype_of, specialised
 from .._memory import FieldTree
 from .._types import F32_2D, I32_1D
 from . import _grid_block as block
@@ -108,8 +108,8 @@ class _GridKernels:
                     end = start
             return start, end
 
-        @ti.kernel
-        def forward(weights: ti.template(), base: ti.i32, x: F32_2D, inst: I32_1D, y: F32_2D, routed: ti.template()):
+        @arena_kernel
+        def forward(weights: ARENA, base: ti.i32, x: F32_2D, inst: I32_1D, y: F32_2D, routed: ti.template()):
             B = x.shape[0]
             for i in range(n_iterations(B)):
                 start, end = samples(i, B)
@@ -131,16 +131,16 @@ class _GridKernels:
 
         @ti.func
         def add_atomic(G: ti.template(), base, w_id, k, i, v):
-            ti.atomic_add(G[k, at(base, i)], ti.cast(v, G.dtype))
+            ti.atomic_add(G[k, at(base, i)], ti.cast(v, dtype_of(G)))
 
         def scatter_kernel(runs):
             """The kernel adding each sample's gradients of the levels of ``runs`` with ``add``."""
 
-            @ti.kernel
-            def scatter(add: ti.template(), G: ti.template(), base: ti.i32, x: F32_2D, inst: I32_1D, dy: F32_2D,
+            @arena_kernel
+            def scatter(add: ti.template(), G: ARENA, base: ti.i32, x: F32_2D, inst: I32_1D, dy: F32_2D,
                         routed: ti.template(), second: ti.template(), g: F32_2D, zero_n: ti.i32):
                 for k, i in ti.ndrange(K, zero_n):             # overwrite off the CPU: zeros under the adds
-                    G[k, at(base, i)] = ti.cast(0.0, G.dtype)
+                    G[k, at(base, i)] = ti.cast(0.0, dtype_of(G))
                 B = x.shape[0]
                 for i in range(n_iterations(B)):
                     start, end = samples(i, B)
@@ -157,21 +157,21 @@ class _GridKernels:
 
         scatter = scatter_kernel(runs)
 
-        @ti.kernel
-        def reduce_private(G: ti.template(), base: ti.i32, overwrite: ti.template()):
+        @arena_kernel
+        def reduce_private(G: ARENA, base: ti.i32, overwrite: ti.template()):
             for k, i in ti.ndrange(K, n):
                 acc = 0.0 if ti.static(overwrite) else ti.cast(G[k, at(base, i)], ti.f32)
                 for w_id in ti.static(range(n_workers)):
                     acc += scratch[w_id, k, i]
                     scratch[w_id, k, i] = 0.0
-                G[k, at(base, i)] = ti.cast(acc, G.dtype)      # float32 sums, rounded once for a float16 store
+                G[k, at(base, i)] = ti.cast(acc, dtype_of(G))      # float32 sums, rounded once for a float16 store
 
         @ti.func
         def add_owned(G: ti.template(), base, slot, k, i, v):   # the level's owner is the only thread writing there
-            G[k, at(base, i)] = ti.cast(G[k, at(base, i)] + v, G.dtype)
+            G[k, at(base, i)] = ti.cast(G[k, at(base, i)] + v, dtype_of(G))
 
-        @ti.kernel
-        def scatter_levels(G: ti.template(), base: ti.i32, x: F32_2D, inst: I32_1D, dy: F32_2D,
+        @arena_kernel
+        def scatter_levels(G: ARENA, base: ti.i32, x: F32_2D, inst: I32_1D, dy: F32_2D,
                            routed: ti.template(), overwrite: ti.template(), second: ti.template(), g: F32_2D):
             """One parallel chunk per level (chunks go to whichever thread is free): its thread owns the
             level's gradients and adds the whole batch into them, sample after sample."""
@@ -184,7 +184,7 @@ class _GridKernels:
                         start = base + ti.cast(lv.offset, ti.i32) * F
                         for k in range(K):
                             for j in range(start, start + ti.cast(lv.size, ti.i32) * F):
-                                G[k, j] = ti.cast(0.0, G.dtype)
+                                G[k, j] = ti.cast(0.0, dtype_of(G))
                     for mode, first, stop in ti.static(runs):
                         if first <= l < stop:
                             for b in range(B):
@@ -192,8 +192,8 @@ class _GridKernels:
                                 level_scatter(add_owned, G, base, 0, k, row(x, b, D, 0), lv, mode,
                                               row(dy, b, F, l * F), second, gs_row(second, g, b))
 
-        @ti.kernel
-        def per_sample_backward(weights: ti.template(), base: ti.i32, x: F32_2D, inst: I32_1D, dy: F32_2D,
+        @arena_kernel
+        def per_sample_backward(weights: ARENA, base: ti.i32, x: F32_2D, inst: I32_1D, dy: F32_2D,
                                 dx: F32_2D, routed: ti.template(), second: ti.template(), g: F32_2D, d_dy: F32_2D):
             """dL/dx into dx; with ``second``, dL2/dx into dx and dL2/d(dL/dy) into d_dy for L2 = <g, dL/dx>."""
             B = x.shape[0]

@@ -36,7 +36,7 @@ Same math as ``_kernel_mlp`` (whose kernels serve the other archs and wider MLPs
 import taichi as ti
 
 from .._census import TILE
-from .._kernels import specialised
+from .._kernels import ARENA, arena_kernel, specialised
 from . import activations
 
 _f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
@@ -174,8 +174,8 @@ class _Passes:
                 for r in ti.static(range(n_out)):
                     y[_row(order, routed, j), r] = a[r, s]
 
-        @ti.kernel
-        def forward(W: ti.template(), off: ti.i32, x: _f32_2d, n_threads: ti.i32, keep: ti.template(),
+        @arena_kernel
+        def forward(W: ARENA, off: ti.i32, x: _f32_2d, n_threads: ti.i32, keep: ti.template(),
                     zs: _f32_3d, hs: _f32_3d, y: _f32_2d):
             B = x.shape[0]
             ti.loop_config(block_dim=T)
@@ -185,8 +185,8 @@ class _Passes:
                 block(W, off, x, x, False, i - s, B, 0, s, a, keep, zs, hs, y)
                 ti.simt.block.sync()                              # before a next tile overwrites a
 
-        @ti.kernel
-        def forward_routed(W: ti.template(), off: ti.i32, x: _f32_2d, tiles: _i32_2d, order: _i32_1d,
+        @arena_kernel
+        def forward_routed(W: ARENA, off: ti.i32, x: _f32_2d, tiles: _i32_2d, order: _i32_1d,
                            keep: ti.template(), zs: _f32_3d, hs: _f32_3d, y: _f32_2d):
             ti.loop_config(block_dim=T)
             for i in range(tiles.shape[0] * TILE):                # TILE / T blocks per routing tile
@@ -276,8 +276,8 @@ class _Passes:
                                     ti.atomic_add(G[k, off + start + (r0 + e) * cols + c0 + f],
                                                   sums[first[li] + (jt * RT + e) * RT + f])
 
-        @ti.kernel
-        def backward(W: ti.template(), G: ti.template(), off: ti.i32, x: _f32_2d, dy: _f32_2d, zs: _f32_3d,
+        @arena_kernel
+        def backward(W: ARENA, G: ARENA, off: ti.i32, x: _f32_2d, dy: _f32_2d, zs: _f32_3d,
                      hs: _f32_3d, n_blocks: ti.i32, need_dx: ti.template(), overwrite: ti.template(), dx: _f32_2d):
             if ti.static(overwrite):                                  # runs before the loop below
                 for p in range(n_params):
@@ -294,8 +294,8 @@ class _Passes:
                     block(W, sums, d, h, off, x, dy, zs, hs, x, False, (blk + w * n_blocks) * T, B, 0, s, need_dx, dx)
                 flush(G, off, 0, sums, s)
 
-        @ti.kernel
-        def backward_routed(W: ti.template(), G: ti.template(), off: ti.i32, n_rows: ti.i32, x: _f32_2d, dy: _f32_2d,
+        @arena_kernel
+        def backward_routed(W: ARENA, G: ARENA, off: ti.i32, n_rows: ti.i32, x: _f32_2d, dy: _f32_2d,
                             zs: _f32_3d, hs: _f32_3d, tiles: _i32_2d, order: _i32_1d, n_blocks: ti.i32,
                             need_dx: ti.template(), overwrite: ti.template(), dx: _f32_2d):
             if ti.static(overwrite):                                  # runs before the loop below

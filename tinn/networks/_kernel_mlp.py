@@ -34,7 +34,7 @@ import taichi as ti
 from taichi.lang import impl
 
 from .. import _buffers, _kind
-from .._kernels import columns_per_task
+from .._kernels import ARENA, arena_kernel, columns_per_task, dtype_of
 from ..object import Context
 from ..routing import TILE
 from . import activations
@@ -62,8 +62,8 @@ def _network(inst: ti.template(), b, routed: ti.template()):
     return k
 
 
-@ti.kernel
-def _layer_forward(W: ti.template(), off: ti.i32, h: _f32_2d, inst: _i32_1d, routed: ti.template(),
+@arena_kernel
+def _layer_forward(W: ARENA, off: ti.i32, h: _f32_2d, inst: _i32_1d, routed: ti.template(),
                    act: ti.template(), keep_z: ti.template(), z: _f32_2d, out: _f32_2d):
     """``out = act(z)``, ``z[b, r] = sum_c W[k_b, off + r * cols + c] h[b, c]`` (z kept if ``keep_z``)."""
     cols = h.shape[1]
@@ -103,8 +103,8 @@ def _slope_times(g, z, act: str):
     return out
 
 
-@ti.kernel
-def _input_grad(W: ti.template(), off: ti.i32, delta: _f32_2d, inst: _i32_1d, routed: ti.template(),
+@arena_kernel
+def _input_grad(W: ARENA, off: ti.i32, delta: _f32_2d, inst: _i32_1d, routed: ti.template(),
                 z: _f32_2d, act: ti.template(), out: _f32_2d):
     """``out[b, c] = act'(z[b, c]) * sum_r W[k_b, off + r * cols + c] delta[b, r]``."""
     cols = out.shape[1]
@@ -118,8 +118,8 @@ def _input_grad(W: ti.template(), off: ti.i32, delta: _f32_2d, inst: _i32_1d, ro
         out[b, c] = acc
 
 
-@ti.kernel
-def _weight_grad(G: ti.template(), off: ti.i32, delta: _f32_2d, h: _f32_2d, tiles: _i32_2d, order: _i32_1d,
+@arena_kernel
+def _weight_grad(G: ARENA, off: ti.i32, delta: _f32_2d, h: _f32_2d, tiles: _i32_2d, order: _i32_1d,
                  routed: ti.template(), zero: ti.template(), zero_off: ti.i32, zero_n: ti.i32, zero_tasks: ti.i32):
     """``G[k, off + r * cols + c] += sum_{b in tile} delta[b, r] h[b, c]``: a thread per (tile, r, c), one
     add per tile. Tile t is samples ``order[tiles[t, 0] : tiles[t, 1]]`` of network ``tiles[t, 2]``.
@@ -132,7 +132,7 @@ def _weight_grad(G: ti.template(), off: ti.i32, delta: _f32_2d, h: _f32_2d, tile
             tasks = (zero_n + C - 1) // C
             k, c0 = task // tasks, task % tasks * C
             for i in range(c0, ti.min(c0 + C, zero_n)):
-                G[k, zero_off + i] = ti.cast(0.0, G.dtype)
+                G[k, zero_off + i] = ti.cast(0.0, dtype_of(G))
     cols = h.shape[1]
     for t, r, c in ti.ndrange(tiles.shape[0], delta.shape[1], cols):
         acc = 0.0
@@ -142,7 +142,7 @@ def _weight_grad(G: ti.template(), off: ti.i32, delta: _f32_2d, h: _f32_2d, tile
                 b = order[j]
             acc += delta[b, r] * h[b, c]
         if tiles[t, 1] > tiles[t, 0]:               # a census's table ends in empty tiles
-            ti.atomic_add(G[tiles[t, 2], off + r * cols + c], ti.cast(acc, G.dtype))
+            ti.atomic_add(G[tiles[t, 2], off + r * cols + c], ti.cast(acc, dtype_of(G)))
 
 
 class _Zeroing:

@@ -18,7 +18,7 @@ import math
 import numpy as np
 import taichi as ti
 
-from .._kernels import specialised
+from .._kernels import ARENA, arena_kernel, specialised
 from .._device import is_cpu
 from .step import one_minus_pow
 from ..registry import optimizers
@@ -117,8 +117,8 @@ def _adam_kernel(n_matrix: int, n: int, flags: tuple):
             w = ti.math.clamp(w, -wclip, wclip)
         return w, m, v
 
-    @ti.kernel
-    def step(P: ti.template(), po: ti.i32, I: ti.template(), io: ti.i32, G: ti.template(), go: ti.i32,
+    @arena_kernel
+    def step(P: ARENA, po: ti.i32, I: ARENA, io: ti.i32, G: ARENA, go: ti.i32,
              m: F32_1D, v: F32_1D,
              matrix_steps: I32_1D, param_steps: I32_1D, active: I32_1D, steps: I32_1D, bias: F32_1D,
              inv_scale: ti.f32, lr: ti.f32, lr_scale: F32_1D, beta1: ti.f32, beta2: ti.f32, eps: ti.f32, l2_reg: ti.f32,

@@ -15,6 +15,7 @@ State: ``weights_samples`` ``(N, K, n)``, ``weights_average`` plus ``nested.*``.
 """
 import taichi as ti
 
+from .._kernels import ARENA, arena_kernel
 from ..registry import optimizers
 from ..keys import INT32_MAX, POSITIVE_INT, Key
 from ..params import Buffer
@@ -22,8 +23,8 @@ from .optimizer import F32_3D, I32_1D, zeros
 from .wrapper import Wrapper
 
 
-@ti.kernel
-def _average_step(avg: ti.template(), ao: ti.i32, W: ti.template(), wo: ti.i32, n: ti.i32, snap: F32_3D,
+@arena_kernel
+def _average_step(avg: ARENA, ao: ti.i32, W: ARENA, wo: ti.i32, n: ti.i32, snap: F32_3D,
                   active: I32_1D, steps: I32_1D, n_samples: ti.i32):
     for k, i in ti.ndrange(active.shape[0], n):
         if active[k]:

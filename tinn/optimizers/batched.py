@@ -15,6 +15,7 @@ import dataclasses
 
 import taichi as ti
 
+from .._kernels import ARENA, arena_kernel
 from ..registry import optimizers
 from ..keys import POSITIVE_INT, Key
 from ..params import Buffer
@@ -22,8 +23,8 @@ from .optimizer import I32_1D, Slot, zeros
 from .wrapper import Wrapper
 
 
-@ti.kernel
-def _accumulate(pool: ti.template(), po: ti.i32, G: ti.template(), go: ti.i32, n: ti.i32, active: I32_1D,
+@arena_kernel
+def _accumulate(pool: ARENA, po: ti.i32, G: ARENA, go: ti.i32, n: ti.i32, active: I32_1D,
                 steps: I32_1D, fire: I32_1D, multiplier: ti.i32):
     """``pool += G / N`` (reset on a group's first call, ``steps[k] % N == 0``); then count the call and
     set ``fire[k]`` for the networks whose ``N``-th call this was."""

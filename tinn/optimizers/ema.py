@@ -21,15 +21,15 @@ import taichi as ti
 
 from ..registry import optimizers
 from ..keys import Key
-from .._kernels import copy_columns
+from .._kernels import ARENA, arena_kernel, copy_columns
 from ..params import Buffer
 from .optimizer import F32_2D, I32_1D, beta, zeros
 from .step import one_minus_pow
 from .wrapper import Wrapper
 
 
-@ti.kernel
-def _ema_step(E: ti.template(), eo: ti.i32, W: ti.template(), wo: ti.i32, n: ti.i32, active: I32_1D,
+@arena_kernel
+def _ema_step(E: ARENA, eo: ti.i32, W: ARENA, wo: ti.i32, n: ti.i32, active: I32_1D,
               steps: I32_1D, decay: ti.f32, debias: F32_2D):
     """The average of the networks with ``active[k]`` and ``t = steps[k] > 0``; ``debias[k]`` holds
     ``(1 - d^(t-1), 1 / (1 - d^t))``, computed once per network first."""

@@ -16,14 +16,14 @@ import taichi as ti
 
 from ..registry import optimizers
 from ..keys import CLOSED_UNIT, POSITIVE_INT, Key
-from .._kernels import copy_columns
+from .._kernels import ARENA, arena_kernel, copy_columns
 from ..params import Buffer
 from .optimizer import I32_1D
 from .wrapper import Wrapper
 
 
-@ti.kernel
-def _lookahead_step(slow: ti.template(), so: ti.i32, W: ti.template(), wo: ti.i32, n: ti.i32, active: I32_1D,
+@arena_kernel
+def _lookahead_step(slow: ARENA, so: ti.i32, W: ARENA, wo: ti.i32, n: ti.i32, active: I32_1D,
                     steps: I32_1D, n_steps: ti.i32, alpha: ti.f32):
     for k, i in ti.ndrange(active.shape[0], n):
         on, s = active[k] != 0, steps[k]

@@ -16,13 +16,14 @@ import numpy as np
 import taichi as ti
 
 from .. import _buffers
+from .._kernels import ARENA, arena_kernel
 from ..registry import optimizers
 from .optimizer import (ABSOLUTE_DECAY, EPSILON, F32_1D, F32_2D, I32_1D, LEARNING_RATE, RELATIVE_DECAY, Optimizer,
                         beta, zeros)
 
 
-@ti.kernel
-def _novograd_step(P: ti.template(), po: ti.i32, G: ti.template(), go: ti.i32, n_matrix: ti.i32, m: F32_2D,
+@arena_kernel
+def _novograd_step(P: ARENA, po: ti.i32, G: ARENA, go: ti.i32, n_matrix: ti.i32, m: F32_2D,
                    v: F32_2D, layer_start: I32_1D, layer_of: I32_1D, active: I32_1D, steps: I32_1D,
                    loss_scale: ti.f32, lr: ti.f32, lr_scale: F32_1D, beta1: ti.f32, beta2: ti.f32, eps: ti.f32, rel_decay: ti.f32,
                    abs_decay: ti.f32):

@@ -5,12 +5,13 @@ State: ``current_step``.
 """
 import taichi as ti
 
+from .._kernels import ARENA, arena_kernel
 from ..registry import optimizers
 from .optimizer import F32_1D, I32_1D, LEARNING_RATE, Optimizer, l2_reg
 
 
-@ti.kernel
-def _sgd_step(P: ti.template(), po: ti.i32, G: ti.template(), go: ti.i32, n: ti.i32, active: I32_1D,
+@arena_kernel
+def _sgd_step(P: ARENA, po: ti.i32, G: ARENA, go: ti.i32, n: ti.i32, active: I32_1D,
               loss_scale: ti.f32, lr: ti.f32, lr_scale: F32_1D, l2_reg: ti.f32):
     for k, i in ti.ndrange(active.shape[0], n):
         if active[k]:
