@@ -61,8 +61,9 @@ ARENA = _ArenaArray()
 
 
 def dtype_of(array):
-    """Inside a kernel, the element type of an ``ARENA`` argument: a field's own (float16 or float32), float32
-    for the ndarray view :func:`arena_kernel` hands in its place (only float32 fields are viewed)."""
+    """Inside a kernel (as ``ti.static(dtype_of(a))``), the element type of an ``ARENA`` argument: a field's
+    own (float16 or float32), float32 for the ndarray view :func:`arena_kernel` hands in its place (only
+    float32 fields are viewed)."""
     return getattr(array, "dtype", ti.f32)
 
 
@@ -126,9 +127,10 @@ def rows_copy(field: ARENA, offset: ti.i32, rows: I32_1D, values: F32_2D, mode: 
             if ti.static(mode == 0):
                 values[g, i] = field[r, offset + i]
             elif ti.static(mode == 1):
-                field[r, offset + i] = ti.cast(values[g, i], dtype_of(field))
+                field[r, offset + i] = ti.cast(values[g, i], ti.static(dtype_of(field)))
             else:
-                field[r, offset + i] = ti.cast(field[r, offset + i] + values[g, i], dtype_of(field))
+                total = field[r, offset + i] + values[g, i]
+                field[r, offset + i] = ti.cast(total, ti.static(dtype_of(field)))
 
 
 @arena_kernel
@@ -140,7 +142,7 @@ def _copy_columns(dst: ARENA, dst_off: ti.i32, src: ARENA, src_off: ti.i32, n: t
         k, c = t // tasks, t % tasks
         if active[k]:
             for i in range(c * C, ti.min(c * C + C, n)):
-                dst[k, dst_off + i] = ti.cast(src[k, src_off + i], dtype_of(dst))
+                dst[k, dst_off + i] = ti.cast(src[k, src_off + i], ti.static(dtype_of(dst)))
 
 
 def copy_columns(dst, dst_off: int, src, src_off: int, n: int, active):
@@ -157,7 +159,7 @@ def _fill_columns(dst: ARENA, offset: ti.i32, n: ti.i32, n_rows: ti.i32, value: 
     for t in range(n_rows * tasks):
         k, c = t // tasks, t % tasks
         for i in range(c * C, ti.min(c * C + C, n)):
-            dst[k, offset + i] = ti.cast(value, dtype_of(dst))
+            dst[k, offset + i] = ti.cast(value, ti.static(dtype_of(dst)))
 
 
 def fill_columns(dst, offset: int, n: int, n_rows: int, value: float):

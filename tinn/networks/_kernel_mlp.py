@@ -132,7 +132,7 @@ def _weight_grad(G: ARENA, off: ti.i32, delta: _f32_2d, h: _f32_2d, tiles: _i32_
             tasks = (zero_n + C - 1) // C
             k, c0 = task // tasks, task % tasks * C
             for i in range(c0, ti.min(c0 + C, zero_n)):
-                G[k, zero_off + i] = ti.cast(0.0, dtype_of(G))
+                G[k, zero_off + i] = ti.cast(0.0, ti.static(dtype_of(G)))
     cols = h.shape[1]
     for t, r, c in ti.ndrange(tiles.shape[0], delta.shape[1], cols):
         acc = 0.0
@@ -142,7 +142,7 @@ def _weight_grad(G: ARENA, off: ti.i32, delta: _f32_2d, h: _f32_2d, tiles: _i32_
                 b = order[j]
             acc += delta[b, r] * h[b, c]
         if tiles[t, 1] > tiles[t, 0]:               # a census's table ends in empty tiles
-            ti.atomic_add(G[tiles[t, 2], off + r * cols + c], ti.cast(acc, dtype_of(G)))
+            ti.atomic_add(G[tiles[t, 2], off + r * cols + c], ti.cast(acc, ti.static(dtype_of(G))))
 
 
 class _Zeroing:
