@@ -65,27 +65,18 @@ def make_field(instances=1, grid=None):
     return density, colour
 
 
-class OccupancyGrid:
-    """``res^3`` cells over the box: a cell is occupied while its decayed maximum density is above
-    ``min(mean, threshold)`` (Instant-NGP), ``threshold`` the density that makes one sample's alpha 0.01."""
+class OccupancyGrid(nerf_data.OccupancyGrid):
+    """The occupancy grid with its cells in a Taichi field (1 = occupied) for the sampling kernel."""
 
     def __init__(self, res, step, decay=0.95):
-        self.res, self.decay = res, decay
-        self.threshold = -math.log(1 - 0.01) / step
-        self.density = np.full(res ** 3, np.inf, np.float32)           # all occupied until the first update
+        super().__init__(res, step, decay)
         self.field = ti.field(ti.i32, (res, res, res))
         self.field.fill(1)
 
     def update(self, density_at, rng):
-        """``density_at(q)`` gives sigma at normalised points ``q (n, 3)`` in [0, 1)^3."""
-        idx = np.stack(np.meshgrid(*[np.arange(self.res)] * 3, indexing="ij"), -1).reshape(-1, 3)
-        q = ((idx + rng.random(idx.shape)) / self.res).astype(np.float32)
-        new = density_at(q)
-        old = np.where(np.isfinite(self.density), self.density * self.decay, 0.0)
-        self.density = np.maximum(old, new).astype(np.float32)
-        occupied = self.density > min(self.threshold, float(self.density.mean()))
-        self.field.from_numpy(occupied.reshape((self.res,) * 3).astype(np.int32))
-        return float(occupied.mean())
+        fraction = super().update(density_at, rng)
+        self.field.from_numpy(self.occupied.astype(np.int32))
+        return fraction
 
 
 class Renderer:
@@ -252,78 +243,36 @@ def render_images(renderer, c2w, height, width, focal):
     return renderer.render_rays(o, d).reshape(len(c2w), height, width, 3)
 
 
-def load_scene(args, parser):
-    """The training and held-out views: ``--data``, or the Mitsuba scene rendered once into ``--scene``."""
-    folder = args.data
-    if folder is None:
-        folder = args.scene
-        if not os.path.exists(os.path.join(folder, "transforms_test.json")):
-            try:
-                import mitsuba  # noqa: F401
-            except ImportError:
-                parser.error("rendering the default scene needs Mitsuba 3 (pip install 'tinn[nerf]'), "
-                             "or pass --data DIR, a NeRF-synthetic folder")
-            seconds = nerf_data.render_mitsuba(folder, size=args.render_size, spp=args.spp)
-            print(f"rendered the scene with Mitsuba into {folder} in {seconds:.1f} s")
-    elif not os.path.exists(os.path.join(folder, "transforms_train.json")):
-        parser.error(f"--data: {folder!r} has no transforms_train.json")
-    train = nerf_data.load_split(folder, "train", args.downscale)
-    test = nerf_data.load_split(folder, "test", args.downscale, limit=args.test_views)
-    return train, test
-
-
-def positive(text):
-    v = int(text)
-    if v <= 0:
-        raise argparse.ArgumentTypeError("must be a positive integer")
-    return v
-
-
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", help="a NeRF-synthetic folder (transforms_train.json, ...) instead of the Mitsuba scene")
-    ap.add_argument("--scene", default="nerf_scene", help="where the Mitsuba scene is rendered once and cached")
-    ap.add_argument("--render-size", type=positive, default=200, help="Mitsuba image size (pixels per side)")
-    ap.add_argument("--spp", type=positive, default=16, help="Mitsuba samples per pixel")
-    ap.add_argument("--downscale", type=positive, default=2, help="train and test on images this many times smaller")
-    ap.add_argument("--test-views", type=positive, default=20, help="held-out views to evaluate")
-    ap.add_argument("--steps", type=positive, default=800, help="training steps")
-    ap.add_argument("--rays", type=positive, default=2048, help="rays per training step")
-    ap.add_argument("--samples", type=positive, default=64, help="samples per ray")
-    ap.add_argument("--bound", type=float, default=1.5, help="the scene's box is [-bound, bound]^3")
-    ap.add_argument("--occupancy", type=positive, default=32, help="occupancy grid cells per axis")
-    ap.add_argument("--instances", type=positive, default=1,
+    nerf_data.add_arguments(ap)
+    ap.add_argument("--instances", type=nerf_data.positive, default=1,
                     help="K micro-networks, one per cell of a cube of cells (K = 1, 8, 27, 64, ...)")
-    ap.add_argument("--turntable", type=positive, default=24, help="frames of the turntable GIF")
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--arch", default="cpu", choices=["cpu", "vulkan", "cuda", "metal", "gpu"])
-    ap.add_argument("--out", default=".", help="directory for nerf_test.png and nerf_turntable.gif")
     args = ap.parse_args(argv)
+    nerf_data.check_arguments(ap, args)
     cells = round(args.instances ** (1 / 3))
     if cells ** 3 != args.instances:
         ap.error(f"--instances must be a cube (1, 8, 27, 64, ...), got {args.instances}")
-    if args.bound <= 0:
-        ap.error("--bound must be positive")
     return ap, args
 
 
 def main(argv=None):
     ap, args = parse_args(argv)
     ensure_out_dir(ap, args.out)
-    train, test = load_scene(args, ap)
+    train, test = nerf_data.load_scene(args, ap)
     tinn.init(getattr(ti, args.arch))
     density_net, colour_net = make_field(args.instances)
     trainers = [tinn.Trainer(n, tinn.create_optimizer(OPTIMIZER), tinn.create_loss({"otype": "L2"}))
                 for n in (density_net, colour_net)]
-    step_length = 2 * args.bound * math.sqrt(3) / args.samples
-    occupancy = OccupancyGrid(args.occupancy, step_length)
+    occupancy = OccupancyGrid(args.occupancy, nerf_data.occupancy_step(args.bound, args.samples))
     renderer = Renderer(density_net, colour_net, args.rays, args.samples, -args.bound, args.bound, occupancy)
     o_train, d_train, c_train = train.rays()
     print(f"{train.n} training views, {test.n} held-out views at {train.width}x{train.height}; "
           f"{args.instances} network(s) of {density_net.n_params} + {colour_net.n_params} parameters")
 
     rng = np.random.default_rng(args.seed)
-    start, occupied = time.perf_counter(), 1.0
+    log, occupied = nerf_data.TrainingLog(args.steps), 1.0
     for step in range(1, args.steps + 1):
         idx = rng.integers(0, len(o_train), args.rays)
         renderer.set_rays(o_train[idx], d_train[idx], rng.random((args.rays, args.samples), dtype=np.float32))
@@ -332,24 +281,10 @@ def main(argv=None):
         active = renderer.active()
         for t in trainers:
             t.optimizer_step(active=active)
-        if step % 16 == 0 and step >= 64:
-            occupied = occupancy.update(renderer.density_at, rng)
-        if step % 50 == 0 or step == args.steps:
-            elapsed = time.perf_counter() - start
-            nerf_data.progress(f"training (loss {loss:.4f}, PSNR {-10 * math.log10(max(loss, 1e-10)):5.2f} dB, "
-                               f"{occupied:4.0%} occupied)", step, args.steps, start)
-    train_seconds = time.perf_counter() - start
-
-    start = time.perf_counter()
-    predictions = render_images(renderer, test.c2w, test.height, test.width, test.focal)
-    score = nerf_data.psnr(predictions, test.images)
-    print(f"held-out PSNR {score:.2f} dB over {test.n} views (mean-colour baseline "
-          f"{nerf_data.psnr(test.images.mean((0, 1, 2)), test.images):.2f} dB); training {train_seconds:.1f} s, "
-          f"rendering {time.perf_counter() - start:.1f} s")
-    turntable = render_images(renderer, nerf_data.orbit(args.turntable), test.height, test.width, test.focal)
-    for path in nerf_data.save_results(args.out, "nerf", test.images, predictions, turntable):
-        print(f"wrote {path}")
-    return score
+        occupied = nerf_data.update_occupancy(step, occupancy, renderer.density_at, rng)
+        log.add(step, loss, occupied)
+    return nerf_data.report(args, "nerf", log, test, lambda c2w: render_images(renderer, c2w, test.height, test.width,
+                                                                               test.focal))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ view, radians) and ``frames``, each with ``file_path`` (relative, without ``.png
 ``transform_matrix`` (4x4 camera-to-world, OpenGL axes: the camera looks down -z, +y up, +x right).
 Images are RGBA; the examples composite them on a white background, as NeRF does.
 """
+import argparse
 import json
 import os
 import sys
@@ -14,6 +15,7 @@ import time
 import numpy as np
 
 WHITE = np.ones(3, np.float32)
+STEPS, RAYS, SAMPLES = 400, 2048, 64                # the default run, shared by both examples
 
 
 class Views:
@@ -161,6 +163,130 @@ def render_mitsuba(folder, size=200, n_train=100, n_test=20, spp=16, seed=0):
         with open(os.path.join(folder, f"transforms_{split}.json"), "w") as f:
             json.dump({"camera_angle_x": FOV_X, "frames": frames}, f, indent=1)
     return time.perf_counter() - start
+
+
+class OccupancyGrid:
+    """``res^3`` cells over the box: a cell is occupied while its decayed maximum density is above
+    ``min(mean, threshold)`` (Instant-NGP), ``threshold`` the density that makes one sample's alpha 0.01."""
+
+    def __init__(self, res, step, decay=0.95):
+        self.res, self.decay = res, decay
+        self.threshold = -np.log(1 - 0.01) / step
+        self.density = np.full(res ** 3, np.inf, np.float32)           # all occupied until the first update
+        self.occupied = np.ones((res, res, res), bool)
+
+    def update(self, density_at, rng):
+        """``density_at(q)`` gives sigma at normalised points ``q (n, 3)`` in [0, 1)^3, one per cell
+        (uniform in the cell); returns the occupied fraction."""
+        idx = np.stack(np.meshgrid(*[np.arange(self.res)] * 3, indexing="ij"), -1).reshape(-1, 3)
+        q = ((idx + rng.random(idx.shape)) / self.res).astype(np.float32)
+        new = density_at(q)
+        old = np.where(np.isfinite(self.density), self.density * self.decay, 0.0)
+        self.density = np.maximum(old, new).astype(np.float32)
+        self.occupied = (self.density > min(self.threshold, float(self.density.mean()))).reshape((self.res,) * 3)
+        return float(self.occupied.mean())
+
+
+def positive(text):
+    v = int(text)
+    if v <= 0:
+        raise argparse.ArgumentTypeError("must be a positive integer")
+    return v
+
+
+def add_arguments(ap):
+    """The arguments both NeRF examples take (scene, sampling, training, output)."""
+    ap.add_argument("--data", help="a NeRF-synthetic folder (transforms_train.json, ...) instead of the Mitsuba scene")
+    ap.add_argument("--scene", default="nerf_scene", help="where the Mitsuba scene is rendered once and cached")
+    ap.add_argument("--render-size", type=positive, default=200, help="Mitsuba image size (pixels per side)")
+    ap.add_argument("--spp", type=positive, default=16, help="Mitsuba samples per pixel")
+    ap.add_argument("--downscale", type=positive, default=2, help="train and test on images this many times smaller")
+    ap.add_argument("--test-views", type=positive, default=20, help="held-out views to evaluate")
+    ap.add_argument("--steps", type=positive, default=STEPS, help="training steps")
+    ap.add_argument("--rays", type=positive, default=RAYS, help="rays per training step")
+    ap.add_argument("--samples", type=positive, default=SAMPLES, help="samples per ray")
+    ap.add_argument("--bound", type=float, default=1.5, help="the scene's box is [-bound, bound]^3")
+    ap.add_argument("--occupancy", type=positive, default=32, help="occupancy grid cells per axis")
+    ap.add_argument("--turntable", type=positive, default=24, help="frames of the turntable GIF")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=".", help="directory for the held-out renders and the turntable GIF")
+
+
+def check_arguments(ap, args):
+    if not args.bound > 0:
+        ap.error("--bound must be positive")
+
+
+def load_scene(args, parser):
+    """The training and held-out views: ``--data``, or the Mitsuba scene rendered once into ``--scene``."""
+    folder = args.data
+    if folder is None:
+        folder = args.scene
+        if not os.path.exists(os.path.join(folder, "transforms_test.json")):
+            try:
+                import mitsuba  # noqa: F401
+            except ImportError:
+                parser.error("rendering the default scene needs Mitsuba 3 (pip install 'tinn[nerf]'), "
+                             "or pass --data DIR, a NeRF-synthetic folder")
+            seconds = render_mitsuba(folder, size=args.render_size, spp=args.spp)
+            print(f"rendered the scene with Mitsuba into {folder} in {seconds:.1f} s")
+    elif not os.path.exists(os.path.join(folder, "transforms_train.json")):
+        parser.error(f"--data: {folder!r} has no transforms_train.json")
+    train = load_split(folder, "train", args.downscale)
+    test = load_split(folder, "test", args.downscale, limit=args.test_views)
+    return train, test
+
+
+def occupancy_step(bound, samples):
+    """The length of a sample step along the box's diagonal: the occupancy grid's threshold step."""
+    return 2 * bound * np.sqrt(3) / samples
+
+
+class TrainingLog:
+    """The training loss step by step: a progress bar, and the time at which the training PSNR (of the
+    mean loss over the last 25 steps) first reached each of ``MILESTONES`` dB (the time-to-PSNR figures)."""
+
+    MILESTONES = (20, 25, 28, 30)
+
+    def __init__(self, steps):
+        self.steps, self.start, self.losses, self.reached = steps, time.perf_counter(), [], {}
+
+    def add(self, step, loss, occupied):
+        self.losses.append(loss)
+        train_psnr = -10 * np.log10(max(np.mean(self.losses[-25:]), 1e-10))
+        elapsed = time.perf_counter() - self.start
+        for m in self.MILESTONES:
+            if train_psnr >= m and m not in self.reached and len(self.losses) >= 25:
+                self.reached[m] = elapsed
+        if step % 25 == 0 or step == self.steps:
+            progress(f"training (PSNR {train_psnr:5.2f} dB, {occupied:4.0%} occupied)", step, self.steps, self.start)
+
+    def seconds(self):
+        return time.perf_counter() - self.start
+
+    def summary(self):
+        return "training PSNR " + (", ".join(f"{m} dB at {t:.0f} s" for m, t in self.reached.items()) or
+                                   f"below {self.MILESTONES[0]} dB")
+
+
+def update_occupancy(step, grid, density_at, rng):
+    """Instant-NGP's schedule: every 16 steps from step 64 on; the occupied fraction."""
+    if step % 16 == 0 and step >= 64:
+        grid.update(density_at, rng)
+    return float(grid.occupied.mean())
+
+
+def report(args, prefix, log, test, render_images):
+    """Held-out PSNR (and the mean colour's, a trivial baseline), the renders and the turntable."""
+    train_seconds, start = log.seconds(), time.perf_counter()
+    predictions = render_images(test.c2w)
+    score = psnr(predictions, test.images)
+    print(f"held-out PSNR {score:.2f} dB over {test.n} views (mean-colour baseline "
+          f"{psnr(test.images.mean((0, 1, 2)), test.images):.2f} dB); training {train_seconds:.1f} s "
+          f"({log.summary()}), rendering {time.perf_counter() - start:.1f} s")
+    for path in save_results(args.out, prefix, test.images, predictions, render_images(orbit(args.turntable))):
+        print(f"wrote {path}")
+    return score
 
 
 def psnr(a, b):
