@@ -60,11 +60,21 @@ class _ArenaArray(Template):
 ARENA = _ArenaArray()
 
 
-def dtype_of(array):
-    """Inside a kernel (as ``ti.static(dtype_of(a))``), the element type of an ``ARENA`` argument: a field's
-    own (float16 or float32), float32 for the ndarray view :func:`arena_kernel` hands in its place (only
-    float32 fields are viewed)."""
-    return getattr(array, "dtype", ti.f32)
+def cast_to(array):
+    """Inside a kernel, as ``ti.static(cast_to(a))(value)``: ``value`` rounded to the element type of an
+    ``ARENA`` argument ``a`` — a field's own (float16 or float32), float32 for the ndarray view
+    :func:`arena_kernel` hands in its place (only float32 fields are viewed)."""
+    dtype = getattr(array, "dtype", ti.f32)
+    if str(dtype) not in _CASTS:
+        @ti.func
+        def cast(value):
+            return ti.cast(value, dtype)
+        _CASTS[str(dtype)] = cast
+    return _CASTS[str(dtype)]
+
+
+_CASTS: dict = {}
+"""One cast func per element type (its name) for :func:`cast_to`."""
 
 
 def arena_kernel(func):
@@ -127,10 +137,10 @@ def rows_copy(field: ARENA, offset: ti.i32, rows: I32_1D, values: F32_2D, mode: 
             if ti.static(mode == 0):
                 values[g, i] = field[r, offset + i]
             elif ti.static(mode == 1):
-                field[r, offset + i] = ti.cast(values[g, i], ti.static(dtype_of(field)))
+                field[r, offset + i] = ti.static(cast_to(field))(values[g, i])
             else:
                 total = field[r, offset + i] + values[g, i]
-                field[r, offset + i] = ti.cast(total, ti.static(dtype_of(field)))
+                field[r, offset + i] = ti.static(cast_to(field))(total)
 
 
 @arena_kernel
@@ -142,7 +152,7 @@ def _copy_columns(dst: ARENA, dst_off: ti.i32, src: ARENA, src_off: ti.i32, n: t
         k, c = t // tasks, t % tasks
         if active[k]:
             for i in range(c * C, ti.min(c * C + C, n)):
-                dst[k, dst_off + i] = ti.cast(src[k, src_off + i], ti.static(dtype_of(dst)))
+                dst[k, dst_off + i] = ti.static(cast_to(dst))(src[k, src_off + i])
 
 
 def copy_columns(dst, dst_off: int, src, src_off: int, n: int, active):
@@ -159,7 +169,7 @@ def _fill_columns(dst: ARENA, offset: ti.i32, n: ti.i32, n_rows: ti.i32, value: 
     for t in range(n_rows * tasks):
         k, c = t // tasks, t % tasks
         for i in range(c * C, ti.min(c * C + C, n)):
-            dst[k, offset + i] = ti.cast(value, ti.static(dtype_of(dst)))
+            dst[k, offset + i] = ti.static(cast_to(dst))(value)
 
 
 def fill_columns(dst, offset: int, n: int, n_rows: int, value: float):
