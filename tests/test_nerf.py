@@ -100,6 +100,7 @@ def test_samples_and_compositing_match_the_numpy_quadrature(rng, instances):
     np.testing.assert_allclose(renderer.colour.to_numpy(), colour, atol=2e-6)
 
 
+@pytest.mark.long_compile("two stages of a grid and an SH network, compiled through llvmpipe")
 @pytest.mark.parametrize("instances", [1, 8])
 def test_gradient_through_both_stages_matches_finite_differences(rng, instances):
     R, S = 6, 8
@@ -154,6 +155,7 @@ def write_sphere_scene(folder, size=24, n_train=16, n_test=3):
             json.dump({"camera_angle_x": nerf_data.FOV_X, "frames": frames}, f)
 
 
+@pytest.mark.long_compile("the example's stages and renderer, compiled through llvmpipe, then 100 steps")
 @pytest.mark.parametrize("instances", ["1", "8"])
 def test_nerf_example_learns_a_tiny_scene(tmp_path, instances):
     write_sphere_scene(tmp_path / "scene")
