@@ -108,6 +108,7 @@ def arena_kernel(func):
             return viewing()(*args)
         return on_fields(*args)
 
+    call._primal = on_fields._primal               # a kernel, as ``ti.kernel``'s wrapper says (its field version)
     return call
 
 
