@@ -18,6 +18,7 @@ from taichi.lang.kernel_impl import Kernel
 
 import tinn
 from tinn import _buffers, _device, _kind
+from tinn._memory import HostView
 from tinn.networks import _kernel_mlp
 from tinn.routing import TILE, Routing
 from reference import (assert_close, mlp_backward_ref, mlp_forward_ref, mlp_second_order_ref, mlp_shapes,
@@ -359,9 +360,11 @@ class _Seam:
         def call(kernel, *args, **kwargs):
             name = kernel.func.__name__
             for a in list(args) + list(kwargs.values()):
-                if isinstance(a, np.ndarray) and a.size >= batch:
+                if not isinstance(a, np.ndarray) or isinstance(a, HostView):     # (a field's own memory on x64)
+                    continue
+                if a.size >= batch:
                     seam.host_arguments.append((name, a.shape))
-                if isinstance(a, np.ndarray) and name not in seam.COPY_KERNELS:
+                if name not in seam.COPY_KERNELS:
                     seam.numpy_launches.append((name, a.shape))
             return real_call(kernel, *args, **kwargs)
 
