@@ -4,7 +4,9 @@
 Trains ``config_hash.json`` on random bilinear lookups of the image (the example's own
 sampling kernel), then runs inference over every pixel centre. The last stdout line is a
 JSON dict with ``train_samples_per_s``, ``infer_samples_per_s``, ``ms_per_step_median``,
-``final_loss``, ``psnr``, ``startup_s``, ``peak_rss_mib``, and what one call costs the host after the
+``final_loss``, ``psnr``, ``startup_s``, ``peak_rss_mib`` (``train_samples_per_s`` and ``ms_per_step`` count
+the timed steps until the device has finished them; ``ms_per_step_median`` is the host's time per call,
+on a GPU the time to queue a step once the device's queue is full), and what one call costs the host after the
 warm-up: ``launches_per_step`` / ``read_backs_per_step`` of a training step (the batch's draw not
 counted) and ``infer_launches_per_call`` / ``infer_read_backs_per_call`` of one inference call.
 
@@ -13,6 +15,7 @@ drawn on the device into ``ti.ndarray``s (as tcnn's sample draws them on the GPU
 nothing across the bus but the loss.
 """
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -71,10 +74,14 @@ def main():
     ap.add_argument("--precision", default="float32", choices=("float32", "float16"),
                     help="the model's parameter precision (float16: master weights and a loss scale)")
     ap.add_argument("--arch", default="cpu", help="Taichi arch: cpu, cuda, vulkan, metal, ...")
+    ap.add_argument("--kernel-profile", action="store_true",
+                    help="time every kernel (Taichi's kernel profiler: it waits for each one, so the step "
+                         "times of this run are not the figures) and print the table to stderr")
     args = ap.parse_args()
 
     settings = dict(cpu_max_num_threads=args.threads) if args.arch == "cpu" else dict(device_memory_fraction=0.5)
-    tinn.init(arch=getattr(ti, args.arch), log_level=ti.WARN, random_seed=args.seed, **settings)
+    tinn.init(arch=getattr(ti, args.arch), log_level=ti.WARN, random_seed=args.seed,
+              kernel_profiler=args.kernel_profile, **settings)
     on_device = args.arch != "cpu"
     img, desc = C.load_image(args.image)
     H, W, _ = img.shape
@@ -104,20 +111,29 @@ def main():
         loss = train_step()
         if i == 0:
             startup = time.perf_counter() - T0
+    ti.sync()
     warmup_s = time.perf_counter() - t
     times = []
     with C.CpuMonitor() as mon:
+        start = time.perf_counter()
         for _ in range(args.steps):
             t = time.perf_counter()
             loss = train_step()
             times.append(time.perf_counter() - t)
+        ti.sync()                   # the steps are done when the device is (a step only queues its kernels)
+        wall = time.perf_counter() - start
+    if args.kernel_profile:
+        ti.sync()
+        with contextlib.redirect_stdout(sys.stderr):
+            print(f"kernels of the {args.steps} timed steps and the {args.warmup} warm-up steps:")
+            ti.profiler.print_kernel_profiler_info("count")
     batch = draw()
     step_cost = per_call(lambda: model.trainer.training_step(*batch))
     result = {
         "impl": "tinn", "batch": args.batch, "steps": args.steps,
-        "train_samples_per_s": args.batch * args.steps / sum(times),
+        "train_samples_per_s": args.batch * args.steps / wall,
         "infer_samples_per_s": None, "final_loss": float(loss), "psnr": None,
-        "ms_per_step": 1e3 * sum(times) / args.steps, "ms_per_step_median": 1e3 * float(np.median(times)),
+        "ms_per_step": 1e3 * wall / args.steps, "ms_per_step_median": 1e3 * float(np.median(times)),
         "ms_per_step_min": 1e3 * min(times), "warmup_s": warmup_s, "startup_s": startup,
         "threads": args.threads, "arch": args.arch, "image": desc, "train_foreign_cores": round(mon.foreign_cores, 3),
         "train_self_cores": round(mon.self_cores, 3),

@@ -108,6 +108,10 @@ def main():
         print(f"Final PSNR: {psnr(np.concatenate(parts).reshape(H, W, C), image.data.cpu().numpy()):.2f} dB")
         if args.save:
             np.savez(args.save, params=params)
+    # every rank done with every collective, and DDP's reducer (which holds gloo's last works) freed while the
+    # interpreter is whole: a process group torn down at interpreter exit can abort the process
+    dist.barrier()
+    del model, optimizer
     dist.destroy_process_group()
 
 

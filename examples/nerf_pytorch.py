@@ -1,6 +1,6 @@
 """The NeRF of ``nerf.py`` in plain PyTorch: the time-to-PSNR baseline.
 
-    python examples/nerf_pytorch.py [--data DIR] [--steps N] [--out DIR]
+    python examples/nerf_pytorch.py [--data DIR] [--steps N] [--out DIR] [--device cuda]
 
 The same model (a multiresolution hash grid + MLP density network with 15 features, a degree-4 spherical
 harmonics + MLP colour network, no biases, tcnn's layout), the same rays, stratified samples, occupancy
@@ -101,6 +101,7 @@ class Renderer:
 
     def __init__(self, field, n_samples, bound, occupancy):
         self.field, self.n_samples, self.bound, self.occupancy = field, n_samples, bound, occupancy
+        self.device = next(field.parameters()).device
 
     def render(self, o, d, jitter):
         """Colours ``(R, 3)`` of rays ``o, d (R, 3)`` with stratified offsets ``jitter (R, S)``."""
@@ -110,12 +111,12 @@ class Renderer:
         t_near = torch.minimum(ta, tb).amax(-1).clamp(min=0.0)
         t_far = torch.maximum(ta, tb).amin(-1)
         delta = (t_far - t_near).clamp(min=0.0) / S
-        t = t_near[:, None] + (torch.arange(S)[None] + jitter) * delta[:, None]
+        t = t_near[:, None] + (torch.arange(S, device=o.device)[None] + jitter) * delta[:, None]
         q = ((o[:, None] + t[..., None] * d[:, None] - lo) / size).clamp(0.0, 1.0 - 1e-6)
         g = (q * self.occupancy.res).long()
-        occupied = torch.from_numpy(self.occupancy.occupied)[g[..., 0], g[..., 1], g[..., 2]]
+        occupied = torch.from_numpy(self.occupancy.occupied).to(o.device)[g[..., 0], g[..., 1], g[..., 2]]
         mask = occupied & (delta[:, None] > 0)
-        sigma_delta, rgb = torch.zeros(mask.shape), torch.zeros(mask.shape + (3,))
+        sigma_delta, rgb = torch.zeros(mask.shape, device=o.device), torch.zeros(mask.shape + (3,), device=o.device)
         if mask.any():
             sigma, colour = self.field(q[mask], d[:, None].expand(-1, S, -1)[mask])
             sigma_delta = sigma_delta.masked_scatter(mask, sigma * delta[:, None].expand(-1, S)[mask])
@@ -126,14 +127,17 @@ class Renderer:
 
     def density_at(self, q):
         with torch.no_grad():
-            return self.field.sigma_and_features(torch.from_numpy(q))[0].numpy()
+            return self.field.sigma_and_features(torch.from_numpy(q).to(self.device))[0].cpu().numpy()
 
     def render_images(self, c2w, height, width, focal, chunk=4096):
         o, d = nerf_data.camera_rays(c2w, height, width, focal)
-        mid = torch.full((chunk, self.n_samples), 0.5)
+        mid = torch.full((chunk, self.n_samples), 0.5, device=self.device)
+        def on(a):
+            return torch.from_numpy(a).to(self.device)
+
         with torch.no_grad():
-            out = [self.render(torch.from_numpy(o[s:s + chunk]), torch.from_numpy(d[s:s + chunk]),
-                               mid[:len(o[s:s + chunk])]).numpy() for s in range(0, len(o), chunk)]
+            out = [self.render(on(o[s:s + chunk]), on(d[s:s + chunk]), mid[:len(o[s:s + chunk])]).cpu().numpy()
+                   for s in range(0, len(o), chunk)]
         return np.concatenate(out).reshape(len(c2w), height, width, 3)
 
 
@@ -141,6 +145,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     nerf_data.add_arguments(ap)
     ap.add_argument("--threads", type=nerf_data.positive, help="torch's CPU threads (default: torch's choice)")
+    ap.add_argument("--device", default="cpu", help="torch device: cpu or cuda")
     args = ap.parse_args(argv)
     nerf_data.check_arguments(ap, args)
     ensure_out_dir(ap, args.out)
@@ -148,20 +153,20 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    field = Field()
+    field = Field().to(args.device)
     optimizer = torch.optim.Adam(field.parameters(), lr=OPTIMIZER["learning_rate"],
                                  betas=(OPTIMIZER["beta1"], OPTIMIZER["beta2"]), eps=OPTIMIZER["epsilon"])
     occupancy = nerf_data.OccupancyGrid(args.occupancy, nerf_data.occupancy_step(args.bound, args.samples))
     renderer = Renderer(field, args.samples, args.bound, occupancy)
-    o_train, d_train, c_train = (torch.from_numpy(a) for a in train.rays())
+    o_train, d_train, c_train = (torch.from_numpy(a).to(args.device) for a in train.rays())
     print(f"{train.n} training views, {test.n} held-out views at {train.width}x{train.height}; "
           f"{sum(p.numel() for p in field.parameters())} parameters, {torch.get_num_threads()} torch threads")
 
     rng = np.random.default_rng(args.seed)
     log = nerf_data.TrainingLog(args.steps)
     for step in range(1, args.steps + 1):
-        idx = torch.from_numpy(rng.integers(0, len(o_train), args.rays))
-        jitter = torch.from_numpy(rng.random((args.rays, args.samples), dtype=np.float32))
+        idx = torch.from_numpy(rng.integers(0, len(o_train), args.rays)).to(args.device)
+        jitter = torch.from_numpy(rng.random((args.rays, args.samples), dtype=np.float32)).to(args.device)
         loss = ((renderer.render(o_train[idx], d_train[idx], jitter) - c_train[idx]) ** 2).mean()
         optimizer.zero_grad()
         loss.backward()

@@ -10,6 +10,7 @@ import os
 import numpy as np
 import pytest
 import taichi as ti
+from taichi.lang import impl
 
 import tinn
 from tinn import _buffers, _device
@@ -163,7 +164,9 @@ def test_inference_writes_into_the_callers_buffer(rng, device_path, K):
         assert model.inference(xd, out=out) is out
     np.testing.assert_array_equal(out.to_numpy(), expected)
     if K == 1:
-        assert "_columns" not in seen.kernels and seen.kernels["_layer_forward"] == 3
+        assert "_columns" not in seen.kernels
+        if impl.current_cfg().arch != ti.cuda:                 # (CUDA runs the MLP as one fused kernel)
+            assert seen.kernels["_layer_forward"] == 3
     host = np.full(expected.shape, np.nan, np.float32)
     with pytest.MonkeyPatch.context() as m:
         m.setattr(_device, "FORCE", False)

@@ -14,6 +14,7 @@ to a freed program, and is marked so (``_tinn_freed``); :func:`_watch` follows e
 import ctypes
 import ctypes.util
 import gc
+import sys
 import weakref
 
 import taichi as ti
@@ -184,6 +185,8 @@ def _watch(runtime):
 
 
 def _runtime_dropped():
+    if sys.is_finalizing():                   # the interpreter's exit: no program follows, nothing to mark
+        return
     for a in gc.get_objects():
         if isinstance(a, Ndarray):
             a._tinn_freed = True
