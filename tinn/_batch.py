@@ -103,9 +103,10 @@ def as_instances(instance, batch: int, n_instances: int) -> np.ndarray | None:
     return np.ascontiguousarray(arr)
 
 
-def check_out(out, caller, shape: tuple):
+def check_out(out, caller, shape: tuple) -> bool:
     """An ``out`` argument: float32, ``shape``, C-contiguous and of the kind of the array the caller passed
-    (``TypeError`` / ``ValueError``)."""
+    (``TypeError`` / ``ValueError``). Returns whether it is a device buffer (which a device batch's last
+    kernel can write)."""
     if is_device(caller) != is_device(out) or not (is_device(out) or isinstance(out, np.ndarray)):
         raise TypeError(f"out must be of x's kind ({type(caller).__name__}), got {type(out).__name__}")
     if _dtype_name(out) != "float32":
@@ -114,6 +115,7 @@ def check_out(out, caller, shape: tuple):
         raise ValueError(f"out must have shape {shape}, got {tuple(out.shape)}")
     if not is_device(out) and not out.flags.c_contiguous:
         raise ValueError("out must be C-contiguous")
+    return is_device(out)
 
 
 def as_mask(active, n_instances: int, kernel_array=lambda mask: mask):

@@ -214,12 +214,11 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         return); on the device path the network's last kernel writes there, with no copy."""
         caller = x
         x, routing = self._prepare(x, instance)
-        if out is not None:
-            check_out(out, caller, (routing.dense or (routing.batch,)) + (self.n_output_dims,))
+        shape = (routing.dense or (routing.batch,)) + (self.n_output_dims,)
+        device_out = out is not None and check_out(out, caller, shape)
         chunk = chunk_samples(self, training=False)
-        if out is not None and routing.dense is None and (routing.batch <= chunk or routing.on_device):
-            y = self._inference_into(x, routing, out)
-            return out if y is out else callers_kind(y, caller)
+        if device_out and routing.on_device and routing.dense is None:
+            return self._inference_into(x, routing, out)
         if routing.batch <= chunk or routing.on_device:       # a device batch is not cut
             y = self._finish(self._inference(x, routing), routing, caller)
             return y if out is None else copy_into(out, y)
@@ -232,8 +231,8 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         return callers_kind(y.reshape(routing.dense + (-1,)) if routing.dense else y, caller)
 
     def _inference_into(self, x, routing, out):
-        """Outputs of a flat batch written into ``out`` ``(batch, n_output_dims)`` (a component whose last kernel
-        can write there overrides this); returns ``out``."""
+        """Outputs of a flat device batch written into the device buffer ``out`` ``(batch, n_output_dims)`` (a
+        component whose last kernel can write there overrides this); returns ``out``."""
         return copy_into(out, self._finish(self._inference(x, routing), routing, out))
 
     def forward(self, x, instance=None):

@@ -99,6 +99,15 @@ class HostMLP:
 
     def __init__(self, mlp):
         self.mlp = mlp
+        self._zero_buffer = np.zeros(0, np.float32)
+
+    def _zeros(self, n: int) -> np.ndarray:
+        """At least ``n`` float32 zeros, for ReLU (:func:`activations.host_value`); read by every worker thread
+        (one that needs more makes a larger buffer for itself and leaves it for the next)."""
+        zeros = self._zero_buffer
+        if zeros.size < n:
+            zeros = self._zero_buffer = np.zeros(n, np.float32)
+        return zeros
 
     # -- weights and gradients in the store -----------------------------------------
     def _split(self, flat: np.ndarray) -> list:
@@ -137,7 +146,7 @@ class HostMLP:
             for layer in layers:
                 target = layer.y if layer.act.from_output else layer.z
                 z = np.matmul(h, layer.w[sel].transpose(0, 2, 1), out=None if target is None else target[index])
-                h = activations.host_value(layer.act, z)
+                h = activations.host_value(layer.act, z, self._zeros(z.size))
                 if not layer.act.from_output and layer.y is not None:
                     layer.y[index] = h
 

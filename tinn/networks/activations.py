@@ -23,7 +23,6 @@ Softplus      ln(1 + e^X) / 10             s(X)                        10 s(X) (
 Tanh          tanh z                       1 - tanh^2 z                -2 tanh z (1 - tanh^2 z)
 ============  ===========================  ==========================  ============================
 """
-import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -51,18 +50,6 @@ class Activation:
 
 def _sigmoid(z):
     return 1.0 / (1.0 + np.exp(-z))
-
-
-_zeros = threading.local()
-
-
-def _host_relu(z):
-    """max(z, 0) in place. numpy's float32 maximum runs about 3x faster against an array of zeros than
-    against a scalar 0 (its contiguous SIMD loop), so each thread keeps a zero buffer."""
-    zeros = getattr(_zeros, "buffer", None)
-    if zeros is None or zeros.size < z.size:
-        zeros = _zeros.buffer = np.zeros(z.size, np.float32)
-    return np.maximum(z, zeros[: z.size].reshape(z.shape), out=z)
 
 
 def _leaky_slope(a):
@@ -271,7 +258,8 @@ def _host_tanh_dd(z):
 
 ACTIVATIONS = {a.name: a for a in [
     Activation("None", _identity, _one, _zero, lambda z: z, lambda h: np.float32(1.0), from_output=True),
-    Activation("ReLU", _relu, _relu_d, _zero, _host_relu, lambda h: h > 0.0, from_output=True),
+    Activation("ReLU", _relu, _relu_d, _zero, lambda z: np.maximum(z, np.float32(0.0), out=z), lambda h: h > 0.0,
+               from_output=True),
     Activation("LeakyReLU", _leaky, _leaky_d, _zero, lambda z: np.multiply(z, _leaky_slope(z), out=z), _leaky_slope,
                from_output=True),
     Activation("SiLU", _silu, _silu_d, _silu_dd, lambda z: z * _sigmoid(z), _host_silu_d, _host_silu_dd),
@@ -307,8 +295,12 @@ def second_derivative(name: ti.template(), z):
 
 
 # -- host arrays (float32 numpy, inside tinn's BLAS workers) --
-def host_value(act: Activation, z: np.ndarray) -> np.ndarray:
-    """act(z); in place (returns ``z``) for the ``from_output`` activations."""
+def host_value(act: Activation, z: np.ndarray, zeros: np.ndarray | None = None) -> np.ndarray:
+    """act(z); in place (returns ``z``) for the ``from_output`` activations. ``zeros``: float32 zeros, at least
+    ``z.size`` of them, that ReLU takes its maximum with (numpy's float32 maximum runs about 3x faster
+    against an array of zeros than against a scalar 0: its contiguous SIMD loop)."""
+    if zeros is not None and act.name == "ReLU":
+        return np.maximum(z, zeros[: z.size].reshape(z.shape), out=z)
     with np.errstate(over="ignore", invalid="ignore"):
         return act.host_value(z)
 

@@ -26,7 +26,6 @@ import warnings
 
 import numpy as np
 
-from .. import _kind
 from ..registry import networks
 from ..keys import POSITIVE_INT, Key, Options, between, reported
 from . import activations
@@ -119,10 +118,8 @@ class MLP(Network):
         return self._batch_path(routing).run(x, routing, keep=False)[0]
 
     def _inference_into(self, x, routing, out):
-        """A device batch's last kernel writes straight into a device ``out``; else as every object does."""
-        if routing.on_device and _kind.is_device(out):
-            return self._batch_path(routing).run(x, routing, keep=False, out=out)[0]
-        return super()._inference_into(x, routing, out)
+        """The last kernel writes straight into the device buffer ``out``."""
+        return self._batch_path(routing).run(x, routing, keep=False, out=out)[0]
 
     def _forward(self, x, routing):
         return self._batch_path(routing).run(x, routing, keep=True)
