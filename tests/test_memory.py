@@ -30,7 +30,8 @@ y = np.random.default_rng(1).random((64, 3), dtype=np.float32)
 
 def run(body: str, timeout: int = 600) -> dict:
     """Run ``body`` after PRELUDE in a fresh interpreter; it prints one JSON line last."""
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    path = [ROOT, os.path.dirname(os.path.abspath(__file__)), os.environ.get("PYTHONPATH", "")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
     with tempfile.TemporaryDirectory() as tmp:
         script = os.path.join(tmp, "case.py")            # a file: Taichi reads kernels' source back
         with open(script, "w") as f:
@@ -237,16 +238,10 @@ def test_a_second_model_in_a_chunk_of_its_own_compiles_no_kernel_of_tinn(n_insta
     train alike (same seed, same data), so the shared kernels work on each model's own memory."""
     out = run(f"""
         ti.init(arch=ti.cpu, offline_cache=False, log_level=ti.ERROR)
-        from taichi.lang.kernel_impl import Kernel
+        from compiles import compilations
         K = {n_instances}
         big = {{**GRID, "n_levels": 2, "log2_hashmap_size": 17, "base_resolution": 16, "per_level_scale": 64.0}}
         cfg = {{"encoding": big, "network": NET, "optimizer": {{"otype": "Adam"}}, "loss": {{"otype": "L2"}}}}
-        names, materialize = [], Kernel.materialize
-        def record(kernel, key=None, *args, **kwargs):
-            if (key or (kernel.func, 0, kernel.autodiff_mode)) not in kernel.compiled_kernels:
-                names.append(kernel.func.__name__)
-            return materialize(kernel, key, *args, **kwargs)
-        Kernel.materialize = record
         xs, ys = (np.broadcast_to(a, (K,) + a.shape).copy() if K > 1 else a for a in (x, y))
         ids = np.arange(len(x), dtype=np.int32) % K
         def build_and_use():
@@ -270,8 +265,8 @@ def test_a_second_model_in_a_chunk_of_its_own_compiles_no_kernel_of_tinn(n_insta
             user_kernel(x, ids, out)
             return m, net.inference(xs), out
         first = build_and_use()
-        names.clear()
-        second = build_and_use()
+        with compilations() as names:
+            second = build_and_use()
         print(json.dumps({{"compiled": names, "n_params": first[0].network.n_params,
                           "same": all(bool(np.array_equal(a, b)) for a, b in zip(first[1:], second[1:])),
                           "params_same": bool(np.array_equal(first[0].network.params(), second[0].network.params())),

@@ -3,18 +3,17 @@ buys on the device path: models of one config share the compiled kernels (the fu
 an overwrite pass zeroes its gradients without a launch of its own, and a training step's MLP launches
 are held (a test fails if they grow).
 """
-import contextlib
 from collections import Counter
 
 import numpy as np
 import pytest
 import taichi as ti
-from taichi.lang.kernel_impl import Kernel
 
 import tinn
 from tinn import _buffers, _kernels
 from tinn._probe import counting
 from tinn.networks import _kernel_mlp
+from compiles import compilations
 from reference import assert_close, mlp_backward_ref, mlp_forward_ref, mlp_shapes, mlp_unflatten, padded, random_weights
 from test_device_path import device_path, use_mlp_kernels   # noqa: F401 (a fixture)
 
@@ -51,23 +50,6 @@ def test_models_of_one_config_have_one_plan():
     assert a.plan == b.plan and hash(a.plan) == hash(b.plan)
     assert mlp(5, 3, 16, 2, out_act="Sigmoid").plan != a.plan
     assert mlp(5, 4, 16, 2).plan != a.plan                     # same stored sizes, one more row computed
-
-
-@contextlib.contextmanager
-def compilations():
-    """The names of the Taichi kernels compiled within the block (a new instantiation counts)."""
-    names, materialize = [], Kernel.materialize
-
-    def record(kernel, key=None, *args, **kwargs):
-        if (key or (kernel.func, 0, kernel.autodiff_mode)) not in kernel.compiled_kernels:
-            names.append(kernel.func.__name__)
-        return materialize(kernel, key, *args, **kwargs)
-
-    Kernel.materialize = record
-    try:
-        yield names
-    finally:
-        Kernel.materialize = materialize
 
 
 @pytest.mark.parametrize("mlp_kernels", ["kernels", "fused"])
