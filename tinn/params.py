@@ -137,7 +137,7 @@ def _arena(n_instances: int, dtypes: tuple) -> _Arena:
     if _ARENAS.get("program") is not program:
         _ARENAS.clear()
         _ARENAS["program"] = program
-    key = (n_instances, tuple(str(d) for d in dtypes))
+    key = (n_instances, tuple(dtypes))
     if key not in _ARENAS:
         _ARENAS[key] = _Arena(n_instances, dtypes)
     return _ARENAS[key]
@@ -200,8 +200,9 @@ class ParamStore(_Slice):
     ``precision`` is ``"float32"`` or ``"float16"`` (``tinn.keys.PRECISIONS``): the dtype of ``params`` and
     ``inference_params``, what the model reads. ``grads`` is float32 at either precision (``DTYPES``): a
     gradient is a sum of many partial sums (per block and per sample on a GPU), which float16 cannot
-    accumulate. A float16 store's float32 master weights belong to the trainer (``tinn.mixed_precision``). ``version`` counts the writes of the parameters through :meth:`set`, so that
-    the master weights can follow them.
+    accumulate. A float16 store's float32 master weights belong to the trainer (``tinn.mixed_precision``).
+    ``version`` counts the writes of the parameters through :meth:`set`, so that the master weights can
+    follow them.
     """
 
     HOST_COPIES = 3         # the initial draw on the host: a component's blocks, their concatenation, all instances
