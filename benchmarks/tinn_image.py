@@ -55,9 +55,10 @@ def draw_batch(image: ti.types.ndarray(dtype=ti.f32, ndim=3), xy: ti.types.ndarr
 
 
 def param_bytes(store) -> int:
-    """Bytes of the model's parameters, inference weights and gradients (the float32 master weights of a
-    float16 model belong to its trainer and are not counted)."""
-    return 3 * store.n_instances * store.n_params * (2 if store.precision == "float16" else 4)
+    """Bytes of the model's parameters, inference weights and gradients: 2 + 2 + 4 per parameter for a float16
+    model (its gradients are float32), 12 for a float32 one (the float32 master weights of a float16 model
+    belong to its trainer and are not counted)."""
+    return store.n_instances * store.n_params * (8 if store.precision == "float16" else 12)
 
 
 def main():

@@ -142,8 +142,8 @@ class HostView(np.ndarray):
 
 def host_views(fields) -> list | None:
     """The memory of 2-D float32 fields placed in one field tree, each under its own ``dense`` node
-    directly below the root, as numpy arrays (no copy), on the x64 backend; ``None`` elsewhere, for other
-    element types (a float16 chunk) or if the layout is not row-major and contiguous.
+    directly below the root, as numpy arrays (no copy), on the x64 backend; ``None`` elsewhere, if any field
+    has another element type (a float16 store's chunk) or if the layout is not row-major and contiguous.
 
     One small kernel, compiled for the first field, finds the tree's address; the others lie at their
     dense nodes' offsets in the root cell (``offset_bytes_in_parent_cell``), so a tree costs one compile
@@ -151,7 +151,7 @@ def host_views(fields) -> list | None:
     never hands them out.
     """
     first = fields[0]
-    if not host_memory() or first.dtype != ti.f32:
+    if not host_memory() or any(f.dtype != ti.f32 for f in fields):
         return None
     rows, cols = first.shape
     i, j = min(1, rows - 1), min(1, cols - 1)

@@ -152,9 +152,9 @@ def check_seed(seed) -> int:
 
 PRECISIONS = ("float32", "float16")
 """A model's ``precision`` keyword (``create_from_config``, ``NetworkWithInputEncoding``, ``create_encoding``,
-``create_network``): the dtype its parameters, inference weights and gradients are stored in. ``"float16"``
-is tcnn's half precision: the trainer keeps float32 master weights and a dynamic loss scale
-(``tinn.mixed_precision``)."""
+``create_network``): the dtype its parameters and inference weights are stored in (gradients are float32 at
+either precision). ``"float16"`` is tcnn's half precision: the trainer keeps float32 master weights and a
+dynamic loss scale (``tinn.mixed_precision``)."""
 
 
 def check_precision(precision) -> str:

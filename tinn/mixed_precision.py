@@ -1,18 +1,21 @@
 """Half-precision training, as tcnn's ``TCNN_HALF_PRECISION`` build and Dr.Jit's ``GradScaler``: float16
-parameters and gradients in the model, float32 master weights for the optimizer, a dynamic loss scale.
+parameters in the model, float32 master weights for the optimizer, a dynamic loss scale.
 
-A model built with ``precision="float16"`` stores its parameters, inference weights and gradients as
-float16 (``tinn.params.ParamStore``): every kernel reads the float16 weights, computes in float32 and adds
-its gradients into the float16 gradients. Its :class:`~tinn.trainer.Trainer` then keeps
+A model built with ``precision="float16"`` stores its parameters and inference weights (what it reads) as
+float16, and its gradients as float32 (``tinn.params.ParamStore``): every kernel reads the float16 weights,
+computes in float32 and adds its partial sums into the float32 gradients. A gradient is the sum of many
+partial sums (per block and per sample on a GPU, added with atomics): a float16 accumulator would round the
+later ones away, or lose them entirely once the sum is large. Its :class:`~tinn.trainer.Trainer` then keeps
 
 * :class:`MasterWeights`: a float32 store of the same layout, which the optimizer is bound to (its
-  moments and averaged weights are float32 too). After the backward pass the float16 gradients are read
+  moments and averaged weights are float32 too). After the backward pass the model's gradients are copied
   into it (checking them for overflow); after an optimizer step its weights are rounded back into the
   model's float16 parameters and inference weights (tcnn's ``optimizer.step(ls, fp32, params, grads)``).
 * :class:`LossScale`: the loss multiplies its gradients by ``scale`` and the optimizer divides by it, so
-  that small gradients survive float16 (smallest normal 6.1e-5). A step whose float16 gradients hold an
-  Inf or a NaN (``|scale * dL/dθ| > 65504``) is skipped: no parameter and no optimizer state changes, and
-  the scale halves. After ``growth_interval`` good steps in a row it doubles.
+  that small gradients survive float16 (smallest normal 6.1e-5). As in tcnn, a step overflows when a scaled
+  gradient lies beyond float16's range (``|scale * dL/dθ| > 65504``) or is not finite: it is skipped (no
+  parameter and no optimizer state changes) and the scale halves. After ``growth_interval`` good steps in a
+  row it doubles.
 
 The scale starts at tcnn's 128 and stays within ``[2^-24, 2^24]``. Deciding whether to skip reads one flag
 back from the device per step (the float32 path reads nothing).
@@ -22,7 +25,7 @@ import numpy as np
 import taichi as ti
 
 from ._kernels import columns_per_task, copy_columns
-from .params import ParamStore
+from .params import FLOAT16_MAX, ParamStore
 
 
 class LossScale:
@@ -85,16 +88,17 @@ class LossScale:
 @ti.kernel
 def _read_gradients(dst: ti.template(), dst_off: ti.i32, src: ti.template(), src_off: ti.i32, n: ti.i32,
                     n_rows: ti.i32, overflow: ti.types.ndarray(dtype=ti.i32, ndim=1)):
-    """``dst[k, dst_off + i] = src[k, src_off + i]`` (float16 -> float32); ``overflow[0] = 1`` if any is not finite."""
+    """``dst[k, dst_off + i] = src[k, src_off + i]``; ``overflow[0] = 1`` if any lies beyond float16's range
+    (``|g| > 65504``) or is not finite."""
     C = ti.static(columns_per_task())
     tasks = (n + C - 1) // C
     for t in range(n_rows * tasks):
         k, c = t // tasks, t % tasks
         bad = 0
         for i in range(c * C, ti.min(c * C + C, n)):
-            g = ti.cast(src[k, src_off + i], ti.f32)
+            g = src[k, src_off + i]
             dst[k, dst_off + i] = g
-            if not (ti.abs(g) <= 3.0e38):            # Inf or NaN
+            if not (ti.abs(g) <= FLOAT16_MAX):       # beyond float16, Inf or NaN
                 bad = 1
         if bad:
             overflow[0] = 1
@@ -126,7 +130,7 @@ class MasterWeights:
             self.follow()
 
     def read_gradients(self) -> bool:
-        """The model's float16 gradients into the masters' float32 ones; ``True`` if any is Inf or NaN."""
+        """The model's gradients into the masters'; ``True`` if any is beyond float16's range, Inf or NaN."""
         self._flag[0] = 0
         if self.half.n_params:
             _read_gradients(self.store.grads, self.store.offset, self.half.grads, self.half.offset,

@@ -23,7 +23,8 @@ class NetworkWithInputEncoding(DifferentiableObject):
     dense ``(K, B_k, n_input_dims)`` layout); ``seed`` draws the initial parameters. The whole
     model's parameters are one store, allocated here: ``params()`` is ``(n_params,)``, network
     matrices first, then the encoding's, as in tcnn. ``precision="float16"`` stores them (and the
-    gradients) in half precision, as tcnn does (``tinn.keys.PRECISIONS``; see ``docs/trainer.md``).
+    inference weights) in half precision, as tcnn does, and the gradients in float32 (``tinn.keys.PRECISIONS``;
+    see ``docs/trainer.md``).
     """
 
     def __init__(self, n_input_dims: int, n_output_dims: int, encoding_config=None, network_config=None, *,

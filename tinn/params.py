@@ -35,8 +35,10 @@ two apart map ``params[i]`` and ``grads[i]`` to the same cache sets, which made 
 ALIGN = 16
 """Stores start on a 64-byte boundary (a cache line)."""
 
-DTYPES = {"float32": ti.f32, "float16": ti.f16}
-"""A store's precision (``tinn.keys.PRECISIONS``, checked there) and the dtype of its fields."""
+DTYPES = {"float32": (ti.f32, ti.f32, ti.f32), "float16": (ti.f16, ti.f16, ti.f32)}
+"""A store's precision (``tinn.keys.PRECISIONS``, checked there) and the dtypes of its fields: parameters,
+inference weights, gradients. Gradients are float32 at either precision: they are sums of many partial sums
+(per block and per sample on a GPU), which a float16 accumulator would round away."""
 
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 
@@ -46,13 +48,13 @@ a store larger than that gets a chunk of its own size."""
 
 
 class _Chunk:
-    """One field tree of ``n_fields`` arrays of ``dtype``, each ``(n_instances, width)`` (a store's ``params``,
-    ``inference`` and ``grads``, or a buffer's one array), and the free column ranges between the
-    slices placed in it."""
+    """One field tree of arrays of ``dtypes`` (one per array), each ``(n_instances, width)`` (a store's
+    ``params``, ``inference`` and ``grads``, or a buffer's one array), and the free column ranges between
+    the slices placed in it."""
 
-    def __init__(self, n_instances: int, width: int, n_fields: int, what: str, dtype=ti.f32):
-        self.n_instances, self.width, self.dtype = n_instances, width, dtype
-        self.fields = fields = [ti.field(dtype) for _ in range(n_fields)]
+    def __init__(self, n_instances: int, width: int, dtypes: tuple, what: str):
+        self.n_instances, self.width, self.dtypes = n_instances, width, dtypes
+        self.fields = fields = [ti.field(dtype) for dtype in dtypes]
 
         def place(builder):
             for i, f in enumerate(fields):
@@ -91,19 +93,18 @@ class _Chunk:
         self.n_stores -= 1
 
     def view(self, field):
-        """The field's memory as a float32 numpy array (x64 only; a float16 chunk has none), else ``None``."""
+        """The field's memory as a float32 numpy array (x64 only; a chunk with a float16 array has none), else
+        ``None``."""
         if self.views is None:
             return None
         return next(v for f, v in zip(self.fields, self.views) if f is field)
 
 
 class _Arena:
-    """The chunks holding every slice of ``n_instances`` rows and ``n_fields`` arrays of ``dtype`` in one
-    Taichi program."""
+    """The chunks holding every slice of ``n_instances`` rows and arrays of ``dtypes`` in one Taichi program."""
 
-    def __init__(self, n_instances: int, n_fields: int, dtype=ti.f32):
-        self.n_instances, self.n_fields, self.chunks, self.next_floats = n_instances, n_fields, [], CHUNK_MIN
-        self.dtype = dtype
+    def __init__(self, n_instances: int, dtypes: tuple):
+        self.n_instances, self.dtypes, self.chunks, self.next_floats = n_instances, dtypes, [], CHUNK_MIN
 
     def take(self, n: int, what: str):
         for chunk in self.chunks:
@@ -113,8 +114,8 @@ class _Arena:
         K = self.n_instances
         width = max(-(-n // ALIGN) * ALIGN, self.next_floats // K)
         width = min(width, max(MAX_ELEMENTS // K, n))            # an oversized store fails its size check
-        check_allocation(what, [(K, width)] * self.n_fields)
-        chunk = _Chunk(K, width, self.n_fields, what, self.dtype)
+        check_allocation(what, [(K, width)] * len(self.dtypes))
+        chunk = _Chunk(K, width, self.dtypes, what)
         if width * K <= CHUNK_MAX:
             self.next_floats = min(2 * self.next_floats, CHUNK_MAX)
         self.chunks.append(chunk)
@@ -129,31 +130,31 @@ class _Arena:
 _ARENAS: dict = {}
 
 
-def _arena(n_instances: int, n_fields: int, dtype=ti.f32) -> _Arena:
-    """The arena of the live Taichi program for slices of ``n_instances`` rows and ``n_fields`` arrays of
-    ``dtype`` (arenas of older programs are dropped: ``ti.init`` freed their fields)."""
+def _arena(n_instances: int, dtypes: tuple) -> _Arena:
+    """The arena of the live Taichi program for slices of ``n_instances`` rows and arrays of ``dtypes``
+    (arenas of older programs are dropped: ``ti.init`` freed their fields)."""
     program = current_program()
     if _ARENAS.get("program") is not program:
         _ARENAS.clear()
         _ARENAS["program"] = program
-    key = (n_instances, n_fields) if dtype == ti.f32 else (n_instances, n_fields, dtype)
+    key = (n_instances, tuple(dtypes))
     if key not in _ARENAS:
-        _ARENAS[key] = _Arena(n_instances, n_fields, dtype)
+        _ARENAS[key] = _Arena(n_instances, dtypes)
     return _ARENAS[key]
 
 
 class _Slice(RuntimeBound):
-    """Columns ``[offset, offset + n)`` of every array of an arena chunk, given back when dropped."""
+    """Columns ``[offset, offset + n)`` of every array (one per dtype of ``dtypes``) of an arena chunk, given
+    back when dropped."""
 
-    N_FIELDS = 1
     HOST_COPIES = 0         # host arrays of the slice's size that filling it takes (counted by the size check)
 
-    def __init__(self, n_instances: int, n: int, what: str, dtype=ti.f32):
+    def __init__(self, n_instances: int, n: int, what: str, dtypes: tuple):
         self._bind_runtime()
-        check_allocation(what, [(n_instances, n)] * (self.N_FIELDS + self.HOST_COPIES))
+        check_allocation(what, [(n_instances, n)] * (len(dtypes) + self.HOST_COPIES))
         self.n_instances = n_instances
         self._n = n
-        self._arena = _arena(n_instances, self.N_FIELDS, dtype)
+        self._arena = _arena(n_instances, dtypes)
         self._chunk, self.offset = self._arena.take(n, what)
 
     def __del__(self):
@@ -169,7 +170,7 @@ class Buffer(_Slice):
     averaged weights or gradient pool), placed in a shared arena like the parameter stores."""
 
     def __init__(self, n_instances: int, n: int, what: str = "buffer"):
-        super().__init__(n_instances, n, what)
+        super().__init__(n_instances, n, what, (ti.f32,))
         self.n, self.field = n, self._chunk.fields[0]
         self.fill(0.0)
 
@@ -196,13 +197,14 @@ class ParamStore(_Slice):
     only this store's columns. ``inference()`` and ``func`` read ``inference_params``: the optimizer
     fills it after each step (a copy of the trained weights, or its averaged weights).
 
-    ``precision`` is ``"float32"`` or ``"float16"`` (``tinn.keys.PRECISIONS``): the dtype of all three fields.
-    A float16 store is what the model reads and writes; its float32 master weights belong to the trainer
-    (``tinn.mixed_precision``). ``version`` counts the writes of the parameters through :meth:`set`, so that
-    the master weights can follow them.
+    ``precision`` is ``"float32"`` or ``"float16"`` (``tinn.keys.PRECISIONS``): the dtype of ``params`` and
+    ``inference_params``, what the model reads. ``grads`` is float32 at either precision (``DTYPES``): a
+    gradient is a sum of many partial sums (per block and per sample on a GPU), which float16 cannot
+    accumulate. A float16 store's float32 master weights belong to the trainer (``tinn.mixed_precision``).
+    ``version`` counts the writes of the parameters through :meth:`set`, so that the master weights can
+    follow them.
     """
 
-    N_FIELDS = 3
     HOST_COPIES = 3         # the initial draw on the host: a component's blocks, their concatenation, all instances
 
     def __init__(self, n_instances: int, n_params: int, what: str = "parameter store", precision: str = "float32"):

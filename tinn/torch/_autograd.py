@@ -16,7 +16,7 @@ backwards. Parameter gradients are read from the native store right after each n
 never see each other's gradients.
 
 A module of float16 parameters scales as tinycudann does: the output gradient is multiplied by
-``native.loss_scale`` (128) before the native backward, which stores float16 parameter gradients, and every
+``native.loss_scale`` (128) before the native backward (which sums the parameter gradients in float32), and every
 gradient it returns is divided by it (float32 modules: scale 1, nothing is multiplied).
 """
 from __future__ import annotations

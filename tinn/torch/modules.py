@@ -33,10 +33,11 @@ script has no ``ti.init``); ``supports_jit_fusion()`` is ``False``.
 
 Precision, as tinycudann's ``dtype``: every module takes ``dtype=None``, ``torch.float32`` or ``torch.float16``
 (tinycudann's ``Encoding`` argument; ``Network`` and ``NetworkWithInputEncoding`` take it as a keyword).
-``torch.float16`` stores the native parameters and gradients as float16 (tinn's ``precision="float16"``, on
-the archs that have float16 fields): ``module.dtype`` is ``torch.float16``, ``param_precision()`` and
-``output_precision()`` are ``Fp16``, outputs are half tensors, ``loss_scale`` is 128 (applied inside the
-backward and divided out of the gradients), and ``params`` stays the float32 master copy, as tinycudann's.
+``torch.float16`` stores the native parameters as float16 and their gradients as float32 (tinn's
+``precision="float16"``, on the archs that have float16 fields): ``module.dtype`` is ``torch.float16``,
+``param_precision()`` and ``output_precision()`` are ``Fp16``, outputs are half tensors, ``loss_scale`` is 128
+(applied inside the backward and divided out of the gradients), and ``params`` stays the float32 master copy,
+as tinycudann's.
 Otherwise the parameters are float32, ``loss_scale`` is 1, and the output has ``dtype``, or with ``None``
 ``x``'s dtype (tinycudann's default is its build's half precision; tinn's is float32).
 """
