@@ -16,7 +16,7 @@ claimed entry has claims.
 import taichi as ti
 from taichi.lang import impl
 
-from .._kernels import ARENA, F32_2D, arena_kernel, cast_to
+from .._kernels import ARENA, F32_2D, arena_kernel
 
 T = 128                 # threads per block, one sample each
 MAX_BLOCKS = 256        # about two blocks per multiprocessor of a large GPU; fewer blocks, fewer global adds
@@ -67,7 +67,7 @@ def block_scatter(D: int, F: int, interp: str, fn, geometry, runs, sizes):
     def scatter(G: ARENA, base: ti.i32, x: F32_2D, dy: F32_2D, n_blocks: ti.i32, second: ti.template(),
                 g: F32_2D, zero_n: ti.i32):
         for i in range(zero_n):                                    # overwrite: zeros under the adds
-            G[0, fn.at(base, i)] = ti.static(cast_to(G))(0.0)
+            G[0, fn.at(base, i)] = 0.0
         B = x.shape[0]
         n_tiles = (B + T - 1) // T
         ti.loop_config(block_dim=T)
@@ -117,7 +117,7 @@ def block_scatter(D: int, F: int, interp: str, fn, geometry, runs, sizes):
                     for j in range((n + T - 1) // T):
                         e = s + j * T
                         if e < n and sums[e] != 0.0:
-                            ti.atomic_add(G[0, fn.at(base, start + e)], ti.static(cast_to(G))(sums[e]))
+                            ti.atomic_add(G[0, fn.at(base, start + e)], sums[e])
                     ti.simt.block.sync()                           # before the next level zeroes the sums
 
     return scatter

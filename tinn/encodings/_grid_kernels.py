@@ -3,7 +3,7 @@ the permutohedral encoding runs them with its own, ``_permuto_funcs.py``)."""
 import taichi as ti
 
 from .._device import is_cpu
-from .._kernels import ARENA, arena_kernel, cast_to, specialised
+from .._kernels import ARENA, arena_kernel, specialised
 from .._memory import FieldTree
 from .._types import F32_2D, I32_1D
 from . import _grid_block as block
@@ -131,7 +131,7 @@ class _GridKernels:
 
         @ti.func
         def add_atomic(G: ti.template(), base, w_id, k, i, v):
-            ti.atomic_add(G[k, at(base, i)], ti.static(cast_to(G))(v))
+            ti.atomic_add(G[k, at(base, i)], v)
 
         def scatter_kernel(runs):
             """The kernel adding each sample's gradients of the levels of ``runs`` with ``add``."""
@@ -140,7 +140,7 @@ class _GridKernels:
             def scatter(add: ti.template(), G: ARENA, base: ti.i32, x: F32_2D, inst: I32_1D, dy: F32_2D,
                         routed: ti.template(), second: ti.template(), g: F32_2D, zero_n: ti.i32):
                 for k, i in ti.ndrange(K, zero_n):             # overwrite off the CPU: zeros under the adds
-                    G[k, at(base, i)] = ti.static(cast_to(G))(0.0)
+                    G[k, at(base, i)] = 0.0
                 B = x.shape[0]
                 for i in range(n_iterations(B)):
                     start, end = samples(i, B)
@@ -164,11 +164,11 @@ class _GridKernels:
                 for w_id in ti.static(range(n_workers)):
                     acc += scratch[w_id, k, i]
                     scratch[w_id, k, i] = 0.0
-                G[k, at(base, i)] = ti.static(cast_to(G))(acc)  # float32 sums, rounded once for float16
+                G[k, at(base, i)] = acc
 
         @ti.func
         def add_owned(G: ti.template(), base, slot, k, i, v):   # the level's owner is the only thread writing there
-            G[k, at(base, i)] = ti.static(cast_to(G))(G[k, at(base, i)] + v)
+            G[k, at(base, i)] = G[k, at(base, i)] + v
 
         @arena_kernel
         def scatter_levels(G: ARENA, base: ti.i32, x: F32_2D, inst: I32_1D, dy: F32_2D,
@@ -184,7 +184,7 @@ class _GridKernels:
                         start = base + ti.cast(lv.offset, ti.i32) * F
                         for k in range(K):
                             for j in range(start, start + ti.cast(lv.size, ti.i32) * F):
-                                G[k, j] = ti.static(cast_to(G))(0.0)
+                                G[k, j] = 0.0
                     for mode, first, stop in ti.static(runs):
                         if first <= l < stop:
                             for b in range(B):

@@ -34,7 +34,7 @@ import taichi as ti
 from taichi.lang import impl
 
 from .. import _buffers, _kind
-from .._kernels import ARENA, arena_kernel, columns_per_task, cast_to
+from .._kernels import ARENA, arena_kernel, columns_per_task
 from ..object import Context
 from ..routing import TILE
 from . import activations
@@ -132,7 +132,7 @@ def _weight_grad(G: ARENA, off: ti.i32, delta: _f32_2d, h: _f32_2d, tiles: _i32_
             tasks = (zero_n + C - 1) // C
             k, c0 = task // tasks, task % tasks * C
             for i in range(c0, ti.min(c0 + C, zero_n)):
-                G[k, zero_off + i] = ti.static(cast_to(G))(0.0)
+                G[k, zero_off + i] = 0.0
     cols = h.shape[1]
     for t, r, c in ti.ndrange(tiles.shape[0], delta.shape[1], cols):
         acc = 0.0
@@ -142,7 +142,7 @@ def _weight_grad(G: ARENA, off: ti.i32, delta: _f32_2d, h: _f32_2d, tiles: _i32_
                 b = order[j]
             acc += delta[b, r] * h[b, c]
         if tiles[t, 1] > tiles[t, 0]:               # a census's table ends in empty tiles
-            ti.atomic_add(G[tiles[t, 2], off + r * cols + c], ti.static(cast_to(G))(acc))
+            ti.atomic_add(G[tiles[t, 2], off + r * cols + c], acc)
 
 
 class _Zeroing:

@@ -77,7 +77,7 @@ def sample_funcs(plan, offset: int, weights, grads):
             for r in range(rows):
                 for c in range(cols):
                     if ti.static(with_grads):
-                        ti.atomic_add(grads[k, off + r * cols + c], ti.cast(buf[g, r] * buf[li, c], grads.dtype))
+                        ti.atomic_add(grads[k, off + r * cols + c], buf[g, r] * buf[li, c])
                     buf[below, c] += weights[k, off + r * cols + c] * buf[g, r]
         out = ti.static(G + n_layers % 2)
         dx = ti.Vector.zero(ti.f32, n_in)
