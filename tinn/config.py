@@ -41,8 +41,8 @@ class TrainableModel:
 def create_from_config(n_input_dims: int, n_output_dims: int, config, *, n_instances: int = 1,
                        seed: int = 1337, precision: str = "float32") -> TrainableModel:
     """Loss, optimizer, ``NetworkWithInputEncoding`` and ``Trainer`` from one tcnn config. ``precision="float16"``
-    trains in tcnn's half precision: float16 parameters and inference weights, float32 gradients (sums of many
-    partial sums, which float16 cannot accumulate), float32 master weights in the trainer and a dynamic loss
+    trains in tcnn's half precision: float16 parameters and inference weights, float32 gradients
+    (``tinn.params.DTYPES``), float32 master weights in the trainer and a dynamic loss
     scale (``tinn.mixed_precision``)."""
     config = load_config(config)
     unknown = set(config) - set(SECTIONS)

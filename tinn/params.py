@@ -53,7 +53,7 @@ class _Chunk:
     the slices placed in it."""
 
     def __init__(self, n_instances: int, width: int, dtypes: tuple, what: str):
-        self.n_instances, self.width, self.dtypes = n_instances, width, dtypes
+        self.n_instances, self.width = n_instances, width
         self.fields = fields = [ti.field(dtype) for dtype in dtypes]
 
         def place(builder):
@@ -198,9 +198,8 @@ class ParamStore(_Slice):
     fills it after each step (a copy of the trained weights, or its averaged weights).
 
     ``precision`` is ``"float32"`` or ``"float16"`` (``tinn.keys.PRECISIONS``): the dtype of ``params`` and
-    ``inference_params``, what the model reads. ``grads`` is float32 at either precision (``DTYPES``): a
-    gradient is a sum of many partial sums (per block and per sample on a GPU), which float16 cannot
-    accumulate. A float16 store's float32 master weights belong to the trainer (``tinn.mixed_precision``).
+    ``inference_params``, what the model reads; ``grads`` is float32 at either precision (``DTYPES`` says
+    why). A float16 store's float32 master weights belong to the trainer (``tinn.mixed_precision``).
     ``version`` counts the writes of the parameters through :meth:`set`, so that the master weights can
     follow them.
     """

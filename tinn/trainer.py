@@ -16,8 +16,7 @@ a dense ``(K, B_k, dims)`` batch). A float32 model (the default) trains with los
 ``precision="float16"`` trains as tcnn's half-precision build: float32 master weights for the optimizer
 (``params_full_precision()``) and a dynamic loss scale (``loss_scaler``, a ``tinn.mixed_precision.LossScale``:
 a step with a gradient beyond float16's range is skipped and the scale lowered; ``loss_scale`` is its value).
-Its parameters and inference weights are float16, its gradients float32 (sums of many partial sums, which
-float16 cannot accumulate).
+Its parameters and inference weights are float16, its gradients float32 (``tinn.params.DTYPES``).
 
 Every argument is checked before any kernel runs: shapes, dtypes, and values (``x``, ``target``
 and ``pdf`` finite, ``pdf > 0``; a ``ValueError`` names the argument and the first bad row),
