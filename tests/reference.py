@@ -863,14 +863,21 @@ def mlp_unflatten(params, shapes):
     return Ws
 
 
-def mlp_forward_ref(x, Ws, act, out_act):
-    """§2.2: h_0 = x, h_k = act(W_{k−1} h_{k−1}), y = out_act(W_NL h_NL) (padded width P). Returns y, zs, hs."""
+def mlp_forward_ref(x, Ws, act, out_act, kept=None):
+    """§2.2: h_0 = x, h_k = act(W_{k−1} h_{k−1}), y = out_act(W_NL h_NL) (padded width P). Returns y, zs, hs.
+
+    ``kept`` (e.g. rounding to float16, as a half-precision model keeps its activations) is applied to every
+    hidden output h_k (k = 1..NL, before the next layer reads it) and to every pre-activation kept for the
+    backward (zs); the output y is not rounded."""
+    keep = kept or (lambda a: a)
     h = x.astype(np.float64)
     zs, hs = [], [h]
     for i, W in enumerate(Ws):
         z = h @ W.T
-        h = act_ref(out_act if i == len(Ws) - 1 else act, z)
-        zs.append(z)
+        last = i == len(Ws) - 1
+        h = act_ref(out_act if last else act, z)
+        h = h if last else keep(h)
+        zs.append(keep(z))
         hs.append(h)
     return h, zs, hs
 

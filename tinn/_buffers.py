@@ -18,7 +18,7 @@ from taichi.lang.util import cook_dtype
 from ._device import active
 from ._types import I32_1D
 
-_NUMPY_TYPES = {ti.f32: np.float32, ti.i32: np.int32}
+_NUMPY_TYPES = {ti.f32: np.float32, ti.f16: np.float16, ti.i32: np.int32}
 
 
 class _Buffer(ScalarNdarray):
@@ -102,16 +102,16 @@ def dense_ids(k: int, b: int):
 class Pool:
     """Device buffers that outlive their user: a buffer taken for an ``owner`` (a forward pass's context)
     comes back when the owner is garbage collected, and the next request of its shape gets it instead of
-    a new allocation. At most two free buffers of a shape and four shapes are kept (a training loop asks
-    for the same few shapes again and again)."""
+    a new allocation. At most two free buffers of a shape (and dtype) and four shapes are kept (a training
+    loop asks for the same few shapes again and again)."""
 
     def __init__(self):
         self._free = {}
 
-    def take(self, shape, owner):
-        shape = tuple(shape)
+    def take(self, shape, owner, dtype=ti.f32):
+        shape = (tuple(shape), dtype)
         free = self._free.get(shape) or []
-        out = free.pop() if free else buffer(shape)
+        out = free.pop() if free else buffer(*shape)
         weakref.finalize(owner, self._give_back, shape, out)
         return out
 

@@ -17,6 +17,8 @@ import inspect
 import types
 
 import taichi as ti
+from taichi._lib import core as _ti_core
+from taichi.lang.any_array import AnyArray
 from taichi.lang.field import Field
 from taichi.types.annotations import Template
 
@@ -61,10 +63,13 @@ ARENA = _ArenaArray()
 
 
 def cast_to(array):
-    """Inside a kernel, as ``ti.static(cast_to(a))(value)``: ``value`` rounded to the element type of an
-    ``ARENA`` argument ``a`` — a field's own (float16 or float32), float32 for the ndarray view
-    :func:`arena_kernel` hands in its place (only float32 fields are viewed)."""
-    dtype = getattr(array, "dtype", ti.f32)
+    """Inside a kernel, as ``ti.static(cast_to(a))(value)``: ``value`` rounded to the element type of ``a``,
+    an ``ARENA`` argument (a field's own type, float16 or float32; float32 for the ndarray view
+    :func:`arena_kernel` hands in its place: only float32 fields are viewed) or an ndarray argument."""
+    if isinstance(array, AnyArray):
+        dtype = _ti_core.get_external_tensor_element_type(array.ptr)
+    else:
+        dtype = getattr(array, "dtype", ti.f32)
     if str(dtype) not in _CASTS:
         @ti.func
         def cast(value):

@@ -28,19 +28,21 @@ does nothing) and runs every layer with network k's weights; the saved activatio
 position ``j`` (``(layer, neuron, batch)``). In the backward a block walks over a contiguous run of
 parts and adds its partial sums to network k's gradients whenever the network changes, and at its end.
 
-The kernels are specialised to an MLP's plan (``_mlp_plan.MLPPlan``) and the tile size, and built once
-per pair (:func:`fused_kernels`): models of one config share them.
+The kernels are specialised to an MLP's plan (``_mlp_plan.MLPPlan``), the tile size and whether the
+activations are half precision (``half``: every hidden output is rounded to float16 before the next layer
+reads it, and the kept buffers are float16, ``tinn.params.KEPT_ACTIVATIONS``), and built once per
+combination (:func:`fused_kernels`): models of one config share them.
 
 Same math as ``_kernel_mlp`` (whose kernels serve the other archs and wider MLPs).
 """
 import taichi as ti
 
 from .._census import TILE
-from .._kernels import ARENA, arena_kernel, specialised
+from .._kernels import ARENA, arena_kernel, cast_to, specialised
+from .._types import ANY_3D
 from . import activations
 
 _f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
-_f32_3d = ti.types.ndarray(dtype=ti.f32, ndim=3)
 _i32_1d = ti.types.ndarray(dtype=ti.i32, ndim=1)
 _i32_2d = ti.types.ndarray(dtype=ti.i32, ndim=2)
 
@@ -64,19 +66,20 @@ class FusedKernels:
     ``backward_routed(W, G, off, n_rows, x, dy, zs, hs, tiles, order, n_blocks, need_dx, overwrite, dx)``
     (``n_rows``: the networks whose gradients an overwrite zeroes). ``parts``: blocks per routing tile."""
 
-    def __init__(self, plan, T: int):
+    def __init__(self, plan, T: int, half: bool = False):
         if TILE % T:
             raise ValueError(f"the fused tile size {T} must divide the routing's tile size {TILE}")
         self.T, self.n_layers, self.width, self.parts = T, len(plan.layers), plan.width, TILE // T
-        passes = _Passes(plan, T)
+        passes = _Passes(plan, T, half)
         self.forward, self.forward_routed = passes.forward_kernels()
         self.backward, self.backward_routed = passes.backward_kernels()
 
 
 @specialised
-def fused_kernels(plan, T: int) -> FusedKernels:
-    """The fused kernels of ``plan`` for tiles of ``T`` samples, built once per Taichi program."""
-    return FusedKernels(plan, T)
+def fused_kernels(plan, T: int, half: bool = False) -> FusedKernels:
+    """The fused kernels of ``plan`` for tiles of ``T`` samples (``half``: float16 activations), built once per
+    Taichi program."""
+    return FusedKernels(plan, T, half)
 
 
 def _round_up(n: int, m: int) -> int:
@@ -106,12 +109,12 @@ def _saved(buf: ti.template(), li, r, j, inside, routed: ti.template()):
 
 @ti.func
 def _save(buf: ti.template(), li, r, j, inside, routed: ti.template(), v):
-    """``buf[li, r, j] = v``; for an array only at a position inside its tile."""
+    """``buf[li, r, j] = v`` (in the buffer's dtype); for an array only at a position inside its tile."""
     if ti.static(routed):
         if inside:
-            buf[li, r, j] = v
+            buf[li, r, j] = ti.static(cast_to(buf))(v)
     else:
-        buf[li, r, j] = v
+        buf[li, r, j] = ti.static(cast_to(buf))(v)
 
 
 @ti.func
@@ -133,8 +136,8 @@ class _Passes:
     positions ``j0 .. j0 + T`` (valid below ``end``) of network ``k`` is a ``ti.func``, and each kernel
     maps its blocks onto it (a single network: consecutive tiles; an array: the routing's parts)."""
 
-    def __init__(self, plan, T):
-        self.plan, self.T = plan, T
+    def __init__(self, plan, T, half):
+        self.plan, self.T, self.half = plan, T, half
         layers = plan.layers
         self.col_blocks = [-(-layer.cols // RT) for layer in layers]
         self.blocks_of = [-(-layer.rows // RT) * n for layer, n in zip(layers, self.col_blocks)]   # RT x RT blocks
@@ -143,7 +146,7 @@ class _Passes:
         self.total = RT * RT * sum(self.per_thread)
 
     def forward_kernels(self):
-        plan, T = self.plan, self.T
+        plan, T, half = self.plan, self.T, self.half
         layers, width = plan.layers, plan.width
         L, n_in, n_out = len(layers), plan.n_inputs, plan.n_outputs
 
@@ -164,6 +167,8 @@ class _Passes:
                 ti.simt.block.sync()                              # every thread has read its inputs
                 for r in ti.static(range(rows)):
                     v = activations.value(layers[li].activation, acc[r])
+                    if ti.static(half and li < L - 1):            # a hidden output, as the next layer reads it
+                        v = ti.cast(ti.cast(v, ti.f16), ti.f32)
                     if ti.static(keep):
                         _save(zs, li, r, j, inside, routed, acc[r])
                         if ti.static(li < L - 1):
@@ -176,7 +181,7 @@ class _Passes:
 
         @arena_kernel
         def forward(W: ARENA, off: ti.i32, x: _f32_2d, n_threads: ti.i32, keep: ti.template(),
-                    zs: _f32_3d, hs: _f32_3d, y: _f32_2d):
+                    zs: ANY_3D, hs: ANY_3D, y: _f32_2d):
             B = x.shape[0]
             ti.loop_config(block_dim=T)
             for i in range(n_threads):
@@ -187,7 +192,7 @@ class _Passes:
 
         @arena_kernel
         def forward_routed(W: ARENA, off: ti.i32, x: _f32_2d, tiles: _i32_2d, order: _i32_1d,
-                           keep: ti.template(), zs: _f32_3d, hs: _f32_3d, y: _f32_2d):
+                           keep: ti.template(), zs: ANY_3D, hs: ANY_3D, y: _f32_2d):
             ti.loop_config(block_dim=T)
             for i in range(tiles.shape[0] * TILE):                # TILE / T blocks per routing tile
                 s, t = i % T, i // TILE
@@ -277,8 +282,8 @@ class _Passes:
                                                   sums[first[li] + (jt * RT + e) * RT + f])
 
         @arena_kernel
-        def backward(W: ARENA, G: ARENA, off: ti.i32, x: _f32_2d, dy: _f32_2d, zs: _f32_3d,
-                     hs: _f32_3d, n_blocks: ti.i32, need_dx: ti.template(), overwrite: ti.template(), dx: _f32_2d):
+        def backward(W: ARENA, G: ARENA, off: ti.i32, x: _f32_2d, dy: _f32_2d, zs: ANY_3D,
+                     hs: ANY_3D, n_blocks: ti.i32, need_dx: ti.template(), overwrite: ti.template(), dx: _f32_2d):
             if ti.static(overwrite):                                  # runs before the loop below
                 for p in range(n_params):
                     G[0, off + p] = 0.0
@@ -296,7 +301,7 @@ class _Passes:
 
         @arena_kernel
         def backward_routed(W: ARENA, G: ARENA, off: ti.i32, n_rows: ti.i32, x: _f32_2d, dy: _f32_2d,
-                            zs: _f32_3d, hs: _f32_3d, tiles: _i32_2d, order: _i32_1d, n_blocks: ti.i32,
+                            zs: ANY_3D, hs: ANY_3D, tiles: _i32_2d, order: _i32_1d, n_blocks: ti.i32,
                             need_dx: ti.template(), overwrite: ti.template(), dx: _f32_2d):
             if ti.static(overwrite):                                  # runs before the loop below
                 for k, p in ti.ndrange(n_rows, n_params):

@@ -21,6 +21,9 @@ mode the first weight-gradient kernel of a backward (or second-order) pass zeroe
 columns in a first loop (Taichi runs a kernel's top-level loops in order), and an output activation
 ``None`` costs no kernel: a pass makes no launch but its products.
 
+Kept activations may be float16 (a half-precision MLP, ``tinn.params.KEPT_ACTIVATIONS``): the kernels take
+them in any dtype, read them as float32 and compute in float32.
+
 Weight gradients are reduced per tile: a tile is up to ``TILE`` consecutive samples of one network
 (samples sorted by network for an array), one thread sums a weight's products over its tile, and a
 tile adds its sum to the gradient once. On CUDA the fused kernels of ``_fused_mlp.py`` take MLPs with
@@ -34,7 +37,9 @@ import taichi as ti
 from taichi.lang import impl
 
 from .. import _buffers, _kind
-from .._kernels import ARENA, arena_kernel, columns_per_task
+from .._kernels import ARENA, arena_kernel, cast_to, columns_per_task
+from .._types import ANY_2D
+from ..params import KEPT_ACTIVATIONS
 from ..object import Context
 from ..routing import TILE
 from . import activations
@@ -63,32 +68,33 @@ def _network(inst: ti.template(), b, routed: ti.template()):
 
 
 @arena_kernel
-def _layer_forward(W: ARENA, off: ti.i32, h: _f32_2d, inst: _i32_1d, routed: ti.template(),
-                   act: ti.template(), keep_z: ti.template(), z: _f32_2d, out: _f32_2d):
-    """``out = act(z)``, ``z[b, r] = sum_c W[k_b, off + r * cols + c] h[b, c]`` (z kept if ``keep_z``)."""
+def _layer_forward(W: ARENA, off: ti.i32, h: ANY_2D, inst: _i32_1d, routed: ti.template(),
+                   act: ti.template(), keep_z: ti.template(), z: ANY_2D, out: ANY_2D):
+    """``out = act(z)``, ``z[b, r] = sum_c W[k_b, off + r * cols + c] h[b, c]`` (z kept if ``keep_z``), each
+    stored in its buffer's dtype (a half-precision MLP keeps float16 ones)."""
     cols = h.shape[1]
     for b, r in ti.ndrange(out.shape[0], out.shape[1]):
         k = _network(inst, b, routed)
         acc = 0.0
         for c in range(cols):
-            acc += W[k, off + r * cols + c] * h[b, c]
+            acc += W[k, off + r * cols + c] * ti.cast(h[b, c], ti.f32)
         if ti.static(keep_z):
-            z[b, r] = acc
-        out[b, r] = activations.value(act, acc)
+            z[b, r] = ti.static(cast_to(z))(acc)
+        out[b, r] = ti.static(cast_to(out))(activations.value(act, acc))
 
 
 @ti.kernel
-def _times_derivative(g: _f32_2d, z: _f32_2d, act: ti.template(), out: _f32_2d):
+def _times_derivative(g: _f32_2d, z: ANY_2D, act: ti.template(), out: _f32_2d):
     """``out = act'(z) * g`` element-wise (the output delta ``out_act'(z) * dL/dy``, a tangent ``act'(z) * zdot``)."""
     for b, r in ti.ndrange(out.shape[0], out.shape[1]):
-        out[b, r] = g[b, r] * activations.derivative(act, z[b, r])
+        out[b, r] = g[b, r] * activations.derivative(act, ti.cast(z[b, r], ti.f32))
 
 
 @ti.kernel
-def _curvature(z: _f32_2d, zdot: _f32_2d, ybar: _f32_2d, act: ti.template(), add: ti.template(), zbar: _f32_2d):
+def _curvature(z: ANY_2D, zdot: _f32_2d, ybar: _f32_2d, act: ti.template(), add: ti.template(), zbar: _f32_2d):
     """``zbar = act''(z) * zdot * ybar``, plus the ``zbar`` already there if ``add`` (all ``(batch, rows)``)."""
     for b, r in ti.ndrange(zbar.shape[0], zbar.shape[1]):
-        t = activations.second_derivative(act, z[b, r]) * zdot[b, r] * ybar[b, r]
+        t = activations.second_derivative(act, ti.cast(z[b, r], ti.f32)) * zdot[b, r] * ybar[b, r]
         if ti.static(add):
             t += zbar[b, r]
         zbar[b, r] = t
@@ -105,7 +111,7 @@ def _slope_times(g, z, act: str):
 
 @arena_kernel
 def _input_grad(W: ARENA, off: ti.i32, delta: _f32_2d, inst: _i32_1d, routed: ti.template(),
-                z: _f32_2d, act: ti.template(), out: _f32_2d):
+                z: ANY_2D, act: ti.template(), out: _f32_2d):
     """``out[b, c] = act'(z[b, c]) * sum_r W[k_b, off + r * cols + c] delta[b, r]``."""
     cols = out.shape[1]
     for b, c in ti.ndrange(out.shape[0], cols):
@@ -114,12 +120,12 @@ def _input_grad(W: ARENA, off: ti.i32, delta: _f32_2d, inst: _i32_1d, routed: ti
         for r in range(delta.shape[1]):
             acc += W[k, off + r * cols + c] * delta[b, r]
         if ti.static(act != "None"):
-            acc *= activations.derivative(act, z[b, c])
+            acc *= activations.derivative(act, ti.cast(z[b, c], ti.f32))
         out[b, c] = acc
 
 
 @arena_kernel
-def _weight_grad(G: ARENA, off: ti.i32, delta: _f32_2d, h: _f32_2d, tiles: _i32_2d, order: _i32_1d,
+def _weight_grad(G: ARENA, off: ti.i32, delta: _f32_2d, h: ANY_2D, tiles: _i32_2d, order: _i32_1d,
                  routed: ti.template(), zero: ti.template(), zero_off: ti.i32, zero_n: ti.i32, zero_tasks: ti.i32):
     """``G[k, off + r * cols + c] += sum_{b in tile} delta[b, r] h[b, c]``: a thread per (tile, r, c), one
     add per tile. Tile t is samples ``order[tiles[t, 0] : tiles[t, 1]]`` of network ``tiles[t, 2]``.
@@ -171,6 +177,11 @@ class KernelMLP:
         self._pool = _buffers.Pool()                 # the fused kernels' activations, reused across steps
 
     @property
+    def kept(self):
+        """The dtype of the activations the layers keep (``tinn.params.KEPT_ACTIVATIONS``)."""
+        return KEPT_ACTIVATIONS[self.mlp.store.precision][0]
+
+    @property
     def offsets(self):
         """Where each matrix starts in the store (the MLP may be bound to a new offset at any time)."""
         return [self.mlp._offset + layer.start for layer in self.mlp.plan.layers]
@@ -181,7 +192,7 @@ class KernelMLP:
         plan = self.mlp.plan
         if arch not in FUSED_ARCHS or not fits(plan) or not (routing.routed or self.mlp.n_instances == 1):
             return None
-        return fused_kernels(plan, FUSED_TILE[arch])
+        return fused_kernels(plan, FUSED_TILE[arch], self.kept == ti.f16)
 
     def run(self, x, routing, keep: bool, out=None):
         """``(y, ctx)``: outputs ``(batch, n_output_dims)`` (a ``ti.ndarray``: ``out`` if given, written by the
@@ -200,12 +211,13 @@ class KernelMLP:
     def _layers(self, weights, h, inst, routed, keep: bool, y=None):
         """``(hs, zs)``: the per-layer kernels' pass over a device batch ``h`` ``(batch, n_input_dims)``; ``hs`` is
         ``h`` then each layer's output ``(batch, rows_i)`` (the last one ``y`` if given), ``zs`` each pre-activation
-        (the outputs again unless ``keep``)."""
-        B = h.shape[0]
+        (the outputs again unless ``keep``). Hidden outputs and pre-activations are in :attr:`kept`'s dtype."""
+        B, kept = h.shape[0], self.kept
         hs, zs, offsets = [h], [], self.offsets
         for i, rows in enumerate(self.rows):
-            out = y if y is not None and i == len(self.rows) - 1 else _buffers.buffer((B, rows))
-            z = _buffers.buffer((B, rows)) if keep else out
+            last = i == len(self.rows) - 1
+            out = y if y is not None and last else _buffers.buffer((B, rows), ti.f32 if last else kept)
+            z = _buffers.buffer((B, rows), kept) if keep else out
             _layer_forward(weights, offsets[i], h, inst, routed, self.acts[i], keep, z, out)
             hs.append(out)
             zs.append(z)
@@ -218,8 +230,8 @@ class KernelMLP:
         B, T, L = x.shape[0], fused.T, fused.n_layers
         columns = max(B, 1) if routing.routed else -(-B // T) * T
         ctx = Context(self.mlp, x, routing, fused=fused, h=h) if keep else None
-        zs = self._pool.take((L, fused.width, columns), ctx) if keep else self._none3
-        hs = self._pool.take((max(L - 1, 1), fused.width, columns), ctx) if keep else self._none3
+        zs = self._pool.take((L, fused.width, columns), ctx, self.kept) if keep else self._none3
+        hs = self._pool.take((max(L - 1, 1), fused.width, columns), ctx, self.kept) if keep else self._none3
         y = _buffers.buffer((B, self.rows[-1])) if out is None else out
         if routing.routed:
             table, order = routing.tiles

@@ -19,6 +19,7 @@ import numpy as np
 from .. import _blas
 from ..object import Context
 from .._groups import Groups
+from ..params import KEPT_ACTIVATIONS
 from ..routing import Routing
 from . import activations
 from .activations import Activation
@@ -81,17 +82,32 @@ class Layer:
 
     ``w`` is ``(R, n_out, n_in)`` (the last layer: only its computed rows), ``x`` / ``z`` / ``y`` are
     ``(R, S, n)`` stacks; ``y`` is the next layer's ``x``. ``z`` is kept only where act' needs it, and
-    in inference only the network's input and output exist."""
+    in inference only the network's input and output exist. A hidden ``y`` and every ``z`` are in the
+    model's kept dtype (``tinn.params.KEPT_ACTIVATIONS``): with ``rounds`` (float16) the layer's output is
+    rounded to it before the next layer reads it, kept or not; the accessors below read float32."""
 
     w: np.ndarray
     act: Activation
     x: np.ndarray | None
     z: np.ndarray | None
     y: np.ndarray | None
+    rounds: bool = False
 
-    def slope_source(self) -> np.ndarray:
-        """What act' is computed from: the output for the ``from_output`` activations, else ``z``."""
-        return self.y if self.act.from_output else self.z
+    def input(self, index) -> np.ndarray:
+        """Block ``index`` of the layer's input, float32."""
+        return _float32(self.x[index])
+
+    def slope_source(self, index) -> np.ndarray:
+        """Block ``index`` of what act' is computed from (the output for the ``from_output`` activations, else
+        ``z``), float32."""
+        return _float32((self.y if self.act.from_output else self.z)[index])
+
+    def pre_activation(self, index) -> np.ndarray:
+        return _float32(self.z[index])
+
+
+def _float32(a: np.ndarray) -> np.ndarray:
+    return a if a.dtype == np.float32 else a.astype(np.float32)
 
 
 class HostMLP:
@@ -131,13 +147,13 @@ class HostMLP:
         groups = routing.groups
         weights = self._weights(groups, mlp.store.params if keep else mlp.store.inference_params)
         blocks, n = Blocks(groups), len(weights)
-        stack = (groups.n_rows, groups.size)
+        stack, kept = (groups.n_rows, groups.size), KEPT_ACTIVATIONS[mlp.store.precision][1]
         layers, h = [], groups.gather(x)
         for i, (w, plan) in enumerate(zip(weights, mlp.plan.layers)):
-            act = activations.ACTIVATIONS[plan.activation]
-            y = np.empty(stack + (w.shape[1],), np.float32) if keep or i == n - 1 else None
-            z = np.empty_like(y) if keep and not act.from_output else None
-            layers.append(Layer(w, act, h, z, y))
+            act, last = activations.ACTIVATIONS[plan.activation], i == n - 1
+            y = np.empty(stack + (w.shape[1],), np.float32 if last else kept) if keep or last else None
+            z = np.empty(stack + (w.shape[1],), kept) if keep and not act.from_output else None
+            layers.append(Layer(w, act, h, z, y, rounds=not last and kept != np.float32))
             h = y
 
         def block(partial, index):
@@ -145,10 +161,15 @@ class HostMLP:
             h = layers[0].x[index]
             for layer in layers:
                 target = layer.y if layer.act.from_output else layer.z
-                z = np.matmul(h, layer.w[sel].transpose(0, 2, 1), out=None if target is None else target[index])
+                direct = target is not None and target.dtype == np.float32       # the product written in place
+                z = np.matmul(h, layer.w[sel].transpose(0, 2, 1), out=target[index] if direct else None)
+                if layer.z is not None and not direct:
+                    layer.z[index] = z
                 h = activations.host_value(layer.act, z, self._zeros(z.size))
-                if not layer.act.from_output and layer.y is not None:
+                if layer.y is not None and not (direct and layer.act.from_output):
                     layer.y[index] = h
+                if layer.rounds:
+                    h = _float32(h.astype(np.float16) if layer.y is None else layer.y[index])
 
         blocks.run(block)
         y = groups.scatter(layers[-1].y)
@@ -203,9 +224,9 @@ class HostMLP:
             g = g_all[index].copy()
             for i in reversed(range(len(layers))):
                 layer = layers[i]
-                activations.host_times_derivative(layer.act, layer.slope_source()[index], g)
+                activations.host_times_derivative(layer.act, layer.slope_source(index), g)
                 dW = dWs[i][partial][sel]
-                self._add_weight_gradient(dW, g, layer.x[index], accumulate)
+                self._add_weight_gradient(dW, g, layer.input(index), accumulate)
                 if i > 0 or input_gradient:
                     g = np.matmul(g, layer.w[sel], out=dx[index] if i == 0 else None)
 
@@ -219,7 +240,7 @@ class HostMLP:
         keeping each layer's output adjoint ``ybar_i = dL/dy_i`` (``(R, S, n)``); returns ``(dL/dx or None,
         ybars)``."""
         groups, blocks, layers = ctx.groups, ctx.blocks, ctx.layers
-        ybars = [np.empty_like(layer.y) for layer in layers[:-1]]
+        ybars = [np.empty(layer.y.shape, np.float32) for layer in layers[:-1]]
         ybars.append(groups.gather(np.ascontiguousarray(dL_dy[:, : layers[-1].w.shape[1]])))
         dx = np.empty_like(layers[0].x) if input_gradient else None
 
@@ -227,7 +248,7 @@ class HostMLP:
             sel = blocks.row_blocks(index)
             for i in reversed(range(1 if dx is None else 0, len(layers))):
                 g = ybars[i][index].copy()
-                activations.host_times_derivative(layers[i].act, layers[i].slope_source()[index], g)
+                activations.host_times_derivative(layers[i].act, layers[i].slope_source(index), g)
                 np.matmul(g, layers[i].w[sel], out=ybars[i - 1][index] if i > 0 else dx[index])
 
         blocks.run(block)
@@ -254,7 +275,7 @@ class HostMLP:
             sel = blocks.row_blocks(index)
             slopes, tangents, xdot = [], [], v_all[index]
             for layer in layers:
-                slope = activations.host_derivative(layer.act, layer.slope_source()[index])
+                slope = activations.host_derivative(layer.act, layer.slope_source(index))
                 zdot = np.matmul(xdot, layer.w[sel].transpose(0, 2, 1))
                 slopes.append(slope)
                 tangents.append((xdot, zdot))
@@ -264,7 +285,7 @@ class HostMLP:
             for i in reversed(range(len(layers))):
                 layer, slope, (xdot, zdot), ybar = layers[i], slopes[i], tangents[i], ybars[i][index]
                 delta = ybar if slope is None else ybar * slope
-                zbar = activations.host_second(layer.act, layer.z[index]) * zdot * ybar if curved[i] else None
+                zbar = activations.host_second(layer.act, layer.pre_activation(index)) * zdot * ybar if curved[i] else None
                 if xbar is not None:
                     xbar = xbar if slope is None else xbar * slope
                     zbar = xbar if zbar is None else zbar + xbar
@@ -272,7 +293,7 @@ class HostMLP:
                 self._add_weight_gradient(dW, delta, xdot, accumulate)
                 xbar = None
                 if zbar is not None:
-                    self._add_weight_gradient(dW, zbar, layer.x[index], True)
+                    self._add_weight_gradient(dW, zbar, layer.input(index), True)
                     xbar = np.matmul(zbar, layer.w[sel], out=dx[index] if i == 0 else None)
 
         blocks.run(block)
