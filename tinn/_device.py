@@ -25,10 +25,10 @@ def active() -> bool:
     return FORCE or not is_cpu()
 
 
-HALF_ARCHS = ("x64", "arm64", "cuda")
-"""The archs whose kernels read and write float16 fields (Taichi's f16). Vulkan needs the device's
-``shaderFloat16``: Mesa's llvmpipe has none (creating a pipeline that touches an f16 field fails), and
-Taichi 1.7 has no query for it, so Vulkan, Metal and OpenGL are refused."""
+HALF_ARCHS = ("x64", "arm64", "cuda", "vulkan")
+"""The archs whose kernels read and write float16 fields (Taichi's f16): tested on x64, CUDA and Vulkan
+(Mesa's llvmpipe; a Vulkan device needs ``shaderFloat16`` and 16-bit storage, which Taichi 1.7 cannot query).
+Metal and OpenGL, untested, are refused. No kernel of tinn adds atomically into a float16 field."""
 
 
 def require_half(what: str):

@@ -5,7 +5,8 @@ A model built with ``precision="float16"`` stores its parameters and inference w
 float16, and its gradients as float32 (``tinn.params.ParamStore``): every kernel reads the float16 weights,
 computes in float32 and adds its partial sums into the float32 gradients. A gradient is the sum of many
 partial sums (per block and per sample on a GPU, added with atomics): a float16 accumulator would round the
-later ones away, or lose them entirely once the sum is large. Its :class:`~tinn.trainer.Trainer` then keeps
+later ones away, or lose them entirely once the sum is large. An MLP keeps its hidden activations in float16
+(``tinn.params.KEPT_ACTIVATIONS``). Its :class:`~tinn.trainer.Trainer` then keeps
 
 * :class:`MasterWeights`: a float32 store of the same layout, which the optimizer is bound to (its
   moments and averaged weights are float32 too). After the backward pass the model's gradients are copied
@@ -24,6 +25,7 @@ back from the device per step (the float32 path reads nothing).
 import numpy as np
 import taichi as ti
 
+from ._buffers import buffer
 from ._kernels import columns_per_task, copy_columns
 from .params import FLOAT16_MAX, ParamStore
 
@@ -88,8 +90,9 @@ class LossScale:
 @ti.kernel
 def _read_gradients(dst: ti.template(), dst_off: ti.i32, src: ti.template(), src_off: ti.i32, n: ti.i32,
                     n_rows: ti.i32, overflow: ti.types.ndarray(dtype=ti.i32, ndim=1)):
-    """``dst[k, dst_off + i] = src[k, src_off + i]``; ``overflow[0] = 1`` if any lies beyond float16's range
-    (``|g| > 65504``) or is not finite."""
+    """``dst[k, dst_off + i] = src[k, src_off + i]``; ``overflow[0]`` is 1 if any lies beyond float16's range
+    (``|g| > 65504``) or is not finite, else 0 (set in a first loop: Taichi runs a kernel's loops in order)."""
+    overflow[0] = 0
     C = ti.static(columns_per_task())
     tasks = (n + C - 1) // C
     for t in range(n_rows * tasks):
@@ -110,7 +113,7 @@ class MasterWeights:
     def __init__(self, store: ParamStore):
         self.half = store
         self.store = ParamStore(store.n_instances, store.n_params, what="float32 master weights")
-        self._flag = np.zeros(1, np.int32)
+        self._flag = buffer((1,), ti.i32)       # a device buffer: a numpy argument aliases field memory on Vulkan
         self.follow()
 
     def _copy(self, dst: ParamStore, src: ParamStore, fields):
@@ -131,11 +134,11 @@ class MasterWeights:
 
     def read_gradients(self) -> bool:
         """The model's gradients into the masters'; ``True`` if any is beyond float16's range, Inf or NaN."""
-        self._flag[0] = 0
-        if self.half.n_params:
-            _read_gradients(self.store.grads, self.store.offset, self.half.grads, self.half.offset,
-                            self.half.n_params, self.half.n_instances, self._flag)
-        return bool(self._flag[0])
+        if not self.half.n_params:
+            return False
+        _read_gradients(self.store.grads, self.store.offset, self.half.grads, self.half.offset,
+                        self.half.n_params, self.half.n_instances, self._flag)
+        return bool(self._flag.to_numpy()[0])
 
     def publish(self):
         """Round the master weights and inference weights into the model's float16 ones."""
