@@ -159,7 +159,8 @@ def kept_activations(ctx):
     """What a forward pass of the MLP keeps for its backward: hidden outputs and pre-activations (host path:
     numpy arrays per layer; per-layer kernels: buffers per layer; fused kernels: one buffer of each)."""
     if hasattr(ctx, "layers"):
-        return [a for layer in ctx.layers[:-1] for a in (layer.y, layer.z) if a is not None] + [ctx.layers[-1].z]
+        kept = [a for layer in ctx.layers[:-1] for a in (layer.y, layer.z)] + [ctx.layers[-1].z]
+        return [a for a in kept if a is not None]
     if getattr(ctx, "fused", None) is not None:
         return [ctx.zs, ctx.hs]
     return ctx.hs[1:-1] + ctx.zs
