@@ -22,8 +22,9 @@ EPS16 = 2.0 ** -11          # float16's unit roundoff
 
 
 def f16(a):
-    """``a`` rounded to float16, as float32."""
-    return np.asarray(a, np.float32).astype(np.float16).astype(np.float32)
+    """``a`` rounded to float16, as float32 (beyond its range: infinite)."""
+    with np.errstate(over="ignore"):
+        return np.asarray(a, np.float32).astype(np.float16).astype(np.float32)
 
 
 # -- the switch ----------------------------------------------------------------------------------
@@ -113,7 +114,10 @@ def test_network_in_half_precision(device, monkeypatch):
     assert_close(host(net.inference(tinn._buffers.put(x) if device else x)), y, rtol=0, atol=0)
     y_exact = mlp_forward_ref(x, Ws, "Tanh", "Sigmoid")[0]
     assert np.abs(y[:, :3] - y_exact[:, :3]).max() > 10 * np.abs(y[:, :3] - y_ref[:, :3]).max()
-    assert all(str(a.dtype) in ("f16", "float16") for a in kept_activations(ctx))
+    kept = [host(a) for a in kept_activations(ctx)]
+    assert kept and all(np.array_equal(f16(a), a, equal_nan=True) for a in kept)     # float16 values
+    if device:
+        assert all(str(a.dtype) == "f16" for a in kept_activations(ctx))            # in float16 buffers
     dL_dy = rng.normal(size=(37, 3)).astype(np.float32)
     dx = host(net.backward(ctx, tinn._buffers.put(dL_dy) if device else dL_dy))
     dWs, dx_ref = mlp_backward_ref(Ws, zs, hs, padded(dL_dy, shapes[-1][0], 0.0), "Tanh", "Sigmoid")
@@ -153,6 +157,21 @@ def test_half_activations_agree_on_host_and_device(n_instances, monkeypatch):
         assert_close(on_device, on_host, rtol=4 * EPS16, atol_rel=4 * EPS16)
         tight = np.abs(on_device - on_host) <= 1e-4 * np.abs(on_host) + 1e-5 * np.abs(on_host).max()
         assert tight.mean() >= 0.9
+
+
+def test_host_rounding_to_half_is_numpys():
+    """The host path's float16 rounding in float32 arithmetic equals numpy's conversion: ties to even, the
+    largest values, overflow to infinity, NaN; below float16's normal range within 2^-25."""
+    from tinn.networks._mlp_host import round_to_half
+    rng = np.random.default_rng(3)
+    mantissas = 1 + np.arange(2 ** 13) / 2 ** 13                 # every tie and midpoint of float16's [1, 2)
+    values = np.concatenate([mantissas, -mantissas * 3.5, rng.normal(0, 30, 10000), rng.normal(0, 1e-3, 1000),
+                             [0.0, -0.0, 65504.0, 65519.0, -65519.0]]).astype(np.float32)
+    np.testing.assert_array_equal(round_to_half(values.copy()), f16(values))
+    big = np.array([1.0, 65520.0, -1e30, np.inf, np.nan], np.float32)
+    np.testing.assert_array_equal(round_to_half(big.copy()), f16(big))
+    tiny = rng.uniform(-6e-5, 6e-5, 1000).astype(np.float32)
+    np.testing.assert_allclose(round_to_half(tiny.copy()), f16(tiny), rtol=0, atol=2.0 ** -25)
 
 
 def kept_activations(ctx):

@@ -40,11 +40,12 @@ DTYPES = {"float32": (ti.f32, ti.f32, ti.f32), "float16": (ti.f16, ti.f16, ti.f3
 inference weights, gradients. Gradients are float32 at either precision: they are sums of many partial sums
 (per block and per sample on a GPU), which a float16 accumulator would round away."""
 
-KEPT_ACTIVATIONS = {"float32": (ti.f32, np.float32), "float16": (ti.f16, np.float16)}
-"""The dtype (Taichi's, numpy's) in which a model of a precision keeps an MLP's hidden activations: each hidden
+KEPT_ACTIVATIONS = {"float32": ti.f32, "float16": ti.f16}
+"""The dtype of the device buffers in which a model of a precision keeps an MLP's hidden activations: each hidden
 layer's output, which the next layer reads, and the pre-activations the backward differentiates at. As in tcnn's
-half-precision build the forward rounds every hidden output to float16; an MLP's input (an encoding's output),
-its outputs, its gradients and everything per-sample funcs hold in registers stay float32."""
+half-precision build the forward rounds every hidden output to float16 (the host path holds the same rounded
+values in float32 arrays, ``tinn.networks._mlp_host.round_to_half``); an MLP's input (an encoding's output), its
+outputs, its gradients and everything per-sample funcs hold in registers stay float32."""
 
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 

@@ -179,7 +179,7 @@ class KernelMLP:
     @property
     def kept(self):
         """The dtype of the activations the layers keep (``tinn.params.KEPT_ACTIVATIONS``)."""
-        return KEPT_ACTIVATIONS[self.mlp.store.precision][0]
+        return KEPT_ACTIVATIONS[self.mlp.store.precision]
 
     @property
     def offsets(self):

@@ -9,6 +9,11 @@ parameter store's own memory (``ParamStore.rows_view``) instead of copies.
 The layout is the MLP's plan (``_mlp_plan.MLPPlan``): only the first ``n_output_dims`` rows of ``W_NL``
 are computed, so outputs and output gradients are exactly ``(batch, n_output_dims)``, with no copy to
 cut or pad them, and the padding rows' gradients are zero, as in tcnn.
+
+A half-precision MLP (``tinn.params.KEPT_ACTIVATIONS``) rounds its hidden outputs and kept pre-activations to
+float16 as the device paths do, but holds them in float32 arrays: numpy converts to and from float16 in
+scalar code (5 and 3 ns a value on a Zen 3 core, which would double a training step), so the rounding is
+done in float32 arithmetic (:func:`round_to_half`) and the host path keeps float32's memory.
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ import numpy as np
 from .. import _blas
 from ..object import Context
 from .._groups import Groups
-from ..params import KEPT_ACTIVATIONS
+from ..params import FLOAT16_MAX
 from ..routing import Routing
 from . import activations
 from .activations import Activation
@@ -82,9 +87,8 @@ class Layer:
 
     ``w`` is ``(R, n_out, n_in)`` (the last layer: only its computed rows), ``x`` / ``z`` / ``y`` are
     ``(R, S, n)`` stacks; ``y`` is the next layer's ``x``. ``z`` is kept only where act' needs it, and
-    in inference only the network's input and output exist. A hidden ``y`` and every ``z`` are in the
-    model's kept dtype (``tinn.params.KEPT_ACTIVATIONS``): with ``rounds`` (float16) the layer's output is
-    rounded to it before the next layer reads it, kept or not; the accessors below read float32."""
+    in inference only the network's input and output exist. ``rounds`` (half precision): a hidden layer's
+    output and any kept ``z`` are rounded to float16 values."""
 
     w: np.ndarray
     act: Activation
@@ -93,21 +97,28 @@ class Layer:
     y: np.ndarray | None
     rounds: bool = False
 
-    def input(self, index) -> np.ndarray:
-        """Block ``index`` of the layer's input, float32."""
-        return _float32(self.x[index])
-
-    def slope_source(self, index) -> np.ndarray:
-        """Block ``index`` of what act' is computed from (the output for the ``from_output`` activations, else
-        ``z``), float32."""
-        return _float32((self.y if self.act.from_output else self.z)[index])
-
-    def pre_activation(self, index) -> np.ndarray:
-        return _float32(self.z[index])
+    def slope_source(self) -> np.ndarray:
+        """What act' is computed from: the output for the ``from_output`` activations, else ``z``."""
+        return self.y if self.act.from_output else self.z
 
 
-def _float32(a: np.ndarray) -> np.ndarray:
-    return a if a.dtype == np.float32 else a.astype(np.float32)
+HALF_SPLIT = np.float32(2 ** 13 + 1)
+"""Veltkamp's splitter for float32's 24 significant bits -> float16's 11."""
+
+
+def round_to_half(a: np.ndarray) -> np.ndarray:
+    """``a`` (float32) rounded in place to the nearest float16 value, ties to even, as ``a.astype(np.float16)``
+    (Veltkamp's split: ``t = a (2^13 + 1)``, ``a = t - (t - a)``; three vector operations where numpy's
+    conversion runs scalar code). Below float16's normal range (|a| < 6.1e-5) it keeps 11 significant bits
+    where float16 has fewer (a difference below 3e-8); a block with a value beyond float16's range (an
+    infinity, a NaN) is converted exactly instead, so such values become infinite as in float16."""
+    if a.size and not (a.max() <= FLOAT16_MAX and a.min() >= -FLOAT16_MAX):
+        with np.errstate(over="ignore"):
+            a[...] = a.astype(np.float16)
+        return a
+    t = a * HALF_SPLIT
+    np.subtract(t, np.subtract(t, a), out=a)
+    return a
 
 
 class HostMLP:
@@ -147,29 +158,28 @@ class HostMLP:
         groups = routing.groups
         weights = self._weights(groups, mlp.store.params if keep else mlp.store.inference_params)
         blocks, n = Blocks(groups), len(weights)
-        stack, kept = (groups.n_rows, groups.size), KEPT_ACTIVATIONS[mlp.store.precision][1]
+        stack, half = (groups.n_rows, groups.size), mlp.store.precision == "float16"
         layers, h = [], groups.gather(x)
         for i, (w, plan) in enumerate(zip(weights, mlp.plan.layers)):
-            act, last = activations.ACTIVATIONS[plan.activation], i == n - 1
-            y = np.empty(stack + (w.shape[1],), np.float32 if last else kept) if keep or last else None
-            z = np.empty(stack + (w.shape[1],), kept) if keep and not act.from_output else None
-            layers.append(Layer(w, act, h, z, y, rounds=not last and kept != np.float32))
+            act = activations.ACTIVATIONS[plan.activation]
+            y = np.empty(stack + (w.shape[1],), np.float32) if keep or i == n - 1 else None
+            z = np.empty_like(y) if keep and not act.from_output else None
+            layers.append(Layer(w, act, h, z, y, rounds=half))
             h = y
 
         def block(partial, index):
             sel = blocks.row_blocks(index)
             h = layers[0].x[index]
-            for layer in layers:
+            for i, layer in enumerate(layers):
                 target = layer.y if layer.act.from_output else layer.z
-                direct = target is not None and target.dtype == np.float32       # the product written in place
-                z = np.matmul(h, layer.w[sel].transpose(0, 2, 1), out=target[index] if direct else None)
-                if layer.z is not None and not direct:
-                    layer.z[index] = z
+                z = np.matmul(h, layer.w[sel].transpose(0, 2, 1), out=None if target is None else target[index])
                 h = activations.host_value(layer.act, z, self._zeros(z.size))
-                if layer.y is not None and not (direct and layer.act.from_output):
+                if layer.rounds and i < n - 1:
+                    round_to_half(h)                        # what the next layer reads and the backward keeps
+                if not layer.act.from_output and layer.y is not None:
                     layer.y[index] = h
-                if layer.rounds:
-                    h = _float32(h.astype(np.float16) if layer.y is None else layer.y[index])
+                if layer.rounds and layer.z is not None:
+                    round_to_half(z)                        # kept for act', after act took it unrounded
 
         blocks.run(block)
         y = groups.scatter(layers[-1].y)
@@ -224,9 +234,9 @@ class HostMLP:
             g = g_all[index].copy()
             for i in reversed(range(len(layers))):
                 layer = layers[i]
-                activations.host_times_derivative(layer.act, layer.slope_source(index), g)
+                activations.host_times_derivative(layer.act, layer.slope_source()[index], g)
                 dW = dWs[i][partial][sel]
-                self._add_weight_gradient(dW, g, layer.input(index), accumulate)
+                self._add_weight_gradient(dW, g, layer.x[index], accumulate)
                 if i > 0 or input_gradient:
                     g = np.matmul(g, layer.w[sel], out=dx[index] if i == 0 else None)
 
@@ -240,7 +250,7 @@ class HostMLP:
         keeping each layer's output adjoint ``ybar_i = dL/dy_i`` (``(R, S, n)``); returns ``(dL/dx or None,
         ybars)``."""
         groups, blocks, layers = ctx.groups, ctx.blocks, ctx.layers
-        ybars = [np.empty(layer.y.shape, np.float32) for layer in layers[:-1]]
+        ybars = [np.empty_like(layer.y) for layer in layers[:-1]]
         ybars.append(groups.gather(np.ascontiguousarray(dL_dy[:, : layers[-1].w.shape[1]])))
         dx = np.empty_like(layers[0].x) if input_gradient else None
 
@@ -248,7 +258,7 @@ class HostMLP:
             sel = blocks.row_blocks(index)
             for i in reversed(range(1 if dx is None else 0, len(layers))):
                 g = ybars[i][index].copy()
-                activations.host_times_derivative(layers[i].act, layers[i].slope_source(index), g)
+                activations.host_times_derivative(layers[i].act, layers[i].slope_source()[index], g)
                 np.matmul(g, layers[i].w[sel], out=ybars[i - 1][index] if i > 0 else dx[index])
 
         blocks.run(block)
@@ -275,7 +285,7 @@ class HostMLP:
             sel = blocks.row_blocks(index)
             slopes, tangents, xdot = [], [], v_all[index]
             for layer in layers:
-                slope = activations.host_derivative(layer.act, layer.slope_source(index))
+                slope = activations.host_derivative(layer.act, layer.slope_source()[index])
                 zdot = np.matmul(xdot, layer.w[sel].transpose(0, 2, 1))
                 slopes.append(slope)
                 tangents.append((xdot, zdot))
@@ -285,7 +295,7 @@ class HostMLP:
             for i in reversed(range(len(layers))):
                 layer, slope, (xdot, zdot), ybar = layers[i], slopes[i], tangents[i], ybars[i][index]
                 delta = ybar if slope is None else ybar * slope
-                zbar = activations.host_second(layer.act, layer.pre_activation(index)) * zdot * ybar if curved[i] else None
+                zbar = activations.host_second(layer.act, layer.z[index]) * zdot * ybar if curved[i] else None
                 if xbar is not None:
                     xbar = xbar if slope is None else xbar * slope
                     zbar = xbar if zbar is None else zbar + xbar
@@ -293,7 +303,7 @@ class HostMLP:
                 self._add_weight_gradient(dW, delta, xdot, accumulate)
                 xbar = None
                 if zbar is not None:
-                    self._add_weight_gradient(dW, zbar, layer.input(index), True)
+                    self._add_weight_gradient(dW, zbar, layer.x[index], True)
                     xbar = np.matmul(zbar, layer.w[sel], out=dx[index] if i == 0 else None)
 
         blocks.run(block)
