@@ -14,6 +14,7 @@ from tinn.params import FLOAT16_MAX
 from reference import (EncodingRef, assert_close, mlp_backward_ref, mlp_forward_ref, mlp_shapes,
                        mlp_unflatten, padded, smooth_points)
 from test_registry_sweep import ENCODING_CASES, _one_name_per_class, run_funcs
+from test_device_path import device_path, use_mlp_kernels   # noqa: F401 (a fixture)
 
 HALF = impl.current_cfg().arch.name in HALF_ARCHS
 needs_half = pytest.mark.skipif(not HALF, reason="this arch has no float16 fields (tinn refuses float16 there)")
@@ -39,7 +40,8 @@ def test_precision_keyword_is_checked():
 
 
 def test_float16_is_refused_before_any_field_where_the_arch_lacks_it(monkeypatch):
-    """Vulkan through llvmpipe has no shaderFloat16: a ValueError naming the arch, nothing allocated."""
+    """On an arch without float16 fields (Metal, OpenGL; here: this one, taken out of ``HALF_ARCHS``) a
+    ValueError naming the arch, nothing allocated."""
     arch = impl.current_cfg().arch.name
     if HALF:
         monkeypatch.setattr(tinn._device, "HALF_ARCHS", tuple(a for a in HALF_ARCHS if a != arch))
@@ -90,6 +92,7 @@ def test_encoding_in_half_precision(name):
 
 
 @needs_half
+@needs_half
 @pytest.mark.parametrize("device", [False, True], ids=["host", "device"])
 def test_network_in_half_precision(device, monkeypatch):
     """The MLP reads float16 weights, keeps its hidden activations in float16 (each hidden output rounded
@@ -110,7 +113,7 @@ def test_network_in_half_precision(device, monkeypatch):
     y_ref, zs, hs = mlp_forward_ref(x, Ws, "Tanh", "Sigmoid", kept=f16)
     y, ctx = net.forward(tinn._buffers.put(x) if device else x)
     y = host(y)
-    assert_close(y[:, :3], y_ref[:, :3], rtol=1e-5, atol_rel=1e-5)
+    assert_rounded_close(y[:, :3], y_ref[:, :3], rtol=1e-5)
     assert_close(host(net.inference(tinn._buffers.put(x) if device else x)), y, rtol=0, atol=0)
     y_exact = mlp_forward_ref(x, Ws, "Tanh", "Sigmoid")[0]
     assert np.abs(y[:, :3] - y_exact[:, :3]).max() > 10 * np.abs(y[:, :3] - y_ref[:, :3]).max()
@@ -121,8 +124,41 @@ def test_network_in_half_precision(device, monkeypatch):
     dL_dy = rng.normal(size=(37, 3)).astype(np.float32)
     dx = host(net.backward(ctx, tinn._buffers.put(dL_dy) if device else dL_dy))
     dWs, dx_ref = mlp_backward_ref(Ws, zs, hs, padded(dL_dy, shapes[-1][0], 0.0), "Tanh", "Sigmoid")
-    assert_close(net.gradients(), np.concatenate([d.ravel() for d in dWs]), rtol=1e-4, atol_rel=1e-5)
-    assert_close(dx, dx_ref, rtol=1e-4, atol_rel=1e-5)
+    assert_rounded_close(net.gradients(), np.concatenate([d.ravel() for d in dWs]), rtol=1e-5)
+    assert_rounded_close(dx, dx_ref, rtol=1e-5)
+
+
+@needs_half
+@pytest.mark.parametrize("n_instances", [1, 3])
+def test_fused_kernels_in_half_precision(n_instances, monkeypatch, device_path):
+    """The fused shared-memory kernels (forced onto this arch; x64 has none) round each hidden output to
+    float16 before the next layer reads it and keep float16 activations: each network's outputs, dL/dx and
+    dL/dW against §2.2's reference at the rounded weights and activations."""
+    use_mlp_kernels(monkeypatch, "fused")
+    cfg = {"otype": "FullyFusedMLP", "activation": "Tanh", "output_activation": "Sigmoid", "n_neurons": 16,
+           "n_hidden_layers": 2}
+    net = tinn.create_network(5, 3, cfg, n_instances=n_instances, precision="float16")
+    shapes = mlp_shapes(5, 16, 2, 3)
+    rng = np.random.default_rng(9)
+    theta = f16(rng.normal(0, 0.5, (n_instances, net.n_params)))
+    net.set_params(theta if n_instances > 1 else theta[0])
+    B = 150
+    x = rng.uniform(-1, 1, (B, 5)).astype(np.float32)
+    dy = rng.normal(size=(B, 3)).astype(np.float32)
+    ids = rng.integers(0, n_instances, B).astype(np.int32)
+    args = (tinn._buffers.put(x),) if n_instances == 1 else (tinn._buffers.put(x), tinn._buffers.put(ids, ti.i32))
+    y, ctx = net.forward(*args)
+    assert ctx.fused is not None and all(str(a.dtype) == "f16" for a in kept_activations(ctx))
+    dx = host(net.backward(ctx, tinn._buffers.put(dy)))
+    y, grads = host(y), net.gradients().reshape(n_instances, -1)
+    for k in range(n_instances):
+        rows = ids == k
+        Ws = mlp_unflatten(theta[k], shapes)
+        y_ref, zs, hs = mlp_forward_ref(x[rows], Ws, "Tanh", "Sigmoid", kept=f16)
+        dWs, dx_ref = mlp_backward_ref(Ws, zs, hs, padded(dy[rows], shapes[-1][0], 0.0), "Tanh", "Sigmoid")
+        assert_rounded_close(y[rows], y_ref[:, :3], rtol=1e-5)
+        assert_rounded_close(dx[rows], dx_ref, rtol=1e-5)
+        assert_rounded_close(grads[k], np.concatenate([d.ravel() for d in dWs]), rtol=1e-5)
 
 
 @needs_half
@@ -154,9 +190,7 @@ def test_half_activations_agree_on_host_and_device(n_instances, monkeypatch):
         d_dy, d_dx = net.backward_backward_input(ctx, put(v), put(dy))
         results.append([host(y), host(dx), grads, host(d_dy), host(d_dx), net.gradients()])
     for on_host, on_device in zip(*results):
-        assert_close(on_device, on_host, rtol=4 * EPS16, atol_rel=4 * EPS16)
-        tight = np.abs(on_device - on_host) <= 1e-4 * np.abs(on_host) + 1e-5 * np.abs(on_host).max()
-        assert tight.mean() >= 0.9
+        assert_rounded_close(on_device, on_host, rtol=1e-5)
 
 
 def test_host_rounding_to_half_is_numpys():
@@ -183,6 +217,17 @@ def kept_activations(ctx):
     if getattr(ctx, "fused", None) is not None:
         return [ctx.zs, ctx.hs]
     return ctx.hs[1:-1] + ctx.zs
+
+
+def assert_rounded_close(actual, expected, rtol):
+    """``actual`` equals ``expected`` within ``rtol`` (and as much of the largest magnitude) but for a few
+    elements: where a float32 sum in another order lands across a float16 rounding boundary from the
+    reference's, an activation rounds one float16 step apart, and so does what depends on it. Every element
+    stays within half precision; at least 90 % within ``rtol``."""
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    assert_close(actual, expected, rtol=4 * EPS16, atol_rel=4 * EPS16)
+    tight = np.abs(actual - expected) <= rtol * (np.abs(expected) + np.abs(expected).max())
+    assert tight.mean() >= 0.9, f"{tight.mean():.1%} within {rtol}"
 
 
 def host(a):

@@ -113,7 +113,7 @@ class MasterWeights:
     def __init__(self, store: ParamStore):
         self.half = store
         self.store = ParamStore(store.n_instances, store.n_params, what="float32 master weights")
-        self._flag = buffer((1,), ti.i32)       # a device buffer: a numpy argument aliases field memory on Vulkan
+        self._flag = buffer((1,), ti.i32)       # a numpy argument a Vulkan kernel only writes returns stale memory
         self.follow()
 
     def _copy(self, dst: ParamStore, src: ParamStore, fields):
