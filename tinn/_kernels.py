@@ -25,7 +25,7 @@ from taichi.types.annotations import Template
 from ._device import is_cpu
 from ._memory import view_of
 from ._program import current_program
-from ._types import F32_2D, I32_1D
+from ._types import F32_1D, F32_2D, I32_1D
 
 
 CHUNK = 1024
@@ -115,6 +115,41 @@ def arena_kernel(func):
 
     call._primal = on_fields._primal               # a kernel, as ``ti.kernel``'s wrapper says (its field version)
     return call
+
+
+def flat_rows(field):
+    """``(array, stride)`` for a kernel whose long contiguous loops walk rows of parameter memory: on x64 the
+    float32 field's memory as one flat array and its row length, else ``(field, 0)`` (a field, or a float16
+    one, stays itself). Such a kernel takes the array as a ``FLAT`` argument where it is flat and reads
+    element ``[k, j]`` with :func:`at` / :func:`set_at`. (Taichi reloads a 2-D ndarray's shape at every
+    access, which keeps LLVM from vectorising the loop: Adam's step over a view ran 1.4x slower than over the
+    field or a flat array.)"""
+    view = view_of(field) if isinstance(field, Field) else None
+    return (field, 0) if view is None else (view.reshape(-1), view.shape[1])
+
+
+FLAT = F32_1D
+"""The annotation of a :func:`flat_rows` array where it is flat (a ``ti.template()`` where it is a field)."""
+
+
+@ti.func
+def at(A: ti.template(), stride, k, j):
+    """Element ``[k, j]`` of a :func:`flat_rows` array: ``A[k * stride + j]`` flat, ``A[k, j]`` for a field."""
+    v = 0.0
+    if ti.static(len(A.shape) == 1):
+        v = A[k * stride + j]
+    else:
+        v = A[k, j]
+    return v
+
+
+@ti.func
+def set_at(A: ti.template(), stride, k, j, v):
+    """``A[k, j] = v`` for a :func:`flat_rows` array (rounded to a float16 field's type)."""
+    if ti.static(len(A.shape) == 1):
+        A[k * stride + j] = v
+    else:
+        A[k, j] = ti.static(cast_to(A))(v)
 
 
 def columns_per_task() -> int:

@@ -18,7 +18,7 @@ import math
 import numpy as np
 import taichi as ti
 
-from .._kernels import ARENA, arena_kernel, specialised
+from .._kernels import FLAT, at, flat_rows, set_at, specialised
 from .._device import is_cpu
 from .step import one_minus_pow
 from ..registry import optimizers
@@ -65,8 +65,11 @@ def _converged(beta1: float, beta2: float) -> int:
 
 
 @specialised
-def _adam_kernel(n_matrix: int, n: int, flags: tuple):
+def _adam_kernel(n_matrix: int, n: int, flags: tuple, flat: bool):
     """The update of one slot of ``n`` parameters, the first ``n_matrix`` of them matrix parameters.
+
+    ``P``, ``I``, ``G`` are parameter memory as :func:`~tinn._kernels.flat_rows` gives it: ``flat`` arrays with
+    their row strides (x64), or fields.
 
     ``flags`` are the hyperparameters that switch code on or off (compile-time, so the common case
     is a branch-free loop): adabound, gradient clipping, weight clipping, decay, optimize matrix
@@ -117,8 +120,10 @@ def _adam_kernel(n_matrix: int, n: int, flags: tuple):
             w = ti.math.clamp(w, -wclip, wclip)
         return w, m, v
 
-    @arena_kernel
-    def step(P: ARENA, po: ti.i32, I: ARENA, io: ti.i32, G: ARENA, go: ti.i32,
+    Rows = FLAT if flat else ti.template()
+
+    @ti.kernel
+    def step(P: Rows, ps: ti.i32, po: ti.i32, I: Rows, is_: ti.i32, io: ti.i32, G: Rows, gs: ti.i32, go: ti.i32,
              m: F32_1D, v: F32_1D,
              matrix_steps: I32_1D, param_steps: I32_1D, active: I32_1D, steps: I32_1D, bias: F32_1D,
              inv_scale: ti.f32, lr: ti.f32, lr_scale: F32_1D, beta1: ti.f32, beta2: ti.f32, eps: ti.f32, l2_reg: ti.f32,
@@ -130,14 +135,14 @@ def _adam_kernel(n_matrix: int, n: int, flags: tuple):
                 if active[k] != 0:
                     a_t, T = lr * lr_scale[k] * bias_at(bias, matrix_steps[k] + 1, beta1, beta2), adabound_step(steps, k)
                     for i in range(c * chunk, ti.min(c * chunk + chunk, n_matrix)):
-                        w = P[k, po + i]
-                        g = G[k, go + i] * inv_scale + l2_reg * w
+                        w = at(P, ps, k, po + i)
+                        g = at(G, gs, k, go + i) * inv_scale + l2_reg * w
                         w, m[k * n + i], v[k * n + i] = update(
                             w, g, m[k * n + i], v[k * n + i], a_t, T, beta1, beta2, eps, rel_decay, abs_decay,
                             wclip, gclip)
-                        P[k, po + i] = w
+                        set_at(P, ps, k, po + i, w)
                         if ti.static(mirror):
-                            I[k, io + i] = w
+                            set_at(I, is_, k, io + i, w)
         if ti.static(opt_non_matrix and nm_tasks > 0):
             for task in range(active.shape[0] * nm_tasks):
                 k, c = task // nm_tasks, task % nm_tasks
@@ -145,15 +150,15 @@ def _adam_kernel(n_matrix: int, n: int, flags: tuple):
                     a_k, T = lr * lr_scale[k] * nm_lr_factor, adabound_step(steps, k)
                     for j in range(c * chunk, ti.min(c * chunk + chunk, n_nm)):
                         i, s = n_matrix + j, k * n_nm + j
-                        w0, g = P[k, po + i], G[k, go + i] * inv_scale
+                        w0, g = at(P, ps, k, po + i), at(G, gs, k, go + i) * inv_scale
                         run = not (skip_zero and g == 0.0)
                         t = param_steps[s] + ti.cast(run, ti.i32)
                         a_t = a_k * bias_at(bias, t, beta1, beta2)
                         w, mi, vi = update(w0, g + nm_l2_reg * w0, m[k * n + i], v[k * n + i], a_t, T,
                                            beta1, beta2, eps, rel_decay, abs_decay, wclip, gclip)
-                        P[k, po + i] = ti.select(run, w, w0)           # a skipped parameter keeps all it had
+                        set_at(P, ps, k, po + i, ti.select(run, w, w0))    # a skipped parameter keeps all it had
                         if ti.static(mirror):
-                            I[k, io + i] = ti.select(run, w, w0)
+                            set_at(I, is_, k, io + i, ti.select(run, w, w0))
                         m[k * n + i] = ti.select(run, mi, m[k * n + i])
                         v[k * n + i] = ti.select(run, vi, v[k * n + i])
                         param_steps[s] = t
@@ -220,8 +225,11 @@ class Adam(Optimizer):
                  bool(h["optimize_non_matrix_params"]), bool(h["skip_zero_grad_non_matrix_params"]),
                  step.publish_to is not None)
         I, io = step.publish_to or (s.params, s.p_off)
-        _adam_kernel(self.n_matrix, s.n, flags)(
-            s.params, s.p_off, I, io, s.grads, s.g_off, self.first_moments, self.second_moments, self.matrix_steps,
+        rows = [flat_rows(a) for a in (s.params, I, s.grads)]
+        flat = all(stride for _, stride in rows)
+        (P, ps), (I, is_), (G, gs) = rows if flat else ((s.params, 0), (I, 0), (s.grads, 0))
+        _adam_kernel(self.n_matrix, s.n, flags, flat)(
+            P, ps, s.p_off, I, is_, io, G, gs, s.g_off, self.first_moments, self.second_moments, self.matrix_steps,
             self.param_steps, step.mask, self._steps, self.kernel_array("bias", self._bias_correction()),
             1.0 / step.loss_scale, self.learning_rate, self.lr_scale(step),
             h["beta1"], h["beta2"], h["epsilon"], h["l2_reg"], h["non_matrix_l2_reg"],
