@@ -121,9 +121,9 @@ def flat_rows(field):
     """``(array, stride)`` for a kernel whose long contiguous loops walk rows of parameter memory: on x64 the
     float32 field's memory as one flat array and its row length, else ``(field, 0)`` (a field, or a float16
     one, stays itself). Such a kernel takes the array as a ``FLAT`` argument where it is flat and reads
-    element ``[k, j]`` with :func:`at` / :func:`set_at`. (Taichi reloads a 2-D ndarray's shape at every
-    access, which keeps LLVM from vectorising the loop: Adam's step over a view ran 1.4x slower than over the
-    field or a flat array.)"""
+    element ``[k, j]`` with :func:`at` / :func:`set_at`. (In Taichi's generated code every access to a 2-D
+    ndarray after a store loads its row length from the launch arguments again and multiplies it out; a flat
+    array's access does not: Adam's step over a 2-D view ran 1.4x slower than over the field or a flat array.)"""
     view = view_of(field) if isinstance(field, Field) else None
     return (field, 0) if view is None else (view.reshape(-1), view.shape[1])
 
