@@ -128,6 +128,14 @@ def flat_rows(field):
     return (field, 0) if view is None else (view.reshape(-1), view.shape[1])
 
 
+def flat_args(*fields):
+    """``(flat, [(array, stride), ...])``: every field as :func:`flat_rows` gives it if all of them are flat,
+    else every field itself with stride 0 (a kernel takes all of them flat or none)."""
+    rows = [flat_rows(f) for f in fields]
+    flat = all(stride for _, stride in rows)
+    return flat, (rows if flat else [(f, 0) for f in fields])
+
+
 FLAT = F32_1D
 """The annotation of a :func:`flat_rows` array where it is flat (a ``ti.template()`` where it is a field)."""
 

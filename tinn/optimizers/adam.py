@@ -18,7 +18,7 @@ import math
 import numpy as np
 import taichi as ti
 
-from .._kernels import FLAT, at, flat_rows, set_at, specialised
+from .._kernels import FLAT, at, flat_args, set_at, specialised
 from .._device import is_cpu
 from .step import one_minus_pow
 from ..registry import optimizers
@@ -225,9 +225,7 @@ class Adam(Optimizer):
                  bool(h["optimize_non_matrix_params"]), bool(h["skip_zero_grad_non_matrix_params"]),
                  step.publish_to is not None)
         I, io = step.publish_to or (s.params, s.p_off)
-        rows = [flat_rows(a) for a in (s.params, I, s.grads)]
-        flat = all(stride for _, stride in rows)
-        (P, ps), (I, is_), (G, gs) = rows if flat else ((s.params, 0), (I, 0), (s.grads, 0))
+        flat, ((P, ps), (I, is_), (G, gs)) = flat_args(s.params, I, s.grads)
         _adam_kernel(self.n_matrix, s.n, flags, flat)(
             P, ps, s.p_off, I, is_, io, G, gs, s.g_off, self.first_moments, self.second_moments, self.matrix_steps,
             self.param_steps, step.mask, self._steps, self.kernel_array("bias", self._bias_correction()),
