@@ -87,15 +87,13 @@ class Layer:
 
     ``w`` is ``(R, n_out, n_in)`` (the last layer: only its computed rows), ``x`` / ``z`` / ``y`` are
     ``(R, S, n)`` stacks; ``y`` is the next layer's ``x``. ``z`` is kept only where act' needs it, and
-    in inference only the network's input and output exist. ``rounds`` (half precision): a hidden layer's
-    output and any kept ``z`` are rounded to float16 values."""
+    in inference only the network's input and output exist."""
 
     w: np.ndarray
     act: Activation
     x: np.ndarray | None
     z: np.ndarray | None
     y: np.ndarray | None
-    rounds: bool = False
 
     def slope_source(self) -> np.ndarray:
         """What act' is computed from: the output for the ``from_output`` activations, else ``z``."""
@@ -164,7 +162,7 @@ class HostMLP:
             act = activations.ACTIVATIONS[plan.activation]
             y = np.empty(stack + (w.shape[1],), np.float32) if keep or i == n - 1 else None
             z = np.empty_like(y) if keep and not act.from_output else None
-            layers.append(Layer(w, act, h, z, y, rounds=half))
+            layers.append(Layer(w, act, h, z, y))
             h = y
 
         def block(partial, index):
@@ -174,11 +172,11 @@ class HostMLP:
                 target = layer.y if layer.act.from_output else layer.z
                 z = np.matmul(h, layer.w[sel].transpose(0, 2, 1), out=None if target is None else target[index])
                 h = activations.host_value(layer.act, z, self._zeros(z.size))
-                if layer.rounds and i < n - 1:
+                if half and i < n - 1:
                     round_to_half(h)                        # what the next layer reads and the backward keeps
                 if not layer.act.from_output and layer.y is not None:
                     layer.y[index] = h
-                if layer.rounds and layer.z is not None:
+                if half and layer.z is not None:
                     round_to_half(z)                        # kept for act', after act took it unrounded
 
         blocks.run(block)
