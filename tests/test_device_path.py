@@ -19,7 +19,7 @@ from taichi.lang.kernel_impl import Kernel
 import tinn
 from tinn import _buffers, _device, _kind
 from tinn._memory import HostView
-from tinn.networks import _kernel_mlp
+from tinn.networks import _kernel_mlp, _mlp_plan
 from tinn.routing import TILE, Routing
 from reference import (assert_close, mlp_backward_ref, mlp_forward_ref, mlp_second_order_ref, mlp_shapes,
                        mlp_unflatten, padded, random_weights)
@@ -120,7 +120,8 @@ def use_mlp_kernels(monkeypatch, mlp_kernels: str):
         if arch in (ti.x64, ti.arm64):
             pytest.skip("the fused kernels need shared memory, which the x64 backend has not")
         monkeypatch.setattr(_kernel_mlp, "FUSED_ARCHS", (arch,))
-        monkeypatch.setitem(_kernel_mlp.FUSED_TILE, arch, _kernel_mlp.FUSED_TILE.get(arch, 32))
+        if arch.name not in _mlp_plan.FUSED_TILINGS:
+            monkeypatch.setitem(_mlp_plan.FUSED_TILINGS, arch.name, _mlp_plan.FUSED_TILINGS["vulkan"])
     else:
         monkeypatch.setattr(_kernel_mlp, "FUSED_ARCHS", ())
 

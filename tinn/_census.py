@@ -184,10 +184,11 @@ class Census:
         if routed:
             self.ids, self.order = buffer("ids", (B,), ti.i32), buffer("order", (B,), ti.i32)
             self.tiles = buffer("tiles", (-(-B // TILE) + min(K, B), 3), ti.i32)   # at most one part-tile per network
-            offsets, cursor = buffer("offsets", (2, K + 1), ti.i32), buffer("cursor", (K,), ti.i32)
+            self.offsets, cursor = buffer("offsets", (2, K + 1), ti.i32), buffer("cursor", (K,), ti.i32)
+            offsets = self.offsets
             totals = buffer("totals", (-(-K // SCAN) + 1, 2), ti.i32)
         else:
-            self.ids = self.order = self.tiles = None
+            self.ids = self.order = self.tiles = self.offsets = None
             offsets, cursor, totals = unused((1, 1)), unused((1,)), unused((1, 1))
         _census_kernel(x, ids if routed else unused((1,)), routed, n_dims, self.facts, self.values, self.counts,
                        self.mask, self.inv, self.ids if routed else unused((1,)), offsets, cursor, totals,

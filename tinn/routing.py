@@ -294,15 +294,29 @@ class Routing:
             return self.ops.no_ids(), False
         return (self.ids if self.on_device else self.instance), True
 
-    @functools.cached_property
+    @property
     def tiles(self) -> tuple:
         """``(table, order)`` on the device: ``order`` ``(batch,)`` the samples sorted by network, ``table``
         ``(n_tiles, 3)`` int32 rows ``(start, end, k)``: samples ``order[start:end]`` of network k, at most
-        ``TILE`` of them (a network's tiles are consecutive). Built from the ids by kernels; the per-network
-        offsets of samples and of tiles (``2 (n_instances + 1)`` integers) are uploaded at once. A census's
-        tiles were made by its kernel (the table then ends in empty tiles ``(0, 0, 0)``)."""
+        ``TILE`` of them (a network's tiles are consecutive). A census's tiles were made by its kernel (the
+        table then ends in empty tiles ``(0, 0, 0)``)."""
+        table, order, _ = self._sorted
+        return table, order
+
+    @property
+    def runs(self) -> tuple:
+        """``(order, offsets)`` on the device: the samples sorted by network and ``offsets`` ``(2, n_instances + 1)``
+        int32, ``offsets[0, k]`` network k's first sorted position (``offsets[0, K]`` the batch), ``offsets[1, k]``
+        its first tile of :attr:`tiles`."""
+        _, order, offsets = self._sorted
+        return order, offsets
+
+    @functools.cached_property
+    def _sorted(self) -> tuple:
+        """``(table, order, offsets)``: built from the ids by kernels; the per-network offsets of samples and of
+        tiles (``2 (n_instances + 1)`` integers) are uploaded at once."""
         if self.census is not None:
-            return self.census.tiles, self.census.order
+            return self.census.tiles, self.census.order, self.census.offsets
         counts = self.counts
         per = -(-counts // TILE)
         offsets = np.zeros((2, self.n_instances + 1), np.int32)     # first sample, first tile of each network
@@ -313,7 +327,7 @@ class Routing:
         _sort_ids(self.ids, offsets_d, cursor, order)
         table = _buffers.buffer((int(offsets[1, -1]), 3), ti.i32)
         _tile_table(offsets_d, table)
-        return table, order
+        return table, order, offsets_d
 
     @functools.cached_property
     def groups(self) -> "Groups":

@@ -1,331 +1,513 @@
-"""Fully fused MLP kernels for GPUs (the device path on CUDA), in the manner of tcnn's FullyFusedMLP.
+"""Fully fused, register-blocked MLP kernels for GPUs (the device path on CUDA, Vulkan and Metal).
 
-A block of ``T`` threads owns a tile of ``T`` samples, one thread per sample, and keeps the tile's
-activations in shared memory (``ti.simt.block.SharedArray``, ``(width, T + 1)`` floats: a row per
-neuron, padded so that a warp reading one column of a row block hits 32 banks). Weights are streamed
-from the parameter store (every thread of a warp reads the same weight: one broadcast load).
+A block of ``T`` threads works through *runs* of sample tiles: ``S`` samples of one network at a time, with
+the tile's activations, the layer's weights and (backward) its deltas in one shared-memory array. Every
+product is a small GEMM in which each thread owns a register tile of ``pa x pb`` outputs (indexed only
+statically, so it lives in registers) and reads ``pa + pb`` shared values per ``pa * pb`` multiply-adds::
 
-* forward, one kernel for all layers: load the input tile (coalesced), then per layer every thread
-  computes its sample's ``rows`` outputs in registers, the block synchronises, writes them back as
-  the next layer's input; pre-activations (and hidden outputs) are kept for the backward in
-  ``(layer, neuron, sample)`` buffers (coalesced stores).
-* backward, one kernel for all layers: in overwrite mode a first loop zeroes the MLP's gradients (every
-  network's of an array). Then each block walks over tiles with its weight-gradient partial sums in
-  registers; per tile and layer, deltas and the layer's input tile sit in shared memory, every thread
-  adds its weights' products over the tile's samples, then computes its sample's delta of the layer
-  below. After its last tile a block adds its partial sums to the gradients: one global atomic add per
-  weight per block.
-  The weight gradients are register-tiled: a matrix is cut into ``RT x RT`` blocks of weights (edge
-  blocks cover the rows and columns past its edge, whose sums are never written), thread t owns
-  blocks ``t, t + T, ...`` of every matrix, and per sample a block loads ``RT`` deltas and ``RT``
-  inputs from shared memory for ``RT^2`` products (``2 / RT`` loads per product, not 2).
+    forward, layer i (rows R, cols C):  z[r, s] = sum_c W_i[r, c] h[c, s]        thread tile: rows x samples
+    backward:  dW_i[r, c] += sum_s d[r, s] h[c, s]                                 thread tile: rows x cols
+               d_below[c, s] = act'(h[c, s]) * sum_r W_i[r, c] d[r, s]            thread tile: cols x samples
 
-Network arrays run the ``*_routed`` kernels: the batch's samples sorted by network into tiles of at
-most ``TILE`` samples of one network (``Routing.tiles``: rows ``(start, end, k)`` of samples
-``order[start:end]``), a tile cut into ``TILE / T`` *parts* of ``T`` sorted positions, a block per part
-in the forward. A block gathers its part's samples (``order[j]``, zero rows past ``end``; an empty part
-does nothing) and runs every layer with network k's weights; the saved activations are kept by sorted
-position ``j`` (``(layer, neuron, batch)``). In the backward a block walks over a contiguous run of
-parts and adds its partial sums to network k's gradients whenever the network changes, and at its end.
+``_mlp_plan.FusedTiling`` holds the sizes per arch (``S``, ``T``, blocks, shared-memory budget) and
+``_mlp_plan.thread_tile`` the register tile of each product; :func:`shared_loads_per_fma` counts the shared
+loads per multiply-add of the inner loops from the same choices. Shared arrays are laid out row by row with
+the column index XOR-ed with the row's low five bits (:func:`_at`), so that a warp reading a row or a column of
+a tile hits distinct banks.
 
-The kernels are specialised to an MLP's plan (``_mlp_plan.MLPPlan``), the tile size and whether the
-activations are half precision (``half``: every hidden output is rounded to float16 before the next layer
-reads it, and the kept buffers are float16, ``tinn.params.KEPT_ACTIVATIONS``), and built once per
+Weights: the forward stages every layer's weights once per run when they fit beside the activation tile
+(``resident``), else each layer's once per tile; the backward stages each layer's weights once per tile and
+layer (its shared array holds the deltas and the layer's input too).
+
+Kept for the backward (``(layer, neuron, position)`` buffers, float16 under half precision): the hidden layers'
+outputs ``hs``; pre-activations ``zs`` only of the output layer and of hidden layers whose activation is not
+differentiated from its output (``activations.Activation.from_output``: ReLU, LeakyReLU and None are).
+
+Weight gradients are written without atomics: a single network's batch is cut into ``blocks`` contiguous
+runs, each block writes its sums into its own row of a partials buffer (split-K), and two more loops of the
+same kernel reduce the rows in a fixed order; an array's block owns whole networks (a dense batch's network
+``k`` is block ``k``; a routed batch's network ``k`` is the ``k``-th run of its samples sorted by network) and
+writes that network's gradients itself. Two runs of a step give bit-identical gradients.
+
+The kernels are specialised to an MLP's plan, the tiling and whether the activations are half precision
+(``half``: every hidden output is rounded to float16 before the next layer reads it), and built once per
 combination (:func:`fused_kernels`): models of one config share them.
-
-Same math as ``_kernel_mlp`` (whose kernels serve the other archs and wider MLPs).
 """
 import taichi as ti
 
-from .._census import TILE
 from .._kernels import ARENA, arena_kernel, cast_to, specialised
 from .._types import ANY_3D
 from . import activations
+from ._mlp_plan import thread_tile
 
+_f32_1d = ti.types.ndarray(dtype=ti.f32, ndim=1)
 _f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 _i32_1d = ti.types.ndarray(dtype=ti.i32, ndim=1)
 _i32_2d = ti.types.ndarray(dtype=ti.i32, ndim=2)
 
 MAX_WIDTH = 64
-"""Widest layer the fused kernels take (two ``(64, T + 1)`` float tiles of shared memory per block)."""
+"""Widest layer the fused kernels take."""
 
-RT = 4
-"""Rows and columns of a thread's register tile of weight gradients (``RT^2`` sums per ``2 RT`` loads)."""
+SINGLE, DENSE, ROUTED = "single", "dense", "routed"
+"""How a kernel's blocks find their samples: a single network's runs of tiles, a dense array's networks
+(``(K, B_k)``: network k owns positions ``k B_k .. (k + 1) B_k``), a routed array's samples sorted by network."""
 
+DW_PASSES = 4
+"""Register tiles a thread may compute one after the other in a weight-gradient product (written to memory
+after each, so only one is live)."""
 
-def fits(plan) -> bool:
-    """Whether the fused kernels take an MLP of this plan (no layer wider than ``MAX_WIDTH``)."""
-    return plan.width <= MAX_WIDTH
-
-
-class FusedKernels:
-    """The fused forward and backward kernels of one MLP plan, for tiles of ``T`` samples. A single network:
-    ``forward(W, off, x, n_threads, keep, zs, hs, y)``,
-    ``backward(W, G, off, x, dy, zs, hs, n_blocks, need_dx, overwrite, dx)``; an array routed by ``tiles``
-    ``(n_tiles, 3)`` and ``order`` ``(batch,)``: ``forward_routed(W, off, x, tiles, order, keep, zs, hs, y)``,
-    ``backward_routed(W, G, off, n_rows, x, dy, zs, hs, tiles, order, n_blocks, need_dx, overwrite, dx)``
-    (``n_rows``: the networks whose gradients an overwrite zeroes). ``parts``: blocks per routing tile."""
-
-    def __init__(self, plan, T: int, half: bool = False):
-        if TILE % T:
-            raise ValueError(f"the fused tile size {T} must divide the routing's tile size {TILE}")
-        self.T, self.n_layers, self.width, self.parts = T, len(plan.layers), plan.width, TILE // T
-        passes = _Passes(plan, T, half)
-        self.forward, self.forward_routed = passes.forward_kernels()
-        self.backward, self.backward_routed = passes.backward_kernels()
-
-
-@specialised
-def fused_kernels(plan, T: int, half: bool = False) -> FusedKernels:
-    """The fused kernels of ``plan`` for tiles of ``T`` samples (``half``: float16 activations), built once per
-    Taichi program."""
-    return FusedKernels(plan, T, half)
+SEGMENTS = 16
+"""Partial-sum rows reduced per thread in the first of the two reduction loops (a single network's backward)."""
 
 
 def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
+class _Layout:
+    """Where things live in a kernel's one shared array (float32 words), all static: ``CP`` the row length of
+    an activation tile (``S`` rows of samples, the width rounded up to 32), each layer's weight block ``(cols,
+    RP_i)`` (transposed: a row per input column) at ``w_base[i]``, and the tiles after them."""
+
+    def __init__(self, plan, tiling, tiles: int, resident: bool):
+        layers, S, T = plan.layers, tiling.samples, tiling.threads
+        self.CP = _round_up(plan.width, 32)
+        self.fwd_tile = [thread_tile(layer.rows, S, T) for layer in layers]       # rows x samples
+        self.dx_tile = [thread_tile(layer.cols, S, T) for layer in layers]        # cols x samples
+        self.dw_tile = [thread_tile(layer.rows, layer.cols, T, DW_PASSES) for layer in layers]   # rows x cols
+        self.RP = [_round_up(max(layer.rows, g * p), 32) for layer, (g, p, _, _) in zip(layers, self.fwd_tile)]
+        sizes = [layer.cols * rp for layer, rp in zip(layers, self.RP)]
+        if resident:
+            self.w_base = [sum(sizes[:i]) for i in range(len(layers))]
+            weights = sum(sizes)
+        else:
+            self.w_base = [0] * len(layers)
+            weights = max(sizes)
+        self.tiles = [weights + t * S * self.CP for t in range(tiles)]
+        self.words = weights + tiles * S * self.CP
+
+
+def shared_words(plan, tiling, tiles: int, resident: bool) -> int:
+    """Float32 words of shared memory of a kernel with ``tiles`` activation tiles (1 forward, 2 backward)."""
+    return _Layout(plan, tiling, tiles, resident).words
+
+
+def fits(plan, tiling) -> bool:
+    """Whether the fused kernels take an MLP of this plan on an arch of this tiling: no layer wider than
+    ``MAX_WIDTH`` and the backward's shared array (a layer's weights, deltas and inputs) within the budget."""
+    return plan.width <= MAX_WIDTH and 4 * shared_words(plan, tiling, 2, False) <= tiling.shared_bytes
+
+
+def resident(plan, tiling) -> bool:
+    """Whether the forward keeps every layer's weights in shared memory for a whole run of tiles."""
+    return 4 * shared_words(plan, tiling, 1, True) <= tiling.shared_bytes
+
+
+def shared_loads_per_fma(plan, tiling) -> dict:
+    """Shared-memory loads per multiply-add in the inner loops of each product, from the register tiles the
+    kernels use (``pa + pb`` loads per ``pa * pb`` products), and ``total``: the mean weighted by multiply-adds
+    per sample of a training step (forward, dW, and dL/dx of every layer but the first)."""
+    S = tiling.samples
+    out, loads, fmas = {}, 0.0, 0.0
+    for i, layer in enumerate(plan.layers):
+        for name, (ga, pa, gb, pb), work in (("forward", thread_tile(layer.rows, S, tiling.threads), 1),
+                                             ("dW", thread_tile(layer.rows, layer.cols, tiling.threads, DW_PASSES), 1),
+                                             ("dx", thread_tile(layer.cols, S, tiling.threads), int(i > 0))):
+            ratio = (pa + pb) / (pa * pb)
+            out[f"{name}[{i}]"] = ratio
+            macs = layer.rows * layer.cols * work
+            loads, fmas = loads + ratio * macs, fmas + macs
+    out["total"] = loads / fmas
+    return out
+
+
+def kept_bytes_per_sample(plan, half: bool) -> int:
+    """Bytes the forward keeps per sample for the backward: the hidden outputs and the pre-activations of
+    :func:`z_layers`, in float16 under half precision."""
+    L = len(plan.layers)
+    values = sum(layer.rows for layer in plan.layers[:L - 1])
+    values += sum(plan.layers[i].rows for i in z_layers(plan))
+    return values * (2 if half else 4)
+
+
+def z_layers(plan) -> list:
+    """The layers whose pre-activation the forward keeps: the output layer (its ``dL/dy`` times the output
+    activation's slope) and the hidden layers whose activation is not differentiated from its output."""
+    L = len(plan.layers)
+    return [i for i, layer in enumerate(plan.layers)
+            if i == L - 1 or not activations.ACTIVATIONS[layer.activation].from_output]
+
+
+class FusedKernels:
+    """The fused forward and backward of one MLP plan and tiling. Both take how their blocks find samples
+    (``mode``: :data:`SINGLE`, :data:`DENSE`, :data:`ROUTED`) and the run arguments of that mode:
+    ``n_blocks``, ``per_network`` (dense ``B_k``), ``order`` ``(batch,)`` and ``offsets`` ``(2, K + 1)`` (routed:
+    the samples sorted by network, ``offsets[0]`` each network's first sorted position)::
+
+        forward(W, off, x, mode, n_blocks, per_network, order, offsets, keep, zs, hs, y)
+        backward(W, G, off, n_rows, x, dy, zs, hs, mode, n_blocks, per_network, order, offsets, partials,
+                 sums, need_dx, overwrite, dx)
+
+    ``zs`` ``(len(z_layers), width, batch)`` and ``hs`` ``(L - 1, width, batch)`` are indexed by position (sorted
+    position for a routed array); ``partials`` ``(n_blocks, n_params)`` and ``sums`` ``(SEGMENTS, n_params)``
+    float32 (a single network's split-K rows)."""
+
+    def __init__(self, plan, tiling, half: bool = False):
+        self.plan, self.tiling = plan, tiling
+        self.S, self.T, self.n_layers, self.width = tiling.samples, tiling.threads, len(plan.layers), plan.width
+        self.z_layers = z_layers(plan)
+        self.resident = resident(plan, tiling)
+        passes = _Passes(plan, tiling, half, self.resident, self.z_layers)
+        self.forward = passes.forward_kernel()
+        self.backward = passes.backward_kernel()
+
+
+@specialised
+def fused_kernels(plan, tiling, half: bool = False) -> FusedKernels:
+    """The fused kernels of ``plan`` on an arch of ``tiling`` (``half``: float16 activations), built once per
+    Taichi program."""
+    return FusedKernels(plan, tiling, half)
+
+
 @ti.func
-def _row(order: ti.template(), routed: ti.template(), j):
-    """The batch row of sorted position ``j``: ``order[j]`` for an array, ``j`` itself for a single network."""
+def _at(a, b, stride: ti.template()):
+    """Word of element ``[a, b]`` of a shared tile with rows of ``stride`` words (a multiple of 32): the column
+    XOR-ed with the row's low five bits, so that a warp reading along a row or a column hits distinct banks."""
+    return a * stride + (b ^ (a & 31))
+
+
+@ti.func
+def _run(mode: ti.template(), blk, n_blocks, n_tiles_total, S: ti.template(), per_network, offsets: ti.template()):
+    """``(begin, end, k)``: block ``blk``'s positions ``begin .. end`` of network ``k``."""
+    begin, end, k = 0, 0, 0
+    if ti.static(mode == SINGLE):
+        per = (n_tiles_total + n_blocks - 1) // n_blocks
+        begin, end = ti.min(blk * per * S, per_network), ti.min((blk + 1) * per * S, per_network)
+    elif ti.static(mode == DENSE):
+        begin, end, k = blk * per_network, (blk + 1) * per_network, blk
+    else:
+        begin, end, k = offsets[0, blk], offsets[0, blk + 1], blk
+    return begin, end, k
+
+
+@ti.func
+def _row(order: ti.template(), mode: ti.template(), j):
+    """The batch row of position ``j``: ``order[j]`` for a routed array, ``j`` itself otherwise."""
     b = j
-    if ti.static(routed):
+    if ti.static(mode == ROUTED):
         b = order[j]
     return b
 
 
-@ti.func
-def _saved(buf: ti.template(), li, r, j, inside, routed: ti.template()):
-    """``buf[li, r, j]``; for an array 0 at a position past its tile (``not inside``: no column there)."""
-    v = 0.0
-    if ti.static(routed):
-        if inside:
-            v = buf[li, r, j]
-    else:
-        v = buf[li, r, j]                                      # a single network's buffers are padded
-    return v
-
-
-@ti.func
-def _save(buf: ti.template(), li, r, j, inside, routed: ti.template(), v):
-    """``buf[li, r, j] = v`` (in the buffer's dtype); for an array only at a position inside its tile."""
-    if ti.static(routed):
-        if inside:
-            buf[li, r, j] = ti.static(cast_to(buf))(v)
-    else:
-        buf[li, r, j] = ti.static(cast_to(buf))(v)
-
-
-@ti.func
-def _load_tile(tile: ti.template(), x: ti.template(), order: ti.template(), routed: ti.template(), j0, end, s,
-               n_in: ti.template(), T: ti.template()):
-    """``tile[c, r] = x[row(j0 + r), c]`` for the block's ``T`` positions (0 from ``end`` on): thread ``s`` reads
-    elements ``s, s + T, ...`` of the tile's rows, so a warp reads consecutive memory (a single network's)."""
-    for e_ in range(n_in):
-        e = s + e_ * T
-        row, col = e // n_in, e % n_in
-        v = 0.0
-        if j0 + row < end:
-            v = x[_row(order, routed, j0 + row), col]
-        tile[col, row] = v
-
-
 class _Passes:
-    """Builds the kernels of one plan and tile size ``T``: one block's forward or backward over ``T`` sorted
-    positions ``j0 .. j0 + T`` (valid below ``end``) of network ``k`` is a ``ti.func``, and each kernel
-    maps its blocks onto it (a single network: consecutive tiles; an array: the routing's parts)."""
+    """Builds the two kernels of one plan and tiling; every product is a ``ti.func`` over static sizes."""
 
-    def __init__(self, plan, T, half):
-        self.plan, self.T, self.half = plan, T, half
+    def __init__(self, plan, tiling, half, resident, zl):
+        self.plan, self.tiling, self.half, self.resident = plan, tiling, half, resident
+        self.z_index = {li: n for n, li in enumerate(zl)}          # layer -> row of zs
+
+    # -- pieces shared by both kernels ------------------------------------------------------------------
+    def _stage(self, lay):
+        """``stage(W, off, k, sh, s, li)``: layer ``li``'s weights of network ``k`` into its block of ``sh``
+        (transposed: ``sh[w_base + at(c, r)] = W[k, off + start + r cols + c]``; a coalesced read)."""
+        plan, T = self.plan, self.tiling.threads
+
+        @ti.func
+        def stage(W: ti.template(), off, k, sh: ti.template(), s, li: ti.template()):
+            rows, cols, start = ti.static(plan.layers[li].rows, plan.layers[li].cols, plan.layers[li].start)
+            base, RP = ti.static(lay.w_base[li], lay.RP[li])
+            for i in range((rows * cols + T - 1) // T):
+                e = s + i * T
+                if e < rows * cols:
+                    r, c = e // cols, e % cols
+                    sh[base + _at(c, r, RP)] = ti.cast(W[k, off + start + e], ti.f32)
+        return stage
+
+    def _load_rows(self, lay):
+        """``load(sh, tile, a, mode, order, j0, end, s, n)``: ``tile[s, c] = a[row(j0 + s), c]`` for ``c < n``
+        (0 past ``end``): thread ``s`` reads elements ``s, s + T, ...`` of the tile's rows (consecutive memory)."""
+        S, T, CP = self.tiling.samples, self.tiling.threads, lay.CP
+
+        @ti.func
+        def load(sh: ti.template(), tile: ti.template(), a: ti.template(), mode: ti.template(), order: ti.template(),
+                 j0, end, s, n: ti.template()):
+            for i in range((S * n + T - 1) // T):
+                e = s + i * T
+                if e < S * n:
+                    q, c = e // n, e % n
+                    v = 0.0
+                    if j0 + q < end:
+                        v = a[_row(order, mode, j0 + q), c]
+                    sh[tile + _at(q, c, CP)] = v
+        return load
+
+    def _load_kept(self, lay):
+        """``load(sh, tile, buf, li, j0, end, s, n)``: ``tile[s, c] = buf[li, c, j0 + s]`` (0 past ``end``); thread
+        ``s`` reads positions ``s, s + T, ...`` of each neuron (consecutive memory)."""
+        S, T, CP = self.tiling.samples, self.tiling.threads, lay.CP
+
+        @ti.func
+        def load(sh: ti.template(), tile: ti.template(), buf: ti.template(), li, j0, end, s, n: ti.template()):
+            for i in range((S * n + T - 1) // T):
+                e = s + i * T
+                if e < S * n:
+                    c, q = e // S, e % S
+                    v = 0.0
+                    if j0 + q < end:
+                        v = ti.cast(buf[li, c, j0 + q], ti.f32)
+                    sh[tile + _at(q, c, CP)] = v
+        return load
+
+    # -- forward ------------------------------------------------------------------------------------------
+    def forward_kernel(self):
+        plan, tiling, half = self.plan, self.tiling, self.half
         layers = plan.layers
-        self.col_blocks = [-(-layer.cols // RT) for layer in layers]
-        self.blocks_of = [-(-layer.rows // RT) * n for layer, n in zip(layers, self.col_blocks)]   # RT x RT blocks
-        self.per_thread = [-(-n // T) for n in self.blocks_of]           # register tiles per thread and matrix
-        self.first = [RT * RT * sum(self.per_thread[:li]) for li in range(len(layers))]
-        self.total = RT * RT * sum(self.per_thread)
-
-    def forward_kernels(self):
-        plan, T, half = self.plan, self.T, self.half
-        layers, width = plan.layers, plan.width
         L, n_in, n_out = len(layers), plan.n_inputs, plan.n_outputs
-
-        @ti.func
-        def block(W: ti.template(), off, x: ti.template(), order: ti.template(), routed: ti.template(), j0, end, k,
-                  s, a: ti.template(), keep: ti.template(), zs: ti.template(), hs: ti.template(), y: ti.template()):
-            j = j0 + s
-            inside = j < end
-            _load_tile(a, x, order, routed, j0, end, s, n_in, T)
-            ti.simt.block.sync()
-            for li in ti.static(range(L)):
-                rows, cols, start = ti.static(layers[li].rows, layers[li].cols, layers[li].start)
-                acc = ti.Vector.zero(ti.f32, rows)
-                for c in range(cols):
-                    h = a[c, s]
-                    for r in ti.static(range(rows)):
-                        acc[r] += W[k, off + start + r * cols + c] * h
-                ti.simt.block.sync()                              # every thread has read its inputs
-                for r in ti.static(range(rows)):
-                    v = activations.value(layers[li].activation, acc[r])
-                    if ti.static(half and li < L - 1):            # a hidden output, as the next layer reads it
-                        v = ti.cast(ti.cast(v, ti.f16), ti.f32)
-                    if ti.static(keep):
-                        _save(zs, li, r, j, inside, routed, acc[r])
-                        if ti.static(li < L - 1):
-                            _save(hs, li, r, j, inside, routed, v)
-                    a[r, s] = v
-                ti.simt.block.sync()
-            if inside:
-                for r in ti.static(range(n_out)):
-                    y[_row(order, routed, j), r] = a[r, s]
-
-        @arena_kernel
-        def forward(W: ARENA, off: ti.i32, x: _f32_2d, n_threads: ti.i32, keep: ti.template(),
-                    zs: ANY_3D, hs: ANY_3D, y: _f32_2d):
-            B = x.shape[0]
-            ti.loop_config(block_dim=T)
-            for i in range(n_threads):
-                s = i % T
-                a = ti.simt.block.SharedArray((width, T + 1), ti.f32)
-                block(W, off, x, x, False, i - s, B, 0, s, a, keep, zs, hs, y)
-                ti.simt.block.sync()                              # before a next tile overwrites a
-
-        @arena_kernel
-        def forward_routed(W: ARENA, off: ti.i32, x: _f32_2d, tiles: _i32_2d, order: _i32_1d,
-                           keep: ti.template(), zs: ANY_3D, hs: ANY_3D, y: _f32_2d):
-            ti.loop_config(block_dim=T)
-            for i in range(tiles.shape[0] * TILE):                # TILE / T blocks per routing tile
-                s, t = i % T, i // TILE
-                j0, end = tiles[t, 0] + i % TILE - s, tiles[t, 1]
-                a = ti.simt.block.SharedArray((width, T + 1), ti.f32)
-                if j0 < end:                                      # the same for the whole block
-                    block(W, off, x, order, True, j0, end, tiles[t, 2], s, a, keep, zs, hs, y)
-                    ti.simt.block.sync()                          # before a next part overwrites a
-
-        return forward, forward_routed
-
-    def backward_kernels(self):
-        plan, T = self.plan, self.T
-        layers = plan.layers
-        L, n_in, n_out, n_params = len(layers), plan.n_inputs, plan.n_outputs, plan.n_params
+        S, T = tiling.samples, tiling.threads
+        lay = _Layout(plan, tiling, 1, self.resident)
+        CP, A, words = lay.CP, lay.tiles[0], lay.words
+        stage, load = self._stage(lay), self._load_rows(lay)
+        resident_, z_index = self.resident, self.z_index
         acts = [layer.activation for layer in layers]
-        width = _round_up(plan.width, RT)                         # edge register tiles read past a layer
-        col_blocks, blocks_of, per_thread, first, total = (self.col_blocks, self.blocks_of, self.per_thread,
-                                                           self.first, self.total)
-        parts = TILE // T
 
         @ti.func
-        def block(W: ti.template(), sums: ti.template(), d: ti.template(), h: ti.template(), off, x: ti.template(),
-                  dy: ti.template(), zs: ti.template(), hs: ti.template(), order: ti.template(), routed: ti.template(),
-                  j0, end, k, s, need_dx: ti.template(), dx: ti.template()):
-            """Adds the block's products over positions ``j0 .. j0 + T`` to ``sums``; writes their dL/dx."""
-            j = j0 + s
-            inside = j < end
-            b = j
-            if inside:
-                b = _row(order, routed, j)
-            for r in ti.static(range(n_out)):
-                g = 0.0
-                if inside:
-                    g = dy[b, r] * activations.derivative(acts[L - 1], _saved(zs, L - 1, r, j, inside, routed))
-                d[r, s] = g
-            for li in ti.static(list(reversed(range(L)))):
-                rows, cols, start = ti.static(layers[li].rows, layers[li].cols, layers[li].start)
+        def layer_pass(sh: ti.template(), li: ti.template(), s, j0, end, mode: ti.template(), order: ti.template(),
+                       keep: ti.template(), zs: ti.template(), hs: ti.template(), y: ti.template()):
+            """Layer ``li`` of the tile in ``sh``: its outputs replace the tile's inputs (or go to ``y``)."""
+            rows, cols = ti.static(layers[li].rows, layers[li].cols)
+            ga, pa, gb, pb = ti.static(lay.fwd_tile[li])
+            base, RP = ti.static(lay.w_base[li], lay.RP[li])
+            ra, sb = s // gb, s % gb
+            acc = ti.Matrix.zero(ti.f32, pa, pb)
+            if ra < ga:
+                for c in range(cols):
+                    w, h = ti.Vector.zero(ti.f32, pa), ti.Vector.zero(ti.f32, pb)
+                    for e in ti.static(range(pa)):
+                        w[e] = sh[base + _at(c, ra + ga * e, RP)]
+                    for f in ti.static(range(pb)):
+                        h[f] = sh[A + _at(sb + gb * f, c, CP)]
+                    acc += w.outer_product(h)
+            ti.simt.block.sync()                                   # every thread has read the layer's inputs
+            if ra < ga:
+                for e in ti.static(range(pa)):
+                    r = ra + ga * e
+                    if r < rows:
+                        for f in ti.static(range(pb)):
+                            q = sb + gb * f
+                            j = j0 + q
+                            z = acc[e, f]
+                            v = activations.value(acts[li], z)
+                            if ti.static(half and li < L - 1):     # a hidden output, as the next layer reads it
+                                v = ti.cast(ti.cast(v, ti.f16), ti.f32)
+                            if ti.static(li < L - 1):
+                                sh[A + _at(q, r, CP)] = v
+                            if j < end:
+                                if ti.static(li == L - 1):
+                                    y[_row(order, mode, j), r] = v
+                                if ti.static(keep):
+                                    if ti.static(li in z_index):
+                                        zs[z_index[li], r, j] = ti.static(cast_to(zs))(z)
+                                    if ti.static(li < L - 1):
+                                        hs[li, r, j] = ti.static(cast_to(hs))(v)
+            ti.simt.block.sync()
+
+        @arena_kernel
+        def forward(W: ARENA, off: ti.i32, x: _f32_2d, mode: ti.template(), n_blocks: ti.i32, per_network: ti.i32,
+                    order: _i32_1d, offsets: _i32_2d, keep: ti.template(), zs: ANY_3D, hs: ANY_3D, y: _f32_2d):
+            n_tiles = (x.shape[0] + S - 1) // S
+            ti.loop_config(block_dim=T)
+            for i in range(n_blocks * T):
+                s, blk = i % T, i // T
+                sh = ti.simt.block.SharedArray((words,), ti.f32)
+                n = per_network
+                if ti.static(mode == SINGLE):
+                    n = x.shape[0]
+                begin, end, k = _run(mode, blk, n_blocks, n_tiles, S, n, offsets)
+                if ti.static(resident_):
+                    if begin < end:                                # the same for the whole block
+                        for li in ti.static(range(L)):
+                            stage(W, off, k, sh, s, li)
+                for t in range((end - begin + S - 1) // S):
+                    j0 = begin + t * S
+                    load(sh, A, x, mode, order, j0, end, s, n_in)
+                    if ti.static(resident_):
+                        ti.simt.block.sync()
+                    for li in ti.static(range(L)):
+                        if ti.static(not resident_):
+                            stage(W, off, k, sh, s, li)
+                            ti.simt.block.sync()
+                        layer_pass(sh, li, s, j0, end, mode, order, keep, zs, hs, y)
+
+        return forward
+
+    # -- backward -----------------------------------------------------------------------------------------
+    def backward_kernel(self):
+        plan, tiling = self.plan, self.tiling
+        layers = plan.layers
+        L, n_in, n_out, n_params, padding = len(layers), plan.n_inputs, plan.n_outputs, plan.n_params, plan.padding_start
+        S, T = tiling.samples, tiling.threads
+        lay = _Layout(plan, tiling, 2, False)
+        CP, D, H, words = lay.CP, lay.tiles[0], lay.tiles[1], lay.words
+        stage, load_rows, load_kept = self._stage(lay), self._load_rows(lay), self._load_kept(lay)
+        z_index = self.z_index
+        acts = [layer.activation for layer in layers]
+        from_output = [activations.ACTIVATIONS[a].from_output for a in acts]
+
+        @ti.func
+        def output_deltas(sh: ti.template(), dy: ti.template(), zs: ti.template(), mode: ti.template(),
+                          order: ti.template(), j0, end, s):
+            """``D[s, r] = out_act'(z[r]) dL/dy[r]`` for the tile's positions (0 past ``end``)."""
+            for i in range((S * n_out + T - 1) // T):
+                e = s + i * T
+                if e < S * n_out:
+                    r, q = e // S, e % S
+                    v = 0.0
+                    if j0 + q < end:
+                        z = ti.cast(zs[z_index[L - 1], r, j0 + q], ti.f32)
+                        v = dy[_row(order, mode, j0 + q), r] * activations.derivative(acts[L - 1], z)
+                    sh[D + _at(q, r, CP)] = v
+
+        @ti.func
+        def weight_grads(sh: ti.template(), li: ti.template(), s, first, target: ti.template(), row, col0,
+                         overwrite: ti.template(), start_fresh: ti.template()):
+            """``target[row, col0 + start + r cols + c] (+)= sum_s D[s, r] H[s, c]``: each thread its register tile,
+            stored at the first tile of a run (added to what is there unless ``start_fresh`` or ``overwrite``), added
+            at the others. Plain loads and stores: the thread owns those entries."""
+            rows, cols, start = ti.static(layers[li].rows, layers[li].cols, layers[li].start)
+            ga, pa, gb, pb = ti.static(lay.dw_tile[li])
+            for u in range((ga * gb + T - 1) // T):
+                g = s + u * T
+                ra, cb = g // gb, g % gb
+                if ra < ga:
+                    acc = ti.Matrix.zero(ti.f32, pa, pb)
+                    for q in range(S):
+                        d, h = ti.Vector.zero(ti.f32, pa), ti.Vector.zero(ti.f32, pb)
+                        for e in ti.static(range(pa)):
+                            d[e] = sh[D + _at(q, ra + ga * e, CP)]
+                        for f in ti.static(range(pb)):
+                            h[f] = sh[H + _at(q, cb + gb * f, CP)]
+                        acc += d.outer_product(h)
+                    for e in ti.static(range(pa)):
+                        r = ra + ga * e
+                        for f in ti.static(range(pb)):
+                            c = cb + gb * f
+                            if r < rows and c < cols:
+                                p = col0 + start + r * cols + c
+                                v = acc[e, f]
+                                if ti.static(start_fresh or overwrite):
+                                    if not first:
+                                        v += target[row, p]
+                                else:
+                                    v += target[row, p]
+                                target[row, p] = v
+
+        @ti.func
+        def input_grads(sh: ti.template(), li: ti.template(), s, k, j0, end, mode: ti.template(), order: ti.template(),
+                        zs: ti.template(), dx: ti.template()):
+            """The delta of the layer below, ``act'_{li-1} * sum_r W[r, c] D[s, r]`` (or dL/dx for ``li == 0``):
+            computed in registers, then, once every thread has read D and H, written over D (or to ``dx``)."""
+            rows, cols = ti.static(layers[li].rows, layers[li].cols)
+            ga, pa, gb, pb = ti.static(lay.dx_tile[li])
+            base, RP = ti.static(lay.w_base[li], lay.RP[li])
+            ca, sb = s // gb, s % gb
+            acc = ti.Matrix.zero(ti.f32, pa, pb)
+            if ca < ga:
+                for r in range(rows):
+                    w, d = ti.Vector.zero(ti.f32, pa), ti.Vector.zero(ti.f32, pb)
+                    for e in ti.static(range(pa)):
+                        w[e] = sh[base + _at(ca + ga * e, r, RP)]
+                    for f in ti.static(range(pb)):
+                        d[f] = sh[D + _at(sb + gb * f, r, CP)]
+                    acc += w.outer_product(d)
                 if ti.static(li > 0):
-                    for c in range(cols):
-                        h[c, s] = _saved(hs, li - 1, c, j, inside, routed)
+                    for e in ti.static(range(pa)):
+                        c = ca + ga * e
+                        if c < cols:
+                            for f in ti.static(range(pb)):
+                                q = sb + gb * f
+                                if ti.static(from_output[li - 1]):
+                                    acc[e, f] *= activations.derivative(acts[li - 1], sh[H + _at(q, c, CP)])
+                                elif j0 + q < end:
+                                    z = ti.cast(zs[z_index[li - 1], c, j0 + q], ti.f32)
+                                    acc[e, f] *= activations.derivative(acts[li - 1], z)
+            ti.simt.block.sync()                                   # D and H are read: overwrite
+            if ca < ga:
+                for e in ti.static(range(pa)):
+                    c = ca + ga * e
+                    if c < cols:
+                        for f in ti.static(range(pb)):
+                            q = sb + gb * f
+                            if ti.static(li > 0):
+                                sh[D + _at(q, c, CP)] = acc[e, f]
+                            elif j0 + q < end:
+                                dx[_row(order, mode, j0 + q), c] = acc[e, f]
+
+        @ti.func
+        def tile_pass(W: ti.template(), G: ti.template(), P: ti.template(), off, k, blk, sh: ti.template(), s, first,
+                      j0, end, x: ti.template(), dy: ti.template(), zs: ti.template(), hs: ti.template(),
+                      mode: ti.template(), order: ti.template(), need_dx: ti.template(), overwrite: ti.template(),
+                      dx: ti.template()):
+            """Every layer of one tile, from the output down: its weight-gradient sums and its deltas."""
+            output_deltas(sh, dy, zs, mode, order, j0, end, s)
+            for li in ti.static(list(reversed(range(L)))):
+                stage(W, off, k, sh, s, li)
+                if ti.static(li > 0):
+                    load_kept(sh, H, hs, li - 1, j0, end, s, layers[li].cols)
                 else:
-                    _load_tile(h, x, order, routed, j0, end, s, n_in, T)
+                    load_rows(sh, H, x, mode, order, j0, end, s, n_in)
                 ti.simt.block.sync()
-                for jt in range(per_thread[li]):                   # dL/dW over the block's samples
-                    u = s + jt * T
-                    if u < blocks_of[li]:
-                        r0, c0 = (u // col_blocks[li]) * RT, (u % col_blocks[li]) * RT
-                        acc = ti.Matrix.zero(ti.f32, RT, RT)
-                        for q in range(T):
-                            dv, hv = ti.Vector.zero(ti.f32, RT), ti.Vector.zero(ti.f32, RT)
-                            for e in ti.static(range(RT)):
-                                dv[e], hv[e] = d[r0 + e, q], h[c0 + e, q]
-                            acc += dv.outer_product(hv)
-                        for e in ti.static(range(RT)):
-                            for f in ti.static(range(RT)):
-                                sums[first[li] + (jt * RT + e) * RT + f] += acc[e, f]
+                if ti.static(mode == SINGLE):
+                    weight_grads(sh, li, s, first, P, blk, 0, False, True)
+                else:
+                    weight_grads(sh, li, s, first, G, k, off, overwrite, False)
                 if ti.static(li > 0 or need_dx):
-                    below = ti.Vector.zero(ti.f32, cols)            # delta of the layer below
-                    for r in range(rows):
-                        g = d[r, s]
-                        for c in ti.static(range(cols)):
-                            below[c] += W[k, off + start + r * cols + c] * g
-                    ti.simt.block.sync()                            # d and h are read: overwrite
-                    for c in range(cols):
-                        v = below[c]
-                        if ti.static(li > 0):
-                            v *= activations.derivative(acts[li - 1], _saved(zs, li - 1, c, j, inside, routed))
-                            d[c, s] = v
-                        elif inside:
-                            dx[b, c] = v
+                    input_grads(sh, li, s, k, j0, end, mode, order, zs, dx)
                 ti.simt.block.sync()
 
         @ti.func
-        def flush(G: ti.template(), off, k, sums: ti.template(), s):
-            """Adds the thread's partial sums to network ``k``'s gradients (not the edge tiles' extra sums)."""
-            for li in ti.static(range(L)):
-                rows, cols, start = ti.static(layers[li].rows, layers[li].cols, layers[li].start)
-                for jt in range(per_thread[li]):
-                    u = s + jt * T
-                    if u < blocks_of[li]:
-                        r0, c0 = (u // col_blocks[li]) * RT, (u % col_blocks[li]) * RT
-                        for e in ti.static(range(RT)):
-                            for f in ti.static(range(RT)):
-                                if r0 + e < rows and c0 + f < cols:
-                                    ti.atomic_add(G[k, off + start + (r0 + e) * cols + c0 + f],
-                                                  sums[first[li] + (jt * RT + e) * RT + f])
+        def clear(target: ti.template(), row, col0, s, lo: ti.template(), hi: ti.template()):
+            """``target[row, col0 + lo : col0 + hi] = 0`` by the block's threads."""
+            for i in range((hi - lo + T - 1) // T):
+                p = lo + s + i * T
+                if p < hi:
+                    target[row, col0 + p] = 0.0
 
         @arena_kernel
-        def backward(W: ARENA, G: ARENA, off: ti.i32, x: _f32_2d, dy: _f32_2d, zs: ANY_3D,
-                     hs: ANY_3D, n_blocks: ti.i32, need_dx: ti.template(), overwrite: ti.template(), dx: _f32_2d):
-            if ti.static(overwrite):                                  # runs before the loop below
+        def backward(W: ARENA, G: ARENA, off: ti.i32, n_rows: ti.i32, x: _f32_2d, dy: _f32_2d, zs: ANY_3D, hs: ANY_3D,
+                     mode: ti.template(), n_blocks: ti.i32, per_network: ti.i32, order: _i32_1d, offsets: _i32_2d,
+                     partials: _f32_2d, sums: _f32_2d, need_dx: ti.template(), overwrite: ti.template(), dx: _f32_2d):
+            n_tiles = (x.shape[0] + S - 1) // S
+            ti.loop_config(block_dim=T)
+            for i in range(n_blocks * T):
+                s, blk = i % T, i // T
+                sh = ti.simt.block.SharedArray((words,), ti.f32)
+                n = per_network
+                if ti.static(mode == SINGLE):
+                    n = x.shape[0]
+                begin, end, k = _run(mode, blk, n_blocks, n_tiles, S, n, offsets)
+                if ti.static(mode == SINGLE):
+                    if begin >= end:                               # a block without samples: zero partial sums
+                        clear(partials, blk, 0, s, 0, padding)
+                elif ti.static(overwrite):
+                    clear(G, k, off, s, padding, n_params)         # the output matrix's padding rows
+                    if begin >= end:
+                        clear(G, k, off, s, 0, padding)            # a network without samples
+                for t in range((end - begin + S - 1) // S):
+                    tile_pass(W, G, partials, off, k, blk, sh, s, t == 0, begin + t * S, end, x, dy, zs, hs, mode,
+                              order, need_dx, overwrite, dx)
+            if ti.static(mode == SINGLE):                          # split-K: the blocks' rows, in a fixed order
+                for g, p in ti.ndrange(SEGMENTS, padding):
+                    v = 0.0
+                    for u in range((n_blocks - g + SEGMENTS - 1) // SEGMENTS):
+                        v += partials[g + u * SEGMENTS, p]
+                    sums[g, p] = v
                 for p in range(n_params):
-                    G[0, off + p] = 0.0
-            B = x.shape[0]
-            n_tiles = (B + T - 1) // T
-            ti.loop_config(block_dim=T)
-            for i in range(n_blocks * T):
-                s, blk = i % T, i // T
-                d = ti.simt.block.SharedArray((width, T + 1), ti.f32)      # deltas of the current layer
-                h = ti.simt.block.SharedArray((width, T + 1), ti.f32)      # the current layer's input
-                sums = ti.Vector.zero(ti.f32, total)
-                for w in range((n_tiles - blk + n_blocks - 1) // n_blocks):
-                    block(W, sums, d, h, off, x, dy, zs, hs, x, False, (blk + w * n_blocks) * T, B, 0, s, need_dx, dx)
-                flush(G, off, 0, sums, s)
+                    v = 0.0
+                    if ti.static(not overwrite):
+                        v = G[0, off + p]
+                    if p < padding:
+                        for g in ti.static(range(SEGMENTS)):
+                            v += sums[g, p]
+                    G[0, off + p] = v
 
-        @arena_kernel
-        def backward_routed(W: ARENA, G: ARENA, off: ti.i32, n_rows: ti.i32, x: _f32_2d, dy: _f32_2d,
-                            zs: ANY_3D, hs: ANY_3D, tiles: _i32_2d, order: _i32_1d, n_blocks: ti.i32,
-                            need_dx: ti.template(), overwrite: ti.template(), dx: _f32_2d):
-            if ti.static(overwrite):                                  # runs before the loop below
-                for k, p in ti.ndrange(n_rows, n_params):
-                    G[k, off + p] = 0.0
-            n_parts = tiles.shape[0] * parts
-            per = (n_parts + n_blocks - 1) // n_blocks
-            ti.loop_config(block_dim=T)
-            for i in range(n_blocks * T):
-                s, blk = i % T, i // T
-                d = ti.simt.block.SharedArray((width, T + 1), ti.f32)
-                h = ti.simt.block.SharedArray((width, T + 1), ti.f32)
-                sums = ti.Vector.zero(ti.f32, total)
-                network = -1                                          # whose products sums holds
-                for u in range(blk * per, ti.min(blk * per + per, n_parts)):   # the same for the whole block
-                    t = u // parts
-                    j0, end, k = tiles[t, 0] + u % parts * T, tiles[t, 1], tiles[t, 2]
-                    if j0 < end:
-                        if k != network:
-                            if network >= 0:
-                                flush(G, off, network, sums, s)
-                                sums = ti.Vector.zero(ti.f32, total)
-                            network = k
-                        block(W, sums, d, h, off, x, dy, zs, hs, order, True, j0, end, k, s, need_dx, dx)
-                if network >= 0:
-                    flush(G, off, network, sums, s)
-
-        return backward, backward_routed
+        return backward

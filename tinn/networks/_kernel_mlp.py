@@ -43,16 +43,11 @@ from ..params import KEPT_ACTIVATIONS
 from ..object import Context
 from ..routing import TILE
 from . import activations
-from ._fused_mlp import fits, fused_kernels
+from . import _fused_mlp
+from ._mlp_plan import FUSED_TILINGS
 
-FUSED_TILE = {ti.cuda: 64, ti.vulkan: 32}
-"""Samples per block of the fused kernels, by arch (Vulkan's software driver has 32 KiB of shared memory)."""
-
-FUSED_ARCHS = (ti.cuda,)
-"""Archs where MLPs up to 64 wide use the fused kernels (tests add Vulkan to check them there)."""
-
-FUSED_BLOCKS = 512
-"""Blocks of the fused backward: each walks over several tiles, so gradients get one add per block."""
+FUSED_ARCHS = (ti.cuda, ti.vulkan, ti.metal)
+"""Archs where MLPs up to 64 wide use the fused kernels, with the tiling ``_mlp_plan.FUSED_TILINGS`` gives the arch."""
 
 _f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
 _i32_1d = ti.types.ndarray(dtype=ti.i32, ndim=1)
@@ -174,6 +169,9 @@ class KernelMLP:
         self.acts = [layer.activation for layer in mlp.plan.layers]
         self._tiles = {}
         self._none3 = _buffers.buffer((1, 1, 1))
+        self._none2 = _buffers.buffer((1, 1))
+        self._partials = None
+        self._no_order, self._no_offsets = _buffers.buffer((1,), ti.i32), _buffers.buffer((1, 1), ti.i32)
         self._pool = _buffers.Pool()                 # the fused kernels' activations, reused across steps
 
     @property
@@ -189,10 +187,11 @@ class KernelMLP:
     def _fused_kernels(self, routing):
         """The fused kernels where they apply (on a fused arch, a routed batch or a single network's), else ``None``."""
         arch = impl.current_cfg().arch
-        plan = self.mlp.plan
-        if arch not in FUSED_ARCHS or not fits(plan) or not (routing.routed or self.mlp.n_instances == 1):
+        plan, tiling = self.mlp.plan, FUSED_TILINGS.get(arch.name)
+        if arch not in FUSED_ARCHS or tiling is None or not _fused_mlp.fits(plan, tiling) or \
+                not (routing.routed or self.mlp.n_instances == 1):
             return None
-        return fused_kernels(plan, FUSED_TILE[arch], self.kept == ti.f16)
+        return _fused_mlp.fused_kernels(plan, tiling, self.kept == ti.f16)
 
     def run(self, x, routing, keep: bool, out=None):
         """``(y, ctx)``: outputs ``(batch, n_output_dims)`` (a ``ti.ndarray``: ``out`` if given, written by the
@@ -224,37 +223,54 @@ class KernelMLP:
             h = out
         return hs, zs
 
+    def _schedule(self, fused, routing, B: int) -> tuple:
+        """``(mode, n_blocks, per_network, order, offsets)`` of a fused pass over a batch of ``B``: a single network's
+        batch in runs of tiles (at most ``tiling.blocks`` blocks), a dense array's networks (``(K, B_k)``: a block
+        each) or a routed array's networks (a block each over its samples sorted by network)."""
+        unused_1, unused_2 = self._no_order, self._no_offsets
+        if not routing.routed:
+            return _fused_mlp.SINGLE, max(min(-(-B // fused.S), fused.tiling.blocks), 1), B, unused_1, unused_2
+        if routing.dense is not None:
+            return _fused_mlp.DENSE, routing.dense[0], routing.dense[1], unused_1, unused_2
+        order, offsets = routing.runs
+        return _fused_mlp.ROUTED, self.mlp.n_instances, 0, order, offsets
+
     def _run_fused(self, fused, weights, x, h, routing, keep, out=None):
-        """The fused forward: a single network's batch in tiles of ``T`` (activations kept ``(layer, neuron,
-        padded batch)``), or an array's routing tiles (kept by sorted position, ``(layer, neuron, batch)``)."""
-        B, T, L = x.shape[0], fused.T, fused.n_layers
-        columns = max(B, 1) if routing.routed else -(-B // T) * T
+        """The fused forward; what it keeps is indexed by position (sorted position for a routed array):
+        ``zs`` ``(len(z_layers), width, batch)``, ``hs`` ``(L - 1, width, batch)``, in :attr:`kept`'s dtype."""
+        B, L = x.shape[0], fused.n_layers
         ctx = Context(self.mlp, x, routing, fused=fused, h=h) if keep else None
-        zs = self._pool.take((L, fused.width, columns), ctx, self.kept) if keep else self._none3
+        columns = max(B, 1)
+        zs = self._pool.take((len(fused.z_layers), fused.width, columns), ctx, self.kept) if keep else self._none3
         hs = self._pool.take((max(L - 1, 1), fused.width, columns), ctx, self.kept) if keep else self._none3
         y = _buffers.buffer((B, self.rows[-1])) if out is None else out
-        if routing.routed:
-            table, order = routing.tiles
-            fused.forward_routed(weights, self.mlp._offset, h, table, order, keep, zs, hs, y)
-        else:
-            fused.forward(weights, self.mlp._offset, h, columns, keep, zs, hs, y)
+        mode, blocks, per, order, offsets = self._schedule(fused, routing, B)
+        fused.forward(weights, self.mlp._offset, h, mode, blocks, per, order, offsets, keep, zs, hs, y)
         if keep:
             ctx.zs, ctx.hs = zs, hs
         return y, ctx
 
+    def _split_k(self, blocks: int) -> tuple:
+        """``(partials, sums)``: a single network's rows of partial weight-gradient sums, ``(blocks, n_params)`` and
+        ``(SEGMENTS, n_params)``, kept for the next pass (the kernels of one queue run in order)."""
+        if self._partials is None or self._partials[0].shape[0] != blocks:
+            n = self.mlp.n_params
+            self._partials = (_buffers.buffer((blocks, n)), _buffers.buffer((_fused_mlp.SEGMENTS, n)))
+        return self._partials
+
     def _backward_fused(self, ctx, dL_dy, input_gradient, overwrite):
+        """The fused backward: dL/dW without atomics (a single network's blocks sum into rows of partial sums,
+        reduced in the same kernel), dL/dx ``(batch, n_input_dims)`` if ``input_gradient``."""
         store, fused, B = self.mlp.store, ctx.fused, ctx.x.shape[0]
         dx = _buffers.buffer((B, self.mlp.n_input_dims) if input_gradient else (1, 1))
         dy = _kind.DEVICE.adopt(dL_dy)
-        if ctx.routing.routed:
-            table, order = ctx.routing.tiles
-            blocks = max(min(table.shape[0] * fused.parts, FUSED_BLOCKS), 1)
-            fused.backward_routed(store.params, store.grads, self.mlp._offset, self.mlp.n_instances, ctx.h, dy, ctx.zs,
-                                  ctx.hs, table, order, blocks, input_gradient, overwrite, dx)
+        mode, blocks, per, order, offsets = self._schedule(fused, ctx.routing, B)
+        if mode == _fused_mlp.SINGLE:
+            partials, sums = self._split_k(blocks)
         else:
-            blocks = min(-(-B // fused.T), FUSED_BLOCKS)
-            fused.backward(store.params, store.grads, self.mlp._offset, ctx.h, dy, ctx.zs, ctx.hs,
-                           blocks, input_gradient, overwrite, dx)
+            partials = sums = self._none2
+        fused.backward(store.params, store.grads, self.mlp._offset, self.mlp.n_instances, ctx.h, dy, ctx.zs, ctx.hs,
+                       mode, blocks, per, order, offsets, partials, sums, input_gradient, overwrite, dx)
         return dx if input_gradient else None
 
     def backward(self, ctx, dL_dy, input_gradient: bool, overwrite: bool):

@@ -73,3 +73,50 @@ class MLPPlan:
     def stored_sizes(self) -> list:
         """``(rows, cols)`` of each matrix as stored (the output matrix with its padding rows)."""
         return [(layer.stored_rows, layer.cols) for layer in self.layers]
+
+
+@dataclass(frozen=True)
+class FusedTiling:
+    """How the fused kernels (``_fused_mlp``) cut the work on one arch: ``samples`` per tile (``S``), ``threads``
+    per block (``T``), ``blocks``: the most blocks of a single network's pass (the backward's split-K factor:
+    each block sums its run of tiles into its own row of partial sums), and ``shared_bytes``: the shared memory a
+    block may use."""
+
+    samples: int
+    threads: int
+    blocks: int
+    shared_bytes: int
+
+
+FUSED_TILINGS = {
+    "cuda": FusedTiling(samples=64, threads=64, blocks=528, shared_bytes=48 * 1024),
+    "vulkan": FusedTiling(samples=32, threads=32, blocks=64, shared_bytes=32 * 1024),
+    "metal": FusedTiling(samples=32, threads=32, blocks=64, shared_bytes=32 * 1024),
+}
+"""The tiling of each GPU arch by name. CUDA: 48 KiB of static shared memory a block; tiles of 64 samples and 64
+threads give each thread an 8 x 8 register tile of a 64-wide layer (0.25 shared loads per multiply-add); 528
+blocks are 4 per SM of a 132-SM H100/H200, which 48 KiB blocks allow (228 KiB per SM). Vulkan and Metal: 32 KiB
+(Mesa's llvmpipe, Apple GPUs), so tiles of 32 samples and 32 threads (again 8 x 8). ``benchmarks/fused_sweep.py``
+times other tilings on a GPU."""
+
+
+def thread_tile(a: int, b: int, threads: int, passes: int = 1, most: int = 8) -> tuple:
+    """The register tile of a product with ``a x b`` outputs on ``threads`` threads: ``(ga, pa, gb, pb)``, tile
+    ``g`` owning outputs ``(g // gb + ga e, g % gb + gb f)`` for ``e < pa``, ``f < pb``; thread ``t`` computes tiles
+    ``t, t + threads, ...`` one after the other (``ga gb <= threads * passes``). Chosen for the fewest outputs per
+    thread (the critical path), then the fewest shared loads per multiply-add ``(pa + pb) / (pa pb)``; at most
+    ``most`` per side (registers). A side's outputs ``g p`` stay within its length rounded up to 32 (the row
+    length of the shared tiles), so a tile of ``S`` samples (a multiple of 32) is covered exactly."""
+    best = None
+    for pb in range(1, most + 1):
+        for pa in range(1, most + 1):
+            ga, gb = -(-a // pa), -(-b // pb)
+            if ga * gb > threads * passes or ga * pa > -(-a // 32) * 32 or gb * pb > -(-b // 32) * 32:
+                continue
+            work = -(-ga * gb // threads) * pa * pb
+            key = (work, (pa + pb) / (pa * pb), ga * pa + gb * pb)
+            if best is None or key < best[0]:
+                best = (key, (ga, pa, gb, pb))
+    if best is None:
+        raise ValueError(f"a {a} x {b} product does not fit {threads} threads x {passes} of {most} x {most} outputs")
+    return best[1]
