@@ -1,5 +1,6 @@
-"""Network arrays through the fused MLP kernels (``_fused_mlp``'s ``*_routed`` kernels, forced onto this arch
-by ``use_mlp_kernels``; x64 has no shared memory and skips): a block's samples belong to one network.
+"""Network arrays through the fused MLP kernels (``_fused_mlp``, forced onto this arch by ``use_mlp_kernels``;
+x64 has no shared memory and skips): a block owns whole networks (a dense batch's network k is block k, a routed
+batch's networks are runs of its samples sorted by network) and writes their gradients without atomics.
 
 Checked against float64 NumPy per network (outputs, dL/dx, dL/dW), against the per-layer kernels over
 training steps (routed with uneven counts and networks without samples, and dense), and by the launches of
@@ -40,9 +41,7 @@ def host(a) -> np.ndarray:
 def test_fused_array_equals_the_reference(rng, monkeypatch, device_path, routing, n_in, n_out, width, depth, act,
                                           out_act):
     """Outputs, dL/dx and every network's dL/dW of an array's pass through the fused kernels against float64
-    NumPy run on each network's own samples; a network without samples gets zero gradients (overwrite). The
-    backward runs with a block per part of a tile and with 3 blocks, each walking over parts of several
-    networks (its sums added at each change of network)."""
+    NumPy run on each network's own samples; a network without samples gets zero gradients (overwrite)."""
     use_mlp_kernels(monkeypatch, "fused")
     net = tinn.create_network(n_in, n_out, {"otype": "FullyFusedMLP", "n_neurons": width, "n_hidden_layers": depth,
                                             "activation": act, "output_activation": out_act}, n_instances=K)
@@ -62,10 +61,8 @@ def test_fused_array_equals_the_reference(rng, monkeypatch, device_path, routing
         flat = lambda a: a                                  # noqa: E731
     y, ctx = net.forward(x, instance)
     assert isinstance(ctx.fused, _fused_mlp.FusedKernels)
-    for blocks in (_kernel_mlp.FUSED_BLOCKS, 3):
-        monkeypatch.setattr(_kernel_mlp, "FUSED_BLOCKS", blocks)
-        dx = net.backward(ctx, dy, input_gradient=True)
-        check_array(flat(x), flat(host(y)), flat(dy), flat(host(dx)), net, params, ids, (act, out_act))
+    dx = net.backward(ctx, dy, input_gradient=True)
+    check_array(flat(x), flat(host(y)), flat(dy), flat(host(dx)), net, params, ids, (act, out_act))
 
 
 def check_array(x, y, dy, dx, net, params, ids, acts):
@@ -89,10 +86,8 @@ ARRAY_CONFIG = {"encoding": {"otype": "HashGrid", "n_levels": 4, "log2_hashmap_s
 
 @pytest.mark.parametrize("routing", ["skewed", "dense"])
 def test_fused_array_training_equals_the_per_layer_kernels(rng, monkeypatch, device_path, routing):
-    """Three training steps of a grid + MLP array on device batches (a trainer's step: the census's tiles, which
-    end in empty ones), one model on the fused kernels (2 blocks in the backward, each walking over several
-    networks) and one on the per-layer kernels: losses and parameters agree."""
-    monkeypatch.setattr(_kernel_mlp, "FUSED_BLOCKS", 2)
+    """Three training steps of a grid + MLP array on device batches (a trainer's step: the census's runs), one model
+    on the fused kernels and one on the per-layer kernels: losses and parameters agree."""
     models = [tinn.create_from_config(2, 3, ARRAY_CONFIG, n_instances=K, seed=3) for _ in range(2)]
     B = 4 * TILE + 77
     for _ in range(3):
@@ -120,7 +115,7 @@ def test_an_array_step_launches_the_fused_kernels(rng, monkeypatch, device_path)
     with counting() as seen:
         model.trainer.training_step(x, t, ids)
     per_layer = {name for name, f in vars(_kernel_mlp).items() if hasattr(f, "_primal")}
-    assert seen.kernels["forward_routed"] == 1 and seen.kernels["backward_routed"] == 1
+    assert seen.kernels["forward"] == 1 and seen.kernels["backward"] == 1
     assert not per_layer & set(seen.kernels)
 
 
@@ -143,13 +138,6 @@ def test_second_order_after_a_fused_array_pass(rng, monkeypatch, device_path):
         assert_close(fused, kernels, rtol=1e-5, atol_rel=1e-6, atol=1e-7)
 
 
-def test_a_fused_tile_must_divide_the_routing_tile():
-    """Fused blocks split the routing's tiles: a block size that does not divide ``TILE`` is refused."""
-    net = tinn.create_network(4, 3, {"otype": "FullyFusedMLP", "n_neurons": 8, "n_hidden_layers": 1})
-    with pytest.raises(ValueError, match="must divide"):
-        _fused_mlp.FusedKernels(net.plan, 48)
-
-
 @pytest.mark.parametrize("routing", ["skewed", "dense"])
 def test_fused_array_inference_into_a_buffer(rng, monkeypatch, device_path, routing):
     """An array's inference through the fused kernels (no activations kept), written into the caller's
@@ -167,5 +155,5 @@ def test_fused_array_inference_into_a_buffer(rng, monkeypatch, device_path, rout
     out = _buffers.buffer(expected.shape)
     with counting() as seen:
         y = net.inference(x, instance, out=out)
-    assert y is out and seen.kernels["forward_routed"] == 1
+    assert y is out and seen.kernels["forward"] == 1
     assert_close(host(out), expected, rtol=1e-5, atol_rel=1e-6, atol=1e-7)

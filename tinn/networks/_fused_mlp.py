@@ -148,7 +148,7 @@ class FusedKernels:
         backward(W, G, off, n_rows, x, dy, zs, hs, mode, n_blocks, per_network, order, offsets, partials,
                  sums, need_dx, overwrite, dx)
 
-    ``zs`` ``(len(z_layers), width, batch)`` and ``hs`` ``(L - 1, width, batch)`` are indexed by position (sorted
+    ``zs`` ``(len(z_layers), z_rows, batch)`` and ``hs`` ``(L - 1, width, batch)`` are indexed by position (sorted
     position for a routed array); ``partials`` ``(n_blocks, n_params)`` and ``sums`` ``(SEGMENTS, n_params)``
     float32 (a single network's split-K rows)."""
 
@@ -156,6 +156,7 @@ class FusedKernels:
         self.plan, self.tiling = plan, tiling
         self.S, self.T, self.n_layers, self.width = tiling.samples, tiling.threads, len(plan.layers), plan.width
         self.z_layers = z_layers(plan)
+        self.z_rows = max(plan.layers[i].rows for i in self.z_layers)
         self.resident = resident(plan, tiling)
         passes = _Passes(plan, tiling, half, self.resident, self.z_layers)
         self.forward = passes.forward_kernel()
@@ -174,6 +175,16 @@ def _at(a, b, stride: ti.template()):
     """Word of element ``[a, b]`` of a shared tile with rows of ``stride`` words (a multiple of 32): the column
     XOR-ed with the row's low five bits, so that a warp reading along a row or a column hits distinct banks."""
     return a * stride + (b ^ (a & 31))
+
+
+@ti.func
+def _below(i, n: ti.template(), covered: ti.template()):
+    """``i < n`` for an output index ``i < covered`` of a register tile: true by construction where the tiles cover
+    exactly ``n`` (a compile-time constant then)."""
+    inside = 1
+    if ti.static(covered > n):
+        inside = i < n
+    return inside
 
 
 @ti.func
@@ -286,30 +297,41 @@ class _Passes:
                         w[e] = sh[base + _at(c, ra + ga * e, RP)]
                     for f in ti.static(range(pb)):
                         h[f] = sh[A + _at(sb + gb * f, c, CP)]
-                    acc += w.outer_product(h)
+                    for e in ti.static(range(pa)):
+                        for f in ti.static(range(pb)):
+                            acc[e, f] += w[e] * h[f]
             ti.simt.block.sync()                                   # every thread has read the layer's inputs
             if ra < ga:
                 for e in ti.static(range(pa)):
                     r = ra + ga * e
-                    if r < rows:
+                    if _below(r, rows, ga * pa):
                         for f in ti.static(range(pb)):
                             q = sb + gb * f
-                            j = j0 + q
                             z = acc[e, f]
-                            v = activations.value(acts[li], z)
-                            if ti.static(half and li < L - 1):     # a hidden output, as the next layer reads it
-                                v = ti.cast(ti.cast(v, ti.f16), ti.f32)
+                            v = z                                  # the output layer: its pre-activation
                             if ti.static(li < L - 1):
-                                sh[A + _at(q, r, CP)] = v
-                            if j < end:
-                                if ti.static(li == L - 1):
-                                    y[_row(order, mode, j), r] = v
-                                if ti.static(keep):
-                                    if ti.static(li in z_index):
-                                        zs[z_index[li], r, j] = ti.static(cast_to(zs))(z)
-                                    if ti.static(li < L - 1):
-                                        hs[li, r, j] = ti.static(cast_to(hs))(v)
+                                v = activations.value(acts[li], z)
+                                if ti.static(half):                # a hidden output, as the next layer reads it
+                                    v = ti.cast(ti.cast(v, ti.f16), ti.f32)
+                                if ti.static(keep and li in z_index):
+                                    if j0 + q < end:
+                                        zs[z_index[li], r, j0 + q] = ti.static(cast_to(zs))(z)
+                            sh[A + _at(q, r, CP)] = v
             ti.simt.block.sync()
+            if ti.static(li == L - 1 or keep):                     # the tile's rows out, coalesced
+                for i in range((S * rows + T - 1) // T):
+                    e = s + i * T
+                    r, q = e // S, e % S
+                    if r < rows and j0 + q < end:
+                        v = sh[A + _at(q, r, CP)]
+                        if ti.static(li == L - 1):
+                            y[_row(order, mode, j0 + q), r] = activations.value(acts[li], v)
+                            if ti.static(keep):
+                                zs[z_index[li], r, j0 + q] = ti.static(cast_to(zs))(v)
+                        else:
+                            hs[li, r, j0 + q] = ti.static(cast_to(hs))(v)
+                if ti.static(li == L - 1):
+                    ti.simt.block.sync()                           # before the next tile's inputs
 
         @arena_kernel
         def forward(W: ARENA, off: ti.i32, x: _f32_2d, mode: ti.template(), n_blocks: ti.i32, per_network: ti.i32,
@@ -368,11 +390,9 @@ class _Passes:
                     sh[D + _at(q, r, CP)] = v
 
         @ti.func
-        def weight_grads(sh: ti.template(), li: ti.template(), s, first, target: ti.template(), row, col0,
-                         overwrite: ti.template(), start_fresh: ti.template()):
-            """``target[row, col0 + start + r cols + c] (+)= sum_s D[s, r] H[s, c]``: each thread its register tile,
-            stored at the first tile of a run (added to what is there unless ``start_fresh`` or ``overwrite``), added
-            at the others. Plain loads and stores: the thread owns those entries."""
+        def weight_grads(sh: ti.template(), li: ti.template(), s, target: ti.template(), row, col0):
+            """``target[row, col0 + start + r cols + c] += sum_s D[s, r] H[s, c]``: each thread its register tiles, with
+            plain loads and stores (the thread owns those entries)."""
             rows, cols, start = ti.static(layers[li].rows, layers[li].cols, layers[li].start)
             ga, pa, gb, pb = ti.static(lay.dw_tile[li])
             for u in range((ga * gb + T - 1) // T):
@@ -386,20 +406,15 @@ class _Passes:
                             d[e] = sh[D + _at(q, ra + ga * e, CP)]
                         for f in ti.static(range(pb)):
                             h[f] = sh[H + _at(q, cb + gb * f, CP)]
-                        acc += d.outer_product(h)
+                        for e in ti.static(range(pa)):
+                            for f in ti.static(range(pb)):
+                                acc[e, f] += d[e] * h[f]
                     for e in ti.static(range(pa)):
-                        r = ra + ga * e
                         for f in ti.static(range(pb)):
-                            c = cb + gb * f
-                            if r < rows and c < cols:
+                            r, c = ra + ga * e, cb + gb * f
+                            if _below(r, rows, ga * pa) and _below(c, cols, gb * pb):
                                 p = col0 + start + r * cols + c
-                                v = acc[e, f]
-                                if ti.static(start_fresh or overwrite):
-                                    if not first:
-                                        v += target[row, p]
-                                else:
-                                    v += target[row, p]
-                                target[row, p] = v
+                                target[row, p] = target[row, p] + acc[e, f]
 
         @ti.func
         def input_grads(sh: ti.template(), li: ti.template(), s, k, j0, end, mode: ti.template(), order: ti.template(),
@@ -418,11 +433,13 @@ class _Passes:
                         w[e] = sh[base + _at(ca + ga * e, r, RP)]
                     for f in ti.static(range(pb)):
                         d[f] = sh[D + _at(sb + gb * f, r, CP)]
-                    acc += w.outer_product(d)
+                    for e in ti.static(range(pa)):
+                        for f in ti.static(range(pb)):
+                            acc[e, f] += w[e] * d[f]
                 if ti.static(li > 0):
                     for e in ti.static(range(pa)):
                         c = ca + ga * e
-                        if c < cols:
+                        if _below(c, cols, ga * pa):
                             for f in ti.static(range(pb)):
                                 q = sb + gb * f
                                 if ti.static(from_output[li - 1]):
@@ -430,23 +447,25 @@ class _Passes:
                                 elif j0 + q < end:
                                     z = ti.cast(zs[z_index[li - 1], c, j0 + q], ti.f32)
                                     acc[e, f] *= activations.derivative(acts[li - 1], z)
-            ti.simt.block.sync()                                   # D and H are read: overwrite
+            ti.simt.block.sync()                                   # D and H are read: overwrite D
             if ca < ga:
                 for e in ti.static(range(pa)):
                     c = ca + ga * e
-                    if c < cols:
+                    if _below(c, cols, ga * pa):
                         for f in ti.static(range(pb)):
-                            q = sb + gb * f
-                            if ti.static(li > 0):
-                                sh[D + _at(q, c, CP)] = acc[e, f]
-                            elif j0 + q < end:
-                                dx[_row(order, mode, j0 + q), c] = acc[e, f]
+                            sh[D + _at(sb + gb * f, c, CP)] = acc[e, f]
+            if ti.static(li == 0):                                 # dL/dx out of D, coalesced
+                ti.simt.block.sync()
+                for i in range((S * cols + T - 1) // T):
+                    e = s + i * T
+                    q, c = e // cols, e % cols
+                    if q < S and j0 + q < end:
+                        dx[_row(order, mode, j0 + q), c] = sh[D + _at(q, c, CP)]
 
         @ti.func
-        def tile_pass(W: ti.template(), G: ti.template(), P: ti.template(), off, k, blk, sh: ti.template(), s, first,
+        def tile_pass(W: ti.template(), G: ti.template(), P: ti.template(), off, k, blk, sh: ti.template(), s,
                       j0, end, x: ti.template(), dy: ti.template(), zs: ti.template(), hs: ti.template(),
-                      mode: ti.template(), order: ti.template(), need_dx: ti.template(), overwrite: ti.template(),
-                      dx: ti.template()):
+                      mode: ti.template(), order: ti.template(), need_dx: ti.template(), dx: ti.template()):
             """Every layer of one tile, from the output down: its weight-gradient sums and its deltas."""
             output_deltas(sh, dy, zs, mode, order, j0, end, s)
             for li in ti.static(list(reversed(range(L)))):
@@ -457,9 +476,9 @@ class _Passes:
                     load_rows(sh, H, x, mode, order, j0, end, s, n_in)
                 ti.simt.block.sync()
                 if ti.static(mode == SINGLE):
-                    weight_grads(sh, li, s, first, P, blk, 0, False, True)
+                    weight_grads(sh, li, s, P, blk, 0)
                 else:
-                    weight_grads(sh, li, s, first, G, k, off, overwrite, False)
+                    weight_grads(sh, li, s, G, k, off)
                 if ti.static(li > 0 or need_dx):
                     input_grads(sh, li, s, k, j0, end, mode, order, zs, dx)
                 ti.simt.block.sync()
@@ -486,15 +505,12 @@ class _Passes:
                     n = x.shape[0]
                 begin, end, k = _run(mode, blk, n_blocks, n_tiles, S, n, offsets)
                 if ti.static(mode == SINGLE):
-                    if begin >= end:                               # a block without samples: zero partial sums
-                        clear(partials, blk, 0, s, 0, padding)
+                    clear(partials, blk, 0, s, 0, padding)         # the block's row of partial sums
                 elif ti.static(overwrite):
-                    clear(G, k, off, s, padding, n_params)         # the output matrix's padding rows
-                    if begin >= end:
-                        clear(G, k, off, s, 0, padding)            # a network without samples
-                for t in range((end - begin + S - 1) // S):
-                    tile_pass(W, G, partials, off, k, blk, sh, s, t == 0, begin + t * S, end, x, dy, zs, hs, mode,
-                              order, need_dx, overwrite, dx)
+                    clear(G, k, off, s, 0, n_params)               # the network's gradients (and padding rows)
+                for t in range((end - begin + S - 1) // S):        # (the first tile synchronises before adding)
+                    tile_pass(W, G, partials, off, k, blk, sh, s, begin + t * S, end, x, dy, zs, hs, mode,
+                              order, need_dx, dx)
             if ti.static(mode == SINGLE):                          # split-K: the blocks' rows, in a fixed order
                 for g, p in ti.ndrange(SEGMENTS, padding):
                     v = 0.0

@@ -237,11 +237,11 @@ class KernelMLP:
 
     def _run_fused(self, fused, weights, x, h, routing, keep, out=None):
         """The fused forward; what it keeps is indexed by position (sorted position for a routed array):
-        ``zs`` ``(len(z_layers), width, batch)``, ``hs`` ``(L - 1, width, batch)``, in :attr:`kept`'s dtype."""
+        ``zs`` ``(len(z_layers), z_rows, batch)``, ``hs`` ``(L - 1, width, batch)``, in :attr:`kept`'s dtype."""
         B, L = x.shape[0], fused.n_layers
         ctx = Context(self.mlp, x, routing, fused=fused, h=h) if keep else None
         columns = max(B, 1)
-        zs = self._pool.take((len(fused.z_layers), fused.width, columns), ctx, self.kept) if keep else self._none3
+        zs = self._pool.take((len(fused.z_layers), fused.z_rows, columns), ctx, self.kept) if keep else self._none3
         hs = self._pool.take((max(L - 1, 1), fused.width, columns), ctx, self.kept) if keep else self._none3
         y = _buffers.buffer((B, self.rows[-1])) if out is None else out
         mode, blocks, per, order, offsets = self._schedule(fused, routing, B)

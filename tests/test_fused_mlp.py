@@ -1,0 +1,116 @@
+"""The register-blocked fused MLP kernels (``tinn.networks._fused_mlp``): what they keep, what they read from
+shared memory, how their weight gradients are summed (no atomics: two runs give bit-identical gradients), and
+that a dense array's pass needs no sort. Their values against NumPy are in test_device_path.py and
+test_fused_arrays.py; the kernels need shared memory, so the tests that run them skip on x64."""
+import numpy as np
+import pytest
+import taichi as ti
+
+import tinn
+from tinn import _buffers
+from tinn._probe import counting
+from tinn.networks import _fused_mlp
+from tinn.networks._mlp_plan import FUSED_TILINGS, MLPPlan, thread_tile
+from reference import assert_close
+from test_device_path import device_path, use_mlp_kernels   # noqa: F401 (a fixture)
+
+CONFIG_HASH_PLAN = MLPPlan.build(32, 3, 16, 64, 2, "ReLU", "None")
+"""config_hash's MLP: 32 encoded inputs (16 levels x 2 features), 64 neurons x 2 hidden layers, 3 outputs."""
+
+
+def test_config_hash_keeps_524_bytes_per_sample_for_the_backward():
+    """Kept: the two hidden layers' ReLU outputs (64 floats each; ReLU's slope is read from its output) and the
+    output layer's 3 pre-activations: (2 x 64 + 3) x 4 = 524 bytes per sample (1,036 when every pre-activation
+    was kept too), half that in float16."""
+    assert _fused_mlp.kept_bytes_per_sample(CONFIG_HASH_PLAN, half=False) == (2 * 64 + 3) * 4 == 524
+    assert _fused_mlp.kept_bytes_per_sample(CONFIG_HASH_PLAN, half=True) == 262
+    tanh = MLPPlan.build(32, 3, 16, 64, 2, "Tanh", "None")          # Tanh's slope needs its pre-activation
+    assert _fused_mlp.kept_bytes_per_sample(tanh, half=False) == (2 * 64 + 2 * 64 + 3) * 4
+
+
+@pytest.mark.parametrize("arch", sorted(FUSED_TILINGS))
+def test_the_hidden_layers_read_a_quarter_of_a_shared_value_per_multiply_add(arch):
+    """A 64-wide hidden layer's products (forward, dW, dx) run on 8 x 8 register tiles: 16 shared loads per 64
+    multiply-adds; the step's mean over all products stays below 0.3; every kernel's shared array fits the arch."""
+    tiling = FUSED_TILINGS[arch]
+    loads = _fused_mlp.shared_loads_per_fma(CONFIG_HASH_PLAN, tiling)
+    assert loads["forward[1]"] == loads["dW[1]"] == loads["dx[1]"] == (8 + 8) / 64
+    assert loads["total"] < 0.3
+    assert _fused_mlp.fits(CONFIG_HASH_PLAN, tiling)
+    resident = _fused_mlp.resident(CONFIG_HASH_PLAN, tiling)
+    assert 4 * _fused_mlp.shared_words(CONFIG_HASH_PLAN, tiling, 1, resident) <= tiling.shared_bytes
+
+
+@pytest.mark.parametrize("a, b, threads", [(64, 64, 64), (3, 64, 64), (64, 32, 32), (13, 64, 64), (64, 3, 64)])
+def test_a_register_tile_covers_every_output_once(a, b, threads):
+    """The tiles ``g < ga gb`` of ``thread_tile`` own every output of an ``a x b`` product exactly once (outputs past
+    the edge are dropped), within ``threads`` threads and 8 x 8 outputs each."""
+    ga, pa, gb, pb = thread_tile(a, b, threads)
+    assert ga * gb <= threads and pa <= 8 and pb <= 8
+    owned = [(g // gb + ga * e, g % gb + gb * f) for g in range(ga * gb) for e in range(pa) for f in range(pb)]
+    inside = [(r, c) for r, c in owned if r < a and c < b]
+    assert sorted(inside) == [(r, c) for r in range(a) for c in range(b)]
+
+
+def fused_net(monkeypatch, n_instances=1, **cfg):
+    use_mlp_kernels(monkeypatch, "fused")
+    config = {"otype": "FullyFusedMLP", "n_neurons": 32, "n_hidden_layers": 2, "activation": "ReLU",
+              "output_activation": "None", **cfg}
+    return tinn.create_network(8, 3, config, n_instances=n_instances, seed=5)
+
+
+@pytest.mark.parametrize("n_instances", [1, 4])
+def test_two_backward_passes_give_bit_identical_gradients(rng, monkeypatch, device_path, n_instances):
+    """Weight gradients are sums in a fixed order (no atomics): the same backward twice writes the same bits,
+    for a single network over several blocks of partial sums and for a routed array."""
+    net = fused_net(monkeypatch, n_instances)
+    B = 2000
+    x, dy = rng.normal(size=(B, 8)).astype(np.float32), rng.normal(size=(B, 3)).astype(np.float32)
+    ids = rng.integers(0, n_instances, B).astype(np.int32) if n_instances > 1 else None
+    grads = []
+    for _ in range(2):
+        _, ctx = net.forward(x, ids)
+        assert isinstance(ctx.fused, _fused_mlp.FusedKernels)
+        net.backward(ctx, dy)
+        grads.append(net.gradients().copy())
+    assert np.array_equal(grads[0].view(np.uint32), grads[1].view(np.uint32))
+    assert np.abs(grads[0]).sum() > 0
+
+
+def test_a_backward_without_overwrite_adds_to_the_gradients(rng, monkeypatch, device_path):
+    """``overwrite=False``: the pass's sums are added to the gradients already there (a single network's reduction
+    and an array's blocks alike), so two passes give twice one pass."""
+    for n_instances in (1, 3):
+        net = fused_net(monkeypatch, n_instances)
+        B = 300
+        x, dy = rng.normal(size=(B, 8)).astype(np.float32), rng.normal(size=(B, 3)).astype(np.float32)
+        ids = (np.arange(B) % n_instances).astype(np.int32) if n_instances > 1 else None
+        _, ctx = net.forward(x, ids)
+        net.backward(ctx, dy)
+        once = net.gradients().copy()
+        net.backward(ctx, dy, mode="accumulate")
+        assert_close(net.gradients(), 2 * once, rtol=1e-6, atol_rel=1e-7, atol=1e-8)
+
+
+def test_a_dense_array_pass_needs_no_sort(rng, monkeypatch, device_path):
+    """A dense ``(K, B_k, dims)`` batch: block k owns network k's samples, so its forward and backward launch the
+    fused kernels alone (no id census, sort or tile table)."""
+    net = fused_net(monkeypatch, 4)
+    x, dy = _buffers.put(rng.normal(size=(4, 70, 8)).astype(np.float32)), rng.normal(size=(280, 3)).astype(np.float32)
+    net.backward(net.forward(x)[1], dy)
+    with counting() as seen:
+        _, ctx = net.forward(x)
+        net.backward(ctx, dy)
+    assert seen.kernels["forward"] == 1 and seen.kernels["backward"] == 1
+    assert not {"_sort_ids", "_tile_table", "_id_census"} & set(seen.kernels)
+
+
+def test_what_the_forward_keeps_is_the_bytes_it_reports(rng, monkeypatch, device_path):
+    """The buffers a training forward keeps hold ``kept_bytes_per_sample`` bytes per sample: a 32-wide ReLU MLP
+    with 3 outputs keeps its two hidden outputs and the output's pre-activations, (2 x 32 + 3) x 4 bytes."""
+    net = fused_net(monkeypatch)
+    B = 500
+    _, ctx = net.forward(rng.normal(size=(B, 8)).astype(np.float32))
+    assert ctx.zs.shape == (1, 3, B) and ctx.hs.shape == (2, 32, B)
+    kept = sum(a.shape[0] * a.shape[1] * a.shape[2] for a in (ctx.zs, ctx.hs)) * 4
+    assert kept == _fused_mlp.kept_bytes_per_sample(net.plan, half=False) * B == (2 * 32 + 3) * 4 * B
