@@ -11,6 +11,7 @@ used as stored (``v / 255``), and grayscale images are learnt as RGB.
 """
 import argparse
 import functools
+import importlib.util
 import math
 import os
 import sys
@@ -23,9 +24,16 @@ import numpy as np  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_IMAGE = os.path.join(ROOT, "data", "images", "default.jpg")
-DEFAULT_CONFIG = os.path.join(ROOT, "data", "config_hash.json")
+DEFAULT_CONFIG = "config_hash"
 ARCHS = ("cpu", "cuda", "vulkan", "metal", "opengl", "gles", "amdgpu", "dx11", "gpu")
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".exr", ".bmp", ".tif", ".tiff", ".gif", ".webp", ".hdr")
+
+
+def shipped_configs():
+    """The names of the configs shipped in ``tinn/configs``, found without importing tinn (and so Taichi)."""
+    spec = importlib.util.find_spec("tinn")
+    folder = os.path.join(os.path.dirname(spec.origin), "configs")
+    return sorted(name.removesuffix(".json") for name in os.listdir(folder) if name.endswith(".json"))
 
 
 def load_image(path):
@@ -134,7 +142,8 @@ def parse_args(argv=None):
     ap.add_argument("image", nargs="?", default=DEFAULT_IMAGE, metavar="IMAGE",
                     help="image to learn (any format imageio reads; default: data/images/default.jpg)")
     ap.add_argument("config", nargs="?", default=DEFAULT_CONFIG, metavar="CONFIG",
-                    help="tcnn JSON config, comments allowed (default: data/config_hash.json)")
+                    help="tcnn JSON config file (comments allowed) or the name of a config shipped with tinn: "
+                         f"{', '.join(shipped_configs())} (default: config_hash)")
     ap.add_argument("--steps", type=_positive, default=1000, help="training steps (default: 1000)")
     ap.add_argument("--batch", type=_positive, default=1 << 16, help="samples per step (default: 65536)")
     ap.add_argument("--out", default="out", help="folder for the snapshots and reference.jpg (default: out)")
@@ -146,11 +155,13 @@ def parse_args(argv=None):
     ap.add_argument("--arch", default="cpu", choices=ARCHS, metavar="ARCH",
                     help=f"Taichi arch: {', '.join(ARCHS)} (default: cpu)")
     args = ap.parse_args(argv)
-    for what, path in (("IMAGE", args.image), ("CONFIG", args.config)):
-        if not os.path.isfile(path):
-            ap.error(f"{what} {path!r} is not a file")
-    if args.image.lower().endswith((".json", ".jsonc")):
+    if args.image.lower().endswith((".json", ".jsonc")) or args.image in shipped_configs():
         ap.error(f"IMAGE {args.image!r} is a JSON config: the order is IMAGE CONFIG")
+    if not os.path.isfile(args.image):
+        ap.error(f"IMAGE {args.image!r} is not a file")
+    if not os.path.isfile(args.config) and args.config.removesuffix(".json") not in shipped_configs():
+        ap.error(f"CONFIG {args.config!r} is not a file nor a config shipped with tinn "
+                 f"({', '.join(shipped_configs())})")
     if args.config.lower().endswith(IMAGE_SUFFIXES):
         ap.error(f"CONFIG {args.config!r} is an image: the order is IMAGE CONFIG")
     try:

@@ -63,7 +63,7 @@ def train(name, model, image, coords, batch, seconds, route):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("image", nargs="?", default=os.path.join(ROOT, "data", "images", "default.jpg"))
-    ap.add_argument("config", nargs="?", default=os.path.join(ROOT, "data", "config_network_array.json"))
+    ap.add_argument("config", nargs="?", default="config_network_array")
     ap.add_argument("--tiles", type=int, default=16, help="tiles per side: tiles^2 networks")
     ap.add_argument("--batch", type=int, default=1 << 16)
     ap.add_argument("--seconds", type=float, default=30.0, help="training time of each model")
