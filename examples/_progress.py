@@ -3,6 +3,7 @@ left, shown at least every few seconds.
 
 On a terminal with tqdm installed it is a tqdm bar; otherwise plain lines (a log file reads them as they are,
 no ``\\r``): at the first step, then whenever ``every`` seconds have passed, and at the last step.
+``total=None`` (a loop that runs for a time, not a number of steps) shows no step count to reach and no ETA.
 
     progress = Progress(steps, "training")
     for step in range(1, steps + 1):
@@ -43,7 +44,7 @@ def _tqdm_bar(total, label, stream):
 class Progress:
     """Reports ``done`` of ``total`` steps of ``label`` (see the module's docstring)."""
 
-    def __init__(self, total: int, label: str, every: float = 3.0, stream=None):
+    def __init__(self, total, label: str, every: float = 3.0, stream=None):
         self.total, self.label, self.every = total, label, every
         self.stream = sys.stdout if stream is None else stream
         self.start = time.perf_counter()
@@ -54,15 +55,19 @@ class Progress:
         """``done`` steps are done; ``numbers`` (floats or preformatted strings) go on the line."""
         fields = " ".join(_field(k, v) for k, v in numbers.items())
         if self.bar is not None:
-            self.bar.update(done - self.done)
             self.bar.set_postfix_str(fields, refresh=False)
+            self.bar.update(done - self.done)
+            if self.total is not None and done >= self.total:
+                self.close()
         else:
             now = time.perf_counter()
-            if self.shown_at is None or now - self.shown_at >= self.every or done >= self.total:
+            last = self.total is not None and done >= self.total
+            if self.shown_at is None or now - self.shown_at >= self.every or last:
                 elapsed = now - self.start
-                left = elapsed / done * (self.total - done) if done else 0.0
-                print(f"{self.label}: step {done}/{self.total} {fields} {done / max(elapsed, 1e-9):.2f} steps/s "
-                      f"elapsed {clock(elapsed)} ETA {clock(left)}", file=self.stream, flush=True)
+                of = "" if self.total is None else f"/{self.total}"
+                eta = "" if self.total is None else f" ETA {clock(elapsed / done * (self.total - done))}"
+                print(f"{self.label}: step {done}{of} {fields} {done / max(elapsed, 1e-9):.2f} steps/s "
+                      f"elapsed {clock(elapsed)}{eta}", file=self.stream, flush=True)
                 self.shown_at = now
         self.done = done
 
@@ -74,5 +79,7 @@ class Progress:
             print(text, file=self.stream, flush=True)
 
     def close(self):
+        """End a bar (done by itself at the last step); plain lines need nothing."""
         if self.bar is not None:
             self.bar.close()
+            self.bar = None
