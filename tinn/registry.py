@@ -42,7 +42,8 @@ def load_config(config) -> dict:
         if not isinstance(data, dict):
             raise ValueError(f"{path}: a config must be a JSON object, got {type(data).__name__}")
         return data
-    raise TypeError(f"config must be a dict or a path to a JSON file (or the name of a config shipped with tinn), not {type(config).__name__}")
+    raise TypeError("config must be a dict or a path to a JSON file (or the name of a config shipped with tinn), "
+                    f"not {type(config).__name__}")
 
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
