@@ -4,13 +4,12 @@
 For the same forward context, times ``backward(ctx, dL_dy)`` (parameter and input gradients) and
 ``backward_backward_input(ctx, dL_ddLdx, dL_dy)`` (tcnn's second-order contract: dL2/d(dL_dy), dL2/dx
 and dL2/dθ), alternating the two in every round; prints the medians and their ratio. The default
-model is ``data/config_hash.json`` (HashGrid + 64-wide ReLU MLP) with one output (an SDF-like model).
+model is ``config_hash`` (HashGrid + 64-wide ReLU MLP) with one output (an SDF-like model).
 
-    python benchmarks/bench_second_order.py [--batch 65536] [--rounds 15] [--config data/config_hash.json]
+    python benchmarks/bench_second_order.py [--batch 65536] [--rounds 15] [--config config_hash]
 """
 import argparse
 import json
-import os
 import statistics
 import time
 
@@ -19,7 +18,6 @@ import taichi as ti
 
 import tinn
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def main():
@@ -27,7 +25,7 @@ def main():
     ap.add_argument("--batch", type=int, default=1 << 16)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--n-output-dims", type=int, default=1)
-    ap.add_argument("--config", default=os.path.join(HERE, "..", "data", "config_hash.json"))
+    ap.add_argument("--config", default="config_hash")
     ap.add_argument("--arch", default="cpu")
     args = ap.parse_args()
     tinn.init(arch=getattr(ti, args.arch), log_level=ti.WARN)

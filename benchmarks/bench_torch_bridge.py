@@ -23,12 +23,11 @@ import torch
 import tinn
 import tinn.torch as tt
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--config", default=os.path.join(HERE, "..", "data", "config_hash.json"))
+    ap.add_argument("--config", default="config_hash")
     ap.add_argument("--batch", type=int, default=1 << 16)
     ap.add_argument("--steps", type=int, default=40, help="timed steps of each")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps of each first")

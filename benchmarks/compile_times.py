@@ -4,7 +4,7 @@
 
 Each case runs in a fresh Python process with ``TI_OFFLINE_CACHE_FILE_PATH`` set to a new, empty
 folder (**cold**: every kernel compiles), then once more in another process on that same folder
-(**warm**: Taichi's offline cache holds the kernels). A case builds its model (``data/config_hash.json``:
+(**warm**: Taichi's offline cache holds the kernels). A case builds its model (``config_hash``:
 HashGrid 16 levels, 2^15 table, 64 x 2 MLP; the second-order cases with one output and Softplus, an
 SDF), then times its public call twice: the first call compiles, the second runs what is compiled.
 Reported per case and run:
@@ -34,7 +34,7 @@ import time
 
 T0 = time.perf_counter()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG = os.path.join(ROOT, "data", "config_hash.json")
+CONFIG = "config_hash"
 CASES = ("ti_init", "startup", "train", "inference", "func", "stage", "gradient_stage",
          "backward_backward_input", "torch", "torch_second_order")
 N = 4096

@@ -9,26 +9,24 @@ last stdout line is a JSON dict: ``total_s`` (all N models created, stepped and 
 model's figures, the later models' medians and maxima, ``compiled_after_first`` (kernel name -> how
 many times, over models 2..N) and ``field_trees`` (Taichi field trees, parameter chunks and per-config tables).
 
-    python benchmarks/many_models.py --models 100                       # data/config_hash.json
+    python benchmarks/many_models.py --models 100                       # config_hash
     python benchmarks/many_models.py --models 4 --log2-table 19         # a model that needs its own chunk
 """
 import argparse
 import collections
 import json
-import os
 import time
 
 import numpy as np
 import taichi as ti
 from taichi.lang.kernel_impl import Kernel
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", type=int, default=100)
-    ap.add_argument("--config", default=os.path.join(HERE, "..", "data", "config_hash.json"))
+    ap.add_argument("--config", default="config_hash")
     ap.add_argument("--log2-table", type=int, default=None, help="override the grid's log2_hashmap_size")
     ap.add_argument("--batch", type=int, default=4096)
     ap.add_argument("--n-instances", type=int, default=1)
@@ -36,11 +34,9 @@ def main():
     args = ap.parse_args()
 
     ti.init(arch=getattr(ti, args.arch), offline_cache=False, log_level=ti.WARN)
-    import commentjson
     import tinn
 
-    with open(args.config) as f:
-        config = commentjson.load(f)
+    config = tinn.load_config(args.config)
     if args.log2_table is not None:
         config["encoding"]["log2_hashmap_size"] = args.log2_table
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Peak memory of one huge batch: a training step (``train``) or inference (``infer``) on 10 M samples of
-``data/config_hash.json``, beyond what the process held just before the call (its inputs included there).
+``config_hash``, beyond what the process held just before the call (its inputs included there).
 
     python benchmarks/memory_10m.py train
     python benchmarks/memory_10m.py infer
@@ -15,7 +15,7 @@ import taichi as ti
 import tinn
 
 N = 10_000_000
-CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "config_hash.json")
+CONFIG = "config_hash"
 
 
 def rss_mib() -> float:

@@ -67,7 +67,7 @@ def main():
     ap.add_argument("--steps", type=int, default=50, help="timed training steps")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps before timing")
     ap.add_argument("--image", default=C.DEFAULT_IMAGE)
-    ap.add_argument("--config", default=os.path.join(HERE, "..", "data", "config_hash.json"))
+    ap.add_argument("--config", default="config_hash")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--infer-chunk", type=int, default=1 << 18)
     ap.add_argument("--no-infer", action="store_true")

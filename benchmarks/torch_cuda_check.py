@@ -16,7 +16,6 @@ status 1 if a check fails, 2 if no CUDA device is available.
 """
 import argparse
 import json
-import os
 import sys
 import time
 
@@ -27,7 +26,6 @@ import torch
 import tinn
 import tinn.torch as tt
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 SMALL = {"encoding": {"otype": "HashGrid", "n_levels": 8, "log2_hashmap_size": 14, "base_resolution": 8},
          "network": {"otype": "FullyFusedMLP", "n_neurons": 64, "n_hidden_layers": 2}}
 
@@ -82,7 +80,7 @@ def main():
         losses.append(loss.item())
     check("Adam lowers the loss", losses[-1] < 0.5 * losses[0], failures, f"{losses[0]:.4f} -> {losses[-1]:.4f}")
 
-    config = tinn.load_config(os.path.join(HERE, "..", "data", "config_hash.json"))
+    config = tinn.load_config("config_hash")
     native_model = tinn.create_from_config(2, 3, config)
     bridge = tt.NetworkWithInputEncoding(2, 3, config["encoding"], config["network"]).to(cuda)
     bopt = torch.optim.Adam(bridge.parameters(), lr=1e-2, betas=(0.9, 0.99), eps=1e-15)

@@ -26,21 +26,24 @@ import torch.distributed as dist
 
 import tinn
 import tinn.torch as tcnn
+from _progress import Progress
 from mlp_learning_an_image import DEFAULT_CONFIG, DEFAULT_IMAGE, load_image, pixel_centres, psnr
 from mlp_learning_an_image_pytorch import Image
 from tinn.torch.distributed import ShardedArray
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("image", nargs="?", default=DEFAULT_IMAGE)
-    ap.add_argument("config", nargs="?", default=DEFAULT_CONFIG)
-    ap.add_argument("--steps", type=int, default=200)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("image", nargs="?", default=DEFAULT_IMAGE, help="image to learn")
+    ap.add_argument("config", nargs="?", default=DEFAULT_CONFIG,
+                    help="tcnn JSON config file, or the name of a config shipped with tinn")
+    ap.add_argument("--steps", type=int, default=200, help="training steps")
     ap.add_argument("--batch", type=int, default=1 << 16, help="global batch (all ranks together)")
     ap.add_argument("--instances", type=int, default=0, help="K > 0: a network array sharded over the ranks")
-    ap.add_argument("--seed", type=int, default=1337)
-    ap.add_argument("--save", default="", help="write the final parameters to this .npz file (rank 0)")
-    ap.add_argument("--arch", default="cpu", help="Taichi arch")
+    ap.add_argument("--seed", type=int, default=1337, help="seed of the parameters and of the sampled batches")
+    ap.add_argument("--save", default="", help="write the final parameters to this .npz file (rank 0; none if empty)")
+    ap.add_argument("--arch", default="cpu", help="Taichi arch (cpu, cuda, vulkan, metal, ...)")
     args = ap.parse_args()
 
     cuda = torch.cuda.is_available()
@@ -76,6 +79,7 @@ def main():
 
     generator = torch.Generator(device=device).manual_seed(args.seed)
     share = args.batch // world
+    progress = Progress(args.steps, "training (rank 0's share)") if rank == 0 else None
     for step in range(1, args.steps + 1):
         batch = torch.rand([args.batch, 2], device=device, generator=generator)[rank * share:(rank + 1) * share]
         targets = image(batch)
@@ -86,11 +90,15 @@ def main():
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        if progress is not None:
+            progress.update(step, loss=f"{loss.item():.5f}")
         if step in (1, 10, 100, args.steps) or step % 1000 == 0:
             total = loss.detach().clone()
             dist.all_reduce(total)
-            if rank == 0:
-                print(f"Step#{step}: loss={float(total) / (1 if K else world):.6f}")
+            if progress is not None:
+                progress.write(f"Step#{step}: loss={float(total) / (1 if K else world):.6f}")
+    if progress is not None:
+        progress.close()
 
     with torch.no_grad():                    # every rank renders its share of the pixels (sharding needs all)
         xy = torch.from_numpy(pixel_centres(H, W)).to(device)

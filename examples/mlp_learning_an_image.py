@@ -6,11 +6,15 @@ Each step draws ``batch`` random coordinates in [0, 1)^2, looks their colours up
 the image with bilinear filtering (pixel centres at ``(i + 0.5) / W``, clamped at the
 edges, like tcnn's CUDA texture), and runs one training step. Snapshots of the full
 image are written at steps 10, 100, 1000, 2000, ... and at the end, each with its PSNR
-against the reference (the image itself, evaluated at pixel centres). Pixel values are
-used as stored (``v / 255``), and grayscale images are learnt as RGB.
+against the reference (the image itself, evaluated at pixel centres); the PSNR is also
+measured every 100 steps, and ``curves.png`` beside the snapshots plots the loss of every
+step and the PSNRs. Progress (step, loss, PSNR, time left) is shown at least every few
+seconds. Pixel values are used as stored (``v / 255``), and grayscale images are learnt as RGB.
+Everything is written into ``--out``.
 """
 import argparse
 import functools
+import importlib.util
 import math
 import os
 import sys
@@ -21,11 +25,21 @@ T_START = time.perf_counter()
 import imageio.v3 as iio  # noqa: E402
 import numpy as np  # noqa: E402
 
+from _curves import Panel, write_curves  # noqa: E402
+from _progress import Progress  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_IMAGE = os.path.join(ROOT, "data", "images", "default.jpg")
-DEFAULT_CONFIG = os.path.join(ROOT, "data", "config_hash.json")
+DEFAULT_CONFIG = "config_hash"
 ARCHS = ("cpu", "cuda", "vulkan", "metal", "opengl", "gles", "amdgpu", "dx11", "gpu")
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".exr", ".bmp", ".tif", ".tiff", ".gif", ".webp", ".hdr")
+
+
+def shipped_configs():
+    """The names of the configs shipped in ``tinn/configs``, found without importing tinn (and so Taichi)."""
+    spec = importlib.util.find_spec("tinn")
+    folder = os.path.join(os.path.dirname(spec.origin), "configs")
+    return sorted(name.removesuffix(".json") for name in os.listdir(folder) if name.endswith(".json"))
 
 
 def load_image(path):
@@ -89,6 +103,9 @@ def is_snapshot(step):
     return step in (10, 100) or (step >= 1000 and step % 1000 == 0)
 
 
+PSNR_EVERY = 100          # steps between PSNR measurements for the curve (besides the snapshots)
+
+
 def psnr(prediction, reference):
     mse = float(np.mean((np.clip(prediction, 0.0, 1.0) - reference) ** 2, dtype=np.float64))
     return 10.0 * math.log10(1.0 / max(mse, 1e-20))
@@ -112,6 +129,19 @@ def open_window(shape, enabled):
         return None
 
 
+class Curve:
+    """The loss of every step and the PSNRs measured, drawn into one picture."""
+
+    def __init__(self):
+        self.losses, self.psnrs = [], []
+
+    def write(self, path):
+        steps = np.arange(1, len(self.losses) + 1)
+        at, values = zip(*self.psnrs) if self.psnrs else ((), ())
+        write_curves(path, [Panel("LOSS (LOG)", steps, np.array(self.losses), log=True),
+                            Panel("PSNR DB", np.array(at), np.array(values))])
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
         """A bad command line: one line on stderr, exit status 2 (no usage dump, no traceback)."""
@@ -130,27 +160,31 @@ def _positive(text):
 
 def parse_args(argv=None):
     ap = _Parser(description=__doc__.split("\n")[0],
-                 epilog="Taichi starts only after the arguments are checked.")
+                 epilog="Taichi starts only after the arguments are checked.",
+                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("image", nargs="?", default=DEFAULT_IMAGE, metavar="IMAGE",
-                    help="image to learn (any format imageio reads; default: data/images/default.jpg)")
+                    help="image to learn (any format imageio reads)")
     ap.add_argument("config", nargs="?", default=DEFAULT_CONFIG, metavar="CONFIG",
-                    help="tcnn JSON config, comments allowed (default: data/config_hash.json)")
-    ap.add_argument("--steps", type=_positive, default=1000, help="training steps (default: 1000)")
-    ap.add_argument("--batch", type=_positive, default=1 << 16, help="samples per step (default: 65536)")
-    ap.add_argument("--out", default="out", help="folder for the snapshots and reference.jpg (default: out)")
+                    help="tcnn JSON config file (comments allowed) or the name of a config shipped with tinn: "
+                         f"{', '.join(shipped_configs())}")
+    ap.add_argument("--steps", type=_positive, default=1000, help="training steps")
+    ap.add_argument("--batch", type=_positive, default=1 << 16, help="samples per step")
+    ap.add_argument("--out", default="out", help="folder for the snapshots, reference.jpg and curves.png")
     ap.add_argument("--seed", type=int, default=1337, help="seed of the parameters and of the sampled batches")
     ap.add_argument("--precision", default="float32", choices=("float32", "float16"),
                     help="parameter precision (float16: half the parameter memory, float32 master weights and a "
-                         "dynamic loss scale; default: float32)")
+                         "dynamic loss scale)")
     ap.add_argument("--gui", action="store_true", help="show the reconstruction live in a window")
     ap.add_argument("--arch", default="cpu", choices=ARCHS, metavar="ARCH",
-                    help=f"Taichi arch: {', '.join(ARCHS)} (default: cpu)")
+                    help=f"Taichi arch: {', '.join(ARCHS)}")
     args = ap.parse_args(argv)
-    for what, path in (("IMAGE", args.image), ("CONFIG", args.config)):
-        if not os.path.isfile(path):
-            ap.error(f"{what} {path!r} is not a file")
-    if args.image.lower().endswith((".json", ".jsonc")):
+    if args.image.lower().endswith((".json", ".jsonc")) or args.image in shipped_configs():
         ap.error(f"IMAGE {args.image!r} is a JSON config: the order is IMAGE CONFIG")
+    if not os.path.isfile(args.image):
+        ap.error(f"IMAGE {args.image!r} is not a file")
+    if not os.path.isfile(args.config) and args.config.removesuffix(".json") not in shipped_configs():
+        ap.error(f"CONFIG {args.config!r} is not a file nor a config shipped with tinn "
+                 f"({', '.join(shipped_configs())})")
     if args.config.lower().endswith(IMAGE_SUFFIXES):
         ap.error(f"CONFIG {args.config!r} is an image: the order is IMAGE CONFIG")
     try:
@@ -190,33 +224,44 @@ def main(argv=None):
     rng = np.random.default_rng(args.seed)
     xy = np.empty((args.batch, 2), np.float32)
     target = np.empty((args.batch, 3), np.float32)
-    snapshots = []
+    snapshots, curve = [], Curve()
     t_train, last_print, losses = 0.0, 0, []
+    progress = Progress(args.steps, "training")
     for step in range(1, args.steps + 1):
         t0 = time.perf_counter()
         rng.random(out=xy, dtype=np.float32)
         bilinear_lookup(image, xy, target)
         losses.append(model.trainer.training_step(xy, target))
         t_train += time.perf_counter() - t0
+        curve.losses.append(losses[-1])
         if step == 1:
-            print(f"Start-up (import to first step done): {time.perf_counter() - T_START:.1f} s")
+            progress.write(f"Start-up (import to first step done): {time.perf_counter() - T_START:.1f} s")
 
-        if is_snapshot(step) or step == args.steps:
-            print(f"Step#{step}: loss={np.mean(losses):.6f} steps/s={(step - last_print) / t_train:.2f} "
-                  f"samples/s={(step - last_print) * args.batch / t_train:.4g} "
-                  f"elapsed={time.perf_counter() - T_START:.1f}s")
+        snapshot = is_snapshot(step) or step == args.steps
+        if snapshot:
+            progress.write(f"Step#{step}: loss={np.mean(losses):.6f} steps/s={(step - last_print) / t_train:.2f} "
+                           f"samples/s={(step - last_print) * args.batch / t_train:.4g} "
+                           f"elapsed={time.perf_counter() - T_START:.1f}s")
             t_train, last_print, losses = 0.0, step, []
+        if snapshot or step % PSNR_EVERY == 0:
             result = render(model.network, coords, image.shape)
-            snapshots.append((step, psnr(result, image)))
+            curve.psnrs.append((step, psnr(result, image)))
+        if snapshot:
+            snapshots.append(curve.psnrs[-1])
             write_jpg(os.path.join(args.out, f"{step}.jpg"), result)
+            curve.write(os.path.join(args.out, "curves.png"))
             if window is not None:
                 window.set_image(np.ascontiguousarray(np.rot90(result, -1)))
                 window.show()
+        progress.update(step, loss=f"{curve.losses[-1]:.5f}",
+                        PSNR=f"{curve.psnrs[-1][1]:.2f}dB" if curve.psnrs else "-")
+    progress.close()
 
     print("PSNR against the reference:")
     for step, value in snapshots:
         print(f"  step {step:>7d}: {value:.2f} dB  ({os.path.join(args.out, f'{step}.jpg')})")
     print(f"Final PSNR: {snapshots[-1][1]:.2f} dB")
+    print(f"Loss and PSNR curves: {os.path.join(args.out, 'curves.png')}")
 
 
 if __name__ == "__main__":

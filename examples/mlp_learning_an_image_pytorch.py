@@ -19,6 +19,7 @@ import torch
 
 import tinn
 import tinn.torch as tcnn
+from _progress import Progress  # noqa: E402
 from mlp_learning_an_image import (DEFAULT_CONFIG, DEFAULT_IMAGE, is_snapshot, load_image, pixel_centres, psnr,
                                    write_jpg)
 
@@ -48,12 +49,14 @@ class Image(torch.nn.Module):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("image", nargs="?", default=DEFAULT_IMAGE)
-    ap.add_argument("config", nargs="?", default=DEFAULT_CONFIG)
-    ap.add_argument("--steps", type=int, default=1000)
-    ap.add_argument("--batch", type=int, default=1 << 16)
-    ap.add_argument("--out", default="out_pytorch")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("image", nargs="?", default=DEFAULT_IMAGE, help="image to learn")
+    ap.add_argument("config", nargs="?", default=DEFAULT_CONFIG,
+                    help="tcnn JSON config file, or the name of a config shipped with tinn")
+    ap.add_argument("--steps", type=int, default=1000, help="training steps")
+    ap.add_argument("--batch", type=int, default=1 << 16, help="samples per step")
+    ap.add_argument("--out", default=os.path.join("out", "pytorch"), help="folder for the snapshots")
     ap.add_argument("--seed", type=int, default=1337, help="seed of the parameters and of the sampled batches")
     ap.add_argument("--arch", default="cpu", help="Taichi arch (cpu, cuda, vulkan, metal, ...)")
     ap.add_argument("--torch-threads", type=int, default=1,
@@ -81,6 +84,7 @@ def main():
     write_jpg(os.path.join(args.out, "reference.jpg"), reference)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     snapshots, losses, t_train, last = [], [], 0.0, 0
+    progress = Progress(args.steps, "training")
     for step in range(1, args.steps + 1):
         t0 = time.perf_counter()
         batch = torch.rand([args.batch, 2], device=device, dtype=torch.float32, generator=generator)
@@ -94,13 +98,15 @@ def main():
         losses.append(loss.item())
         t_train += time.perf_counter() - t0
 
+        progress.update(step, loss=f"{losses[-1]:.5f}")
         if is_snapshot(step) or step == args.steps:
-            print(f"Step#{step}: loss={np.mean(losses):.6f} steps/s={(step - last) / t_train:.2f}")
+            progress.write(f"Step#{step}: loss={np.mean(losses):.6f} steps/s={(step - last) / t_train:.2f}")
             losses, t_train, last = [], 0.0, step
             with torch.no_grad():
                 result = model(xy).reshape(H, W, n_channels).cpu().numpy()
             snapshots.append((step, psnr(result, reference)))
             write_jpg(os.path.join(args.out, f"{step}.jpg"), result)
+    progress.close()
 
     print("PSNR against the reference:")
     for step, value in snapshots:

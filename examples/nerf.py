@@ -244,11 +244,12 @@ def render_images(renderer, c2w, height, width, focal):
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     nerf_data.add_arguments(ap)
     ap.add_argument("--instances", type=nerf_data.positive, default=1,
                     help="K micro-networks, one per cell of a cube of cells (K = 1, 8, 27, 64, ...)")
-    ap.add_argument("--arch", default="cpu", choices=["cpu", "vulkan", "cuda", "metal", "gpu"])
+    ap.add_argument("--arch", default="cpu", choices=["cpu", "vulkan", "cuda", "metal", "gpu"], help="Taichi arch")
     args = ap.parse_args(argv)
     nerf_data.check_arguments(ap, args)
     cells = round(args.instances ** (1 / 3))

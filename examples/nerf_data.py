@@ -9,10 +9,10 @@ Images are RGBA; the examples composite them on a white background, as NeRF does
 import argparse
 import json
 import os
-import sys
 import time
 
 import numpy as np
+from _progress import Progress
 
 WHITE = np.ones(3, np.float32)
 STEPS, RAYS, SAMPLES = 400, 2048, 64                # the default run, shared by both examples
@@ -74,6 +74,7 @@ def load_split(folder, split, downscale=1, limit=None):
         meta = json.load(f)
     frames = meta["frames"][:limit]
     images, c2w = [], []
+    reading = Progress(len(frames), f"reading {split}")
     for k, frame in enumerate(frames):
         name = os.path.join(folder, frame["file_path"])
         img = imageio.imread(name if name.endswith(".png") else name + ".png").astype(np.float32) / 255.0
@@ -83,20 +84,10 @@ def load_split(folder, split, downscale=1, limit=None):
         img = img[:h, :w, :3].reshape(h // downscale, downscale, w // downscale, downscale, 3).mean((1, 3))
         images.append(img)
         c2w.append(np.array(frame["transform_matrix"], np.float32))
-        progress(f"reading {split}", k + 1, len(frames))
+        reading.update(k + 1)
     width = images[0].shape[1]
     focal = 0.5 * width / np.tan(0.5 * float(meta["camera_angle_x"]))
     return Views(np.stack(images).astype(np.float32), np.stack(c2w), focal)
-
-
-def progress(label, done, total, start=None):
-    """A one-line progress bar on stderr (no dependency)."""
-    bar = "#" * (30 * done // total)
-    rate = f"  {time.perf_counter() - start:6.1f} s" if start is not None else ""
-    sys.stderr.write(f"\r{label}: [{bar:<30}] {done}/{total}{rate}")
-    if done == total:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
 
 
 # --- a scene rendered with Mitsuba 3 -----------------------------------------------------------------------
@@ -141,6 +132,7 @@ def render_mitsuba(folder, size=200, n_train=100, n_test=20, spp=16, seed=0):
     start = time.perf_counter()
     splits = {"train": orbit(n_train, rng=rng), "test": orbit(n_test, rng=rng)}
     done, total = 0, n_train + n_test
+    rendering = Progress(total, "rendering with Mitsuba")
     for split, poses in splits.items():
         os.makedirs(os.path.join(folder, split), exist_ok=True)
         frames = []
@@ -159,7 +151,7 @@ def render_mitsuba(folder, size=200, n_train=100, n_test=20, spp=16, seed=0):
             imageio.imwrite(os.path.join(folder, split, f"r_{k}.png"), (rgba * 255 + 0.5).astype(np.uint8))
             frames.append({"file_path": f"./{split}/r_{k}", "transform_matrix": c2w.tolist()})
             done += 1
-            progress("rendering with Mitsuba", done, total, start)
+            rendering.update(done)
         with open(os.path.join(folder, f"transforms_{split}.json"), "w") as f:
             json.dump({"camera_angle_x": FOV_X, "frames": frames}, f, indent=1)
     return time.perf_counter() - start
@@ -208,8 +200,8 @@ def add_arguments(ap):
     ap.add_argument("--bound", type=float, default=1.5, help="the scene's box is [-bound, bound]^3")
     ap.add_argument("--occupancy", type=positive, default=32, help="occupancy grid cells per axis")
     ap.add_argument("--turntable", type=positive, default=24, help="frames of the turntable GIF")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=".", help="directory for the held-out renders and the turntable GIF")
+    ap.add_argument("--seed", type=int, default=0, help="random seed of the training run")
+    ap.add_argument("--out", default="out", help="directory for the held-out renders and the turntable GIF")
 
 
 def check_arguments(ap, args):
@@ -250,6 +242,7 @@ class TrainingLog:
 
     def __init__(self, steps):
         self.steps, self.start, self.losses, self.reached = steps, time.perf_counter(), [], {}
+        self.progress = Progress(steps, "training")
 
     def add(self, step, loss, occupied):
         self.losses.append(loss)
@@ -258,8 +251,7 @@ class TrainingLog:
         for m in self.MILESTONES:
             if train_psnr >= m and m not in self.reached and len(self.losses) >= 25:
                 self.reached[m] = elapsed
-        if step % 25 == 0 or step == self.steps:
-            progress(f"training (PSNR {train_psnr:5.2f} dB, {occupied:4.0%} occupied)", step, self.steps, self.start)
+        self.progress.update(step, PSNR=f"{train_psnr:.2f}dB", occupied=f"{occupied:.0%}")
 
     def seconds(self):
         return time.perf_counter() - self.start

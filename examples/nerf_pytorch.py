@@ -142,7 +142,8 @@ class Renderer:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     nerf_data.add_arguments(ap)
     ap.add_argument("--threads", type=nerf_data.positive, help="torch's CPU threads (default: torch's choice)")
     ap.add_argument("--device", default="cpu", help="torch device: cpu or cuda")

@@ -18,6 +18,7 @@ import taichi as ti
 import tinn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _progress import Progress, clock  # noqa: E402
 from mlp_learning_an_image import bilinear_lookup, load_image, pixel_centres, psnr, write_jpg  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,15 +44,17 @@ def train(name, model, image, coords, batch, seconds, route):
     xy = np.empty((batch, 2), np.float32)
     target = np.empty((batch, 3), np.float32)
     steps, t_start = 0, time.perf_counter()
+    progress = Progress(None, f"  [{name}] training")
     while time.perf_counter() - t_start < seconds:
         rng.random(out=xy, dtype=np.float32)
         bilinear_lookup(image, xy, target)
         x, instance = route(xy)
         loss = model.trainer.training_step(x, target, instance)
         steps += 1
-        if steps in (1, 10) or steps % 100 == 0:
-            elapsed = time.perf_counter() - t_start
-            print(f"  [{name}] step {steps}: loss={loss:.5f} {steps * batch / elapsed / 1e6:.3f} M samples/s")
+        elapsed = time.perf_counter() - t_start
+        progress.update(steps, loss=f"{loss:.5f}", samples_per_s=f"{steps * batch / elapsed / 1e6:.3f}M",
+                        left=clock(max(seconds - elapsed, 0)))
+    progress.close()
     elapsed = time.perf_counter() - t_start
     x, instance = route(coords)
     result = np.concatenate([model.network.inference(x[s:s + (1 << 18)],
@@ -61,13 +64,16 @@ def train(name, model, image, coords, batch, seconds, route):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("image", nargs="?", default=os.path.join(ROOT, "data", "images", "default.jpg"))
-    ap.add_argument("config", nargs="?", default=os.path.join(ROOT, "data", "config_network_array.json"))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("image", nargs="?", default=os.path.join(ROOT, "data", "images", "default.jpg"),
+                    help="image to learn")
+    ap.add_argument("config", nargs="?", default="config_network_array",
+                    help="tcnn JSON config file, or the name of a config shipped with tinn")
     ap.add_argument("--tiles", type=int, default=16, help="tiles per side: tiles^2 networks")
-    ap.add_argument("--batch", type=int, default=1 << 16)
+    ap.add_argument("--batch", type=int, default=1 << 16, help="samples per step")
     ap.add_argument("--seconds", type=float, default=30.0, help="training time of each model")
-    ap.add_argument("--out", default="out")
+    ap.add_argument("--out", default="out", help="folder for the two reconstructions")
     ap.add_argument("--arch", default="cpu", help="Taichi arch (cpu, cuda, vulkan, metal, ...)")
     args = ap.parse_args()
 

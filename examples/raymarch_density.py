@@ -21,6 +21,7 @@ import numpy as np
 import taichi as ti
 
 import tinn
+from _progress import Progress
 from sdf_eikonal import ensure_out_dir
 
 BLOBS = [((0.35, 0.40, 0.45), 0.10, 30.0), ((0.65, 0.60, 0.55), 0.14, 18.0),
@@ -185,16 +186,17 @@ def write_png(path, rows):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=400)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--steps", type=int, default=400, help="training steps")
     ap.add_argument("--rays", type=int, default=1024, help="rays per training step")
     ap.add_argument("--samples", type=int, default=48, help="samples per ray")
     ap.add_argument("--views", type=int, default=24, help="training views")
     ap.add_argument("--size", type=int, default=40, help="image size (pixels per side)")
     ap.add_argument("--instances", type=int, default=1,
                     help="K micro-networks, one per cell of a cube of cells (K = 1, 8, 27, 64, ...)")
-    ap.add_argument("--arch", default="cpu")
-    ap.add_argument("--out", default=".", help="directory for raymarch_views.png (created if missing)")
+    ap.add_argument("--arch", default="cpu", help="Taichi arch (cpu, cuda, vulkan, metal, ...)")
+    ap.add_argument("--out", default="out", help="directory for raymarch_views.png (created if missing)")
     args = ap.parse_args()
     ensure_out_dir(ap, args.out)
     cells = round(args.instances ** (1 / 3))
@@ -218,6 +220,7 @@ def main():
     rng = np.random.default_rng(0)
     m = v = 0.0                                                              # Adam state of the gain
     start = time.perf_counter()
+    progress = Progress(args.steps, "training")
     for step in range(1, args.steps + 1):
         idx = rng.integers(0, len(o_train), args.rays)
         marcher.set_rays(o_train[idx], d_train[idx], rng.random((args.rays, args.samples), dtype=np.float32))
@@ -227,12 +230,14 @@ def main():
         g = float(marcher.gain.grad[None])
         m, v = 0.9 * m + 0.1 * g, 0.99 * v + 0.01 * g * g
         marcher.gain[None] -= 1e-2 * (m / (1 - 0.9 ** step)) / (np.sqrt(v / (1 - 0.99 ** step)) + 1e-8)
+        progress.update(step, loss=f"{loss:.5f}")
         if step == 1 or step % 50 == 0 or step == args.steps:
             test = render_views(marcher, o_test, d_test, truth=False)
             elapsed = time.perf_counter() - start
-            print(f"step {step:4d}: loss {loss:.5f}  held-out PSNR {psnr(test, target_test):5.2f} dB  "
-                  f"gain {float(marcher.gain[None]):.3f} (true {TRUE_GAIN})  "
-                  f"{step * args.rays / elapsed:.0f} rays/s")
+            progress.write(f"step {step:4d}: loss {loss:.5f}  held-out PSNR {psnr(test, target_test):5.2f} dB  "
+                           f"gain {float(marcher.gain[None]):.3f} (true {TRUE_GAIN})  "
+                           f"{step * args.rays / elapsed:.0f} rays/s")
+    progress.close()
     test = render_views(marcher, o_test, d_test, truth=False)
     print(f"final held-out PSNR {psnr(test, target_test):.2f} dB, gain {float(marcher.gain[None]):.3f}")
     s = args.size

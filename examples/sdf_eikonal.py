@@ -22,6 +22,7 @@ import numpy as np
 import taichi as ti
 
 import tinn
+from _progress import Progress
 
 CENTRE, MAJOR, MINOR = np.array([0.5, 0.5, 0.5]), 0.28, 0.1          # a torus around the y axis
 ENCODING = {"otype": "Frequency", "n_frequencies": 4}
@@ -117,14 +118,15 @@ def ensure_out_dir(parser: argparse.ArgumentParser, path: str):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=600)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--steps", type=int, default=600, help="training steps of each of the two fits")
     ap.add_argument("--surface", type=int, default=2048, help="surface points per step")
     ap.add_argument("--anchors", type=int, default=64, help="points with a known distance (fixed)")
     ap.add_argument("--eikonal", type=int, default=2048, help="Eikonal points per step")
     ap.add_argument("--lam", type=float, default=0.1, help="weight of the Eikonal term")
-    ap.add_argument("--arch", default="cpu")
-    ap.add_argument("--out", default=".", help="directory for sdf_slices.png (created if missing)")
+    ap.add_argument("--arch", default="cpu", help="Taichi arch (cpu, cuda, vulkan, metal, ...)")
+    ap.add_argument("--out", default="out", help="directory for sdf_slices.png (created if missing)")
     args = ap.parse_args()
     ensure_out_dir(ap, args.out)
     tinn.init(getattr(ti, args.arch))
@@ -143,13 +145,16 @@ def main():
         fit = Fit(args.surface, args.anchors, args.eikonal, args.lam, use_eikonal)
         step_rng = np.random.default_rng(2)
         start = time.perf_counter()
+        progress = Progress(args.steps, f"[{name}] training")
         for step in range(1, args.steps + 1):
             loss = fit.step(surface_points(step_rng, args.surface), anchors, anchor_sdf,
                             step_rng.random((args.eikonal, 3), dtype=np.float32))
+            progress.update(step, loss=f"{loss:.5f}")
             if step == 1 or step % 100 == 0 or step == args.steps:
                 err, eik = fit.evaluate(held_out)
-                print(f"[{name}] step {step:4d}: loss {loss:.5f}  mean |SDF error| {err:.4f}  "
-                      f"mean ||grad f| - 1| {eik:.3f}  ({time.perf_counter() - start:.1f} s)")
+                progress.write(f"[{name}] step {step:4d}: loss {loss:.5f}  mean |SDF error| {err:.4f}  "
+                               f"mean ||grad f| - 1| {eik:.3f}  ({time.perf_counter() - start:.1f} s)")
+        progress.close()
         results[name] = fit.evaluate(held_out)
         images.append(slice_image(fit.net.inference(plane)[:, 0], size))
     for name, (err, eik) in results.items():

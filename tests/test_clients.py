@@ -63,7 +63,7 @@ def test_python_m_tinn_torch_runs_a_checkpoint_client_unchanged():
 @pytest.mark.x64_only("command-line usage; nothing device-specific")
 def test_python_m_tinn_torch_without_a_script_says_how_to_use_it(tmp_path):
     from tinn.torch.__main__ import main
-    with pytest.raises(SystemExit, match="usage: python -m tinn.torch SCRIPT"):
+    with pytest.raises(SystemExit, match="usage: python -m tinn.torch "):
         main([])
     with pytest.raises(SystemExit, match="no such script"):
         main([str(tmp_path / "missing.py")])

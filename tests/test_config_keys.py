@@ -210,11 +210,12 @@ def test_json_top_level_must_be_an_object(tmp_path):
         tinn.load_config(path)
 
 
-def test_repository_configs_still_load():
-    data = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
-    for name in sorted(os.listdir(data)):
-        if name.endswith(".json"):
-            assert isinstance(tinn.load_config(os.path.join(data, name)), dict)
+def test_shipped_configs_still_load():
+    configs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tinn", "configs")
+    names = sorted(name for name in os.listdir(configs) if name.endswith(".json"))
+    assert len(names) >= 4
+    for name in names:
+        assert isinstance(tinn.load_config(os.path.join(configs, name)), dict)
 
 
 @pytest.mark.parametrize("change", [{"learning_rate": math.nan}, {"nested": {"l2_reg": math.inf}},

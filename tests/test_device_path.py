@@ -180,7 +180,7 @@ def test_device_training_equals_host_training(rng, monkeypatch, loss):
     """config_hash's model (hash grid, 64-wide MLP) trained for a few steps on both paths, with SGD (Adam's
     first steps move every weight by about the learning rate whatever its gradient's size, so a gradient
     near 0 that rounds to the other sign on the other path would move its weight 2e-2 the other way)."""
-    config = tinn.load_config("data/config_hash.json")
+    config = tinn.load_config("config_hash")
     config["loss"] = {"otype": loss}
     config["optimizer"] = {"otype": "SGD", "learning_rate": 1.0}
     host, device = pair(lambda: tinn.create_from_config(2, 3, config), monkeypatch)
@@ -534,11 +534,11 @@ def test_a_second_order_on_the_device_stays_there(rng, monkeypatch, device_path)
     assert d_dy.shape == (B, 3) and d_x.shape == (B, 2)
 
 
-@pytest.mark.parametrize("config", ["config_hash.json", "config.json"])
+@pytest.mark.parametrize("config", ["config_hash", "config"])
 def test_a_training_step_on_the_device_stays_there(rng, monkeypatch, device_path, config):
     """On the device path a step of a ti.ndarray batch calls no host BLAS, reads nothing batch-sized
     back and hands no numpy array to tinn's kernels (Adam, and SGD); only the loss comes back."""
-    model = tinn.create_from_config(2, 3, f"data/{config}") if config == "config_hash.json" else \
+    model = tinn.create_from_config(2, 3, config) if config == "config_hash" else \
         tinn.create_from_config(2, 3, {"encoding": {"otype": "HashGrid", "n_levels": 4},
                                        "network": {"otype": "CutlassMLP", "n_neurons": 32, "n_hidden_layers": 3},
                                        "loss": {"otype": "L2"}, "optimizer": {"otype": "SGD", "learning_rate": 0.1}})

@@ -18,7 +18,6 @@ from tinn._census import LossValue
 from tinn._probe import counting
 from tinn.registry import load_config
 
-DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 
 SINGLE_LAUNCHES, ARRAY_LAUNCHES = 16, 24
 """Issue's bounds for the CPU-forced device path: a single network's step, a routed array's step."""
@@ -32,7 +31,7 @@ def device_path(monkeypatch):
 
 
 def config_hash():
-    return load_config(os.path.join(DATA, "config_hash.json"))
+    return load_config("config_hash")
 
 
 def batch(rng, B, n_in, n_out, K=None):

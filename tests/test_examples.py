@@ -56,7 +56,7 @@ def test_example_runs(tmp_path, script, args):
 
 
 IMAGE_EXAMPLE = os.path.join(ROOT, "examples", "mlp_learning_an_image.py")
-IMAGE, CONFIG = os.path.join(ROOT, "data", "images", "default.jpg"), os.path.join(ROOT, "data", "config_hash.json")
+IMAGE, CONFIG = os.path.join(ROOT, "data", "images", "default.jpg"), "config_hash"
 
 
 def run_example(*args, cwd=None):
@@ -77,7 +77,7 @@ def test_image_example_help_documents_every_argument_before_taichi_starts():
     (["--steps", "-3"], "--steps: must be a positive integer"),
     (["--batch", "many"], "--batch: must be a positive integer"),
     (["missing.png"], "IMAGE 'missing.png' is not a file"),
-    ([IMAGE, "missing.json"], "CONFIG 'missing.json' is not a file"),
+    ([IMAGE, "missing.json"], "CONFIG 'missing.json' is not a file nor a config shipped with tinn (config, "),
     ([CONFIG, IMAGE], "the order is IMAGE CONFIG"),
     ([IMAGE, IMAGE], "the order is IMAGE CONFIG"),
     ([os.path.join(ROOT, "data", "images", "LICENSE.txt")], "cannot be read as an image"),

@@ -237,7 +237,7 @@ print("trained")
 
 def test_training_on_out_of_range_inputs_in_a_subprocess():
     """Training steps on inputs far outside [0, 1] (a crash would kill pytest, so they run in a child process)."""
-    config = os.path.join(os.path.dirname(__file__), "..", "data", "config_hash.json")
+    config = "config_hash"
     result = subprocess.run([sys.executable, "-c", textwrap.dedent(TRAINING_SCRIPT), config],
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -7,7 +7,6 @@ import pytest
 
 import tinn
 
-DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 ADAM = {"otype": "Adam", "learning_rate": 1e-2}
 WRAPPED = {"otype": "Ema", "decay": 0.9, "nested": {"otype": "ExponentialDecay", "decay_start": 2,
                                                     "decay_interval": 2, "decay_base": 0.5, "nested": ADAM}}
@@ -173,7 +172,7 @@ def test_network_array_save_load_resumes_bit_identically(tmp_path):
 
 
 def test_tcnn_snapshot_round_trip(tmp_path):
-    a = tinn.create_from_config(2, 3, os.path.join(DATA, "config.json"))
+    a = tinn.create_from_config(2, 3, "config")
     x, y = data(0, 256)
     losses = [a.trainer.training_step(x, y) for _ in range(3)]   # tcnn's config.json: OneBlob 64 bins, 128x5 MLP
     assert all(np.isfinite(losses)) and losses[-1] < losses[0]
@@ -184,7 +183,7 @@ def test_tcnn_snapshot_round_trip(tmp_path):
     assert snap["params_binary"]["subtype"] is None and len(snap["params_binary"]["bytes"]) == 4 * snap["n_params"]
     raw = np.frombuffer(bytes(snap["params_binary"]["bytes"]), "<f4")
     np.testing.assert_array_equal(raw, a.trainer.params_inference())      # tcnn's flat order = tinn's store
-    b = tinn.create_from_config(2, 3, os.path.join(DATA, "config.json"), seed=3)
+    b = tinn.create_from_config(2, 3, "config", seed=3)
     b.trainer.load_tcnn(path)
     np.testing.assert_array_equal(b.network.params(), a.network.params())
     np.testing.assert_array_equal(b.network.inference(x), a.network.inference(x))

@@ -287,7 +287,7 @@ import torch
 import tinycudann as tcnn
 
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-with open("data/config_hash.json") as f:
+with open("tinn/configs/config_hash.json") as f:
     config = json.load(f)
 model = tcnn.NetworkWithInputEncoding(n_input_dims=2, n_output_dims=3, encoding_config=config["encoding"],
                                       network_config=config["network"]).to(device)

@@ -10,7 +10,7 @@ import pytest
 import tinn
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
-CONFIG_HASH = os.path.join(DATA, "config_hash.json")
+CONFIG_HASH = "config_hash"
 SMALL = {"loss": {"otype": "L2"}, "optimizer": {"otype": "Adam", "learning_rate": 1e-2},
          "encoding": {"otype": "Frequency", "n_frequencies": 2},
          "network": {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1}}

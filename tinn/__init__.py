@@ -2,10 +2,12 @@
 
     import taichi as ti, tinn
     tinn.init()          # or any ti.init(...): the user initialises Taichi, importing tinn never does
-    model = tinn.create_from_config(2, 3, "data/config_hash.json")
+    model = tinn.create_from_config(2, 3, "config_hash")     # tcnn's config, shipped in tinn/configs
     loss = model.trainer.training_step(x, y)   # x (B, 2), y (B, 3) float32
     y_hat = model.network.inference(x)
 """
+from importlib import metadata as _metadata
+
 from . import ad, encodings, losses, networks, optimizers
 from ._program import RuntimeResetError, init
 from .config import (TrainableModel, create_encoding, create_from_config, create_loss, create_network,
@@ -17,7 +19,10 @@ from .networks import Network
 from .optimizers import Optimizer
 from .trainer import Trainer
 
-__version__ = "0.1.0"
+try:
+    __version__ = _metadata.version("tinn")      # the installed distribution's version (pyproject.toml)
+except _metadata.PackageNotFoundError:          # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "Encoding", "Loss", "Network", "NetworkWithInputEncoding", "Optimizer", "RuntimeResetError", "Trainer",

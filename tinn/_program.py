@@ -6,15 +6,16 @@ frees every field and ndarray) raises :class:`RuntimeResetError` instead of cras
 Python (``_check_runtime``) and while a user's kernel compiles (:func:`guarded`).
 
 A ``ti.ndarray`` made before the last ``ti.init`` is refused too (:func:`check_live`). Taichi cannot tell:
-a freed ndarray's allocation id may name a live ndarray of the new program. When Taichi drops its old
-runtime (during ``ti.init``, before the new program exists) every ``ti.ndarray`` still referenced belongs
-to a freed program, and is marked so (``_tinn_freed``); :func:`_watch` follows each runtime in turn from
-``import tinn`` on. That watch is the one thing importing tinn sets up; it changes no Taichi behaviour.
+a freed ndarray's allocation id may name a live ndarray of the new program. So every ``ti.ndarray`` records,
+when it is made, a weak reference to Taichi's runtime object of the moment (``ti.init`` replaces that
+object, and the old one goes); one whose runtime is not the current one belongs to a freed program
+(:func:`_stamp_ndarrays`). An ndarray made before ``import tinn`` carries no record and counts as made in the
+runtime current at the import. That record is the one thing importing tinn sets up; it changes no Taichi
+behaviour.
 """
 import ctypes
 import ctypes.util
-import gc
-import sys
+import functools
 import weakref
 
 import taichi as ti
@@ -174,23 +175,27 @@ def guarded(owner, func, n_args: int):
 
 def check_live(a, name: str):
     """:class:`RuntimeResetError` for a ``ti.ndarray`` made before ``ti.init`` was called again."""
-    if getattr(a, "_tinn_freed", False):
+    made_in = getattr(a, "_tinn_runtime", _RUNTIME_AT_IMPORT)
+    if made_in() is not impl.get_runtime():
         raise RuntimeResetError(f"the ti.ndarray {name} was made before ti.init was called again, which freed it; "
                                 "make it anew after ti.init")
 
 
-def _watch(runtime):
-    """Mark the ndarrays alive when Taichi drops ``runtime`` (see the module's docstring), then watch the next."""
-    weakref.finalize(runtime, _runtime_dropped).atexit = False     # (at exit nothing is dropped for a new one)
-
-
-def _runtime_dropped():
-    if sys.is_finalizing():                   # the interpreter's exit: no program follows, nothing to mark
+def _stamp_ndarrays():
+    """Make every ``ti.ndarray`` (``Ndarray.__init__``, which each kind of ndarray runs first) keep a weak
+    reference to the Taichi runtime it is made in, as ``_tinn_runtime``."""
+    init = Ndarray.__init__
+    if getattr(init, "_tinn_stamps", False):           # tinn's modules loaded twice in one process
         return
-    for a in gc.get_objects():
-        if isinstance(a, Ndarray):
-            a._tinn_freed = True
-    _watch(impl.get_runtime())
+
+    @functools.wraps(init)
+    def stamped_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self._tinn_runtime = weakref.ref(impl.get_runtime())
+
+    stamped_init._tinn_stamps = True
+    Ndarray.__init__ = stamped_init
 
 
-_watch(impl.get_runtime())
+_RUNTIME_AT_IMPORT = weakref.ref(impl.get_runtime())
+_stamp_ndarrays()

@@ -3,37 +3,64 @@
 ``create_encoding``, ``create_network``, ``create_loss`` and ``create_optimizer`` look a
 config's ``otype`` up case-insensitively (tcnn's aliases included) and build the registered
 class (``create_encoding`` / ``create_network`` also allocate its parameters; ``build_encoding`` /
-``build_network`` give the structure a model allocates as one). A config is a dict or a path to a JSON file, which may contain comments. Every
+``build_network`` give the structure a model allocates as one). A config is a dict, a path to a JSON file, which
+may contain comments, or the name of a config shipped in ``tinn/configs`` (``"config_hash"``). Every
 component module imports its registry from here; the top-level model and
 ``create_from_config`` live a floor above, in ``tinn.config``.
 """
 from __future__ import annotations
 
 import os
+import warnings
 
-import commentjson
+with warnings.catch_warnings():     # lark, which commentjson parses with, imports the deprecated sre_parse
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import commentjson
 
 from .keys import check_int, check_precision, check_seed, describe
 from .params import allocate
 
 
 def load_config(config) -> dict:
-    """A config dict, or the JSON file (comments allowed) at path ``config``.
+    """A config dict; the JSON file (comments allowed) at path ``config``; or, where no such file exists, one
+    of tcnn's standard configs shipped in ``tinn/configs`` by name: ``"config_hash"``, ``"config"``,
+    ``"config_oneblob"``, ``"config_network_array"`` (``".json"`` optional).
 
     A file that does not parse gives ``ValueError("<file>: invalid JSON at line L, column C: ...")``;
-    its top level must be a JSON object.
+    its top level must be a JSON object. Neither a file nor a shipped name: ``FileNotFoundError`` listing
+    the shipped names.
     """
     if isinstance(config, dict):
         return config
     if isinstance(config, (str, os.PathLike)):
         path = os.fspath(config)
+        if not os.path.isfile(path):
+            path = shipped_config(path)
         with open(path, encoding="utf-8") as f:
             text = f.read()
         data = parse_json(text, path)
         if not isinstance(data, dict):
             raise ValueError(f"{path}: a config must be a JSON object, got {type(data).__name__}")
         return data
-    raise TypeError(f"config must be a dict or a path to a JSON file, not {type(config).__name__}")
+    raise TypeError("config must be a dict or a path to a JSON file (or the name of a config shipped with tinn), "
+                    f"not {type(config).__name__}")
+
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+
+
+def shipped_configs() -> list:
+    """The names of the configs shipped in ``tinn/configs`` (``"config_hash"``, ...), sorted."""
+    return sorted(name[:-len(".json")] for name in os.listdir(CONFIG_DIR) if name.endswith(".json"))
+
+
+def shipped_config(name: str) -> str:
+    """The path of the shipped config ``name`` (``".json"`` optional); ``FileNotFoundError`` otherwise."""
+    stem = name[:-len(".json")] if name.endswith(".json") else name
+    if stem in shipped_configs():
+        return os.path.join(CONFIG_DIR, stem + ".json")
+    raise FileNotFoundError(f"no config file {name!r} and no config of that name shipped with tinn "
+                            f"(shipped: {', '.join(shipped_configs())})")
 
 
 def parse_json(text: str, where: str):

@@ -1,26 +1,60 @@
-"""``python -m tinn.torch SCRIPT [ARGS]``: run a tinycudann script unchanged on tinn.
+"""``python -m tinn.torch [--device cpu] SCRIPT [ARGS]``: run a tinycudann script unchanged on tinn.
 
 ``import tinycudann`` inside ``SCRIPT`` gives :mod:`tinn.torch` (:func:`tinn.torch.as_tinycudann`);
 ``SCRIPT`` runs as ``__main__`` with ``sys.argv = [SCRIPT, *ARGS]`` and its directory first on ``sys.path``,
 as ``python SCRIPT ARGS`` would run it.
+
+``--device cpu`` (opt-in) serves the script's requests for CUDA with the CPU for this run
+(:func:`tinn.torch._cuda_on_cpu.cuda_on_cpu`): ``torch.device("cuda")``, ``.cuda()``, ``.to("cuda")``,
+``device="cuda"`` arguments, ``torch.cuda.synchronize()``. Without it, a script that asks for CUDA on a
+machine without CUDA stops with its error and a line naming the flag.
 """
+import contextlib
 import os
 import runpy
+import shlex
 import sys
+import traceback
 
 from . import as_tinycudann
+from ._cuda_on_cpu import asks_for_missing_cuda, cuda_on_cpu
+
+USAGE = ("usage: python -m tinn.torch [--device cpu] SCRIPT [ARGS]  (runs SCRIPT with tinycudann as tinn.torch; "
+         "--device cpu runs a script that asks for CUDA on the CPU)")
+
+
+def _split(argv: list):
+    """``(device, script, args)`` from ``[--device cpu | --device=cpu] SCRIPT ARGS``."""
+    device = None
+    if argv and argv[0].startswith("--device"):
+        if argv[0] == "--device":
+            device, argv = (argv[1] if len(argv) > 1 else ""), argv[2:]
+        else:
+            device, argv = argv[0].partition("=")[2], argv[1:]
+        if device != "cpu":
+            raise SystemExit(f"python -m tinn.torch: --device takes only 'cpu', not {device!r}\n{USAGE}")
+    if not argv or argv[0] in ("-h", "--help"):
+        raise SystemExit(USAGE)
+    return device, argv[0], argv[1:]
 
 
 def main(argv: list) -> None:
-    if not argv or argv[0] in ("-h", "--help"):
-        raise SystemExit("usage: python -m tinn.torch SCRIPT [ARGS]  (runs SCRIPT with tinycudann as tinn.torch)")
-    script = argv[0]
+    device, script, args = _split(list(argv))
     if not os.path.isfile(script):
         raise SystemExit(f"python -m tinn.torch: no such script: {script!r}")
     as_tinycudann()
-    sys.argv = list(argv)
+    sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-    runpy.run_path(script, run_name="__main__")
+    with cuda_on_cpu() if device == "cpu" else contextlib.nullcontext():
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except Exception as e:
+            if device is None and asks_for_missing_cuda(e):
+                traceback.print_exc()
+                raise SystemExit(f"python -m tinn.torch: {script} asks for CUDA, which this machine does not "
+                                 "have; run it on the CPU with --device cpu: python -m tinn.torch --device cpu "
+                                 f"{shlex.join([script, *args])}") from None
+            raise
 
 
 if __name__ == "__main__":

@@ -1,0 +1,99 @@
+"""Line charts drawn with numpy alone (written with imageio): an example's loss and PSNR curves as a PNG.
+
+    write_curves("out/curves.png", [Panel("LOSS", steps, losses, log=True), Panel("PSNR DB", at, psnrs)])
+
+Each panel is a chart of its own, stacked top to bottom: a light grid, the curve (and a dot per point
+when there are few), the y range at the left and the x range (steps) below, in a 3x5 pixel font.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+WHITE, GRID, INK = (255, 255, 255), (225, 225, 225), (40, 40, 40)
+COLOURS = ((31, 119, 180), (214, 39, 40), (44, 160, 44))
+SCALE = 2                                          # pixels per font pixel
+_GLYPHS = {
+    "0": "111101101101111", "1": "010110010010111", "2": "111001111100111", "3": "111001111001111",
+    "4": "101101111001001", "5": "111100111001111", "6": "111100111101111", "7": "111001001001001",
+    "8": "111101111101111", "9": "111101111001111", ".": "000000000000010", "-": "000000111000000",
+    "+": "000010111010000", " ": "000000000000000", "(": "010100100100010", ")": "010001001001010",
+    "E": "111100111100111", "L": "100100100100111", "O": "010101101101010", "S": "011100010001110",
+    "P": "110101110100100", "N": "101111111101101", "R": "110101110101101", "D": "110101101101110",
+    "B": "110101110101110", "T": "111010010010010", "G": "011100101101011",
+}
+
+
+@dataclass
+class Panel:
+    """A curve ``ys`` over ``xs``; ``log``: a logarithmic y axis (values must be positive)."""
+    title: str
+    xs: np.ndarray
+    ys: np.ndarray
+    log: bool = False
+
+
+def text(img, x, y, s):
+    """Write ``s`` (upper case, digits, ``.-+()``) with its top-left corner at pixel ``(x, y)``."""
+    for i, ch in enumerate(s.upper()):
+        bits = np.array([int(b) for b in _GLYPHS.get(ch, _GLYPHS[" "])], bool).reshape(5, 3)
+        glyph = np.kron(bits, np.ones((SCALE, SCALE), bool))
+        x0 = x + i * 4 * SCALE
+        h, w = glyph.shape
+        region = img[y:y + h, x0:x0 + w]
+        region[glyph[:region.shape[0], :region.shape[1]]] = INK
+
+
+def _line(img, x0, y0, x1, y1, colour):
+    n = int(max(abs(x1 - x0), abs(y1 - y0))) + 1
+    xs = np.rint(np.linspace(x0, x1, n)).astype(int)
+    ys = np.rint(np.linspace(y0, y1, n)).astype(int)
+    for dx, dy in ((0, 0), (1, 0), (0, 1)):       # two pixels thick
+        img[np.clip(ys + dy, 0, img.shape[0] - 1), np.clip(xs + dx, 0, img.shape[1] - 1)] = colour
+
+
+def _label(v: float) -> str:
+    return f"{v:.3g}".upper()
+
+
+def draw_panel(panel: Panel, width: int, height: int, colour) -> np.ndarray:
+    """One chart, ``(height, width, 3)`` uint8."""
+    img = np.full((height, width, 3), WHITE, np.uint8)
+    left, right, top, bottom = 9 * 4 * SCALE + 8, 12, 8 * SCALE + 6, 7 * SCALE + 6
+    w, h = width - left - right, height - top - bottom
+    xs, ys = np.asarray(panel.xs, np.float64), np.asarray(panel.ys, np.float64)
+    keep = np.isfinite(ys) & ((ys > 0) if panel.log else True)
+    xs, ys = xs[keep], ys[keep]
+    text(img, left, 3, panel.title)
+    if len(xs) == 0:
+        return img
+    vs = np.log10(ys) if panel.log else ys
+    x_lo, x_hi = float(xs.min()), float(xs.max())
+    v_lo, v_hi = float(vs.min()), float(vs.max())
+    if x_hi == x_lo:
+        x_lo, x_hi = x_lo - 1, x_hi + 1
+    if v_hi == v_lo:
+        v_lo, v_hi = v_lo - 0.5, v_hi + 0.5
+    for k in range(5):                                            # grid
+        img[top + round(k * (h - 1) / 4), left:left + w] = GRID
+        img[top:top + h, left + round(k * (w - 1) / 4)] = GRID
+    px = left + (xs - x_lo) / (x_hi - x_lo) * (w - 1)
+    py = top + (v_hi - vs) / (v_hi - v_lo) * (h - 1)
+    for k in range(len(px) - 1):
+        _line(img, px[k], py[k], px[k + 1], py[k + 1], colour)
+    if len(px) <= 50:                                             # few points: mark each
+        for x, y in zip(np.rint(px).astype(int), np.rint(py).astype(int)):
+            img[max(y - 2, 0):y + 3, max(x - 2, 0):x + 3] = colour
+    unlog = (lambda v: 10 ** v) if panel.log else (lambda v: v)
+    text(img, 4, top, _label(unlog(v_hi)))
+    text(img, 4, top + h - 5 * SCALE, _label(unlog(v_lo)))
+    text(img, left, top + h + 4, f"{x_lo:.0f}")
+    hi = f"{x_hi:.0f} STEPS"
+    text(img, left + w - len(hi) * 4 * SCALE, top + h + 4, hi)
+    return img
+
+
+def write_curves(path: str, panels, width: int = 640, panel_height: int = 220):
+    """The panels stacked into one PNG at ``path``."""
+    import imageio.v3 as iio
+    images = [draw_panel(p, width, panel_height, COLOURS[i % len(COLOURS)]) for i, p in enumerate(panels)]
+    iio.imwrite(path, np.concatenate(images, axis=0))
