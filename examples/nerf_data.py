@@ -90,12 +90,15 @@ def load_split(folder, split, downscale=1, limit=None):
 
 
 def progress(label, done, total, start=None):
-    """A one-line progress bar on stderr (no dependency)."""
+    """A one-line progress bar on stderr (no dependency), redrawn in place (``\\r``) on a terminal; elsewhere
+    (a log file, a pipe) one line per call."""
     bar = "#" * (30 * done // total)
     rate = f"  {time.perf_counter() - start:6.1f} s" if start is not None else ""
-    sys.stderr.write(f"\r{label}: [{bar:<30}] {done}/{total}{rate}")
-    if done == total:
-        sys.stderr.write("\n")
+    line = f"{label}: [{bar:<30}] {done}/{total}{rate}"
+    if sys.stderr.isatty():
+        sys.stderr.write(f"\r{line}" + ("\n" if done == total else ""))
+    else:
+        sys.stderr.write(line + "\n")
     sys.stderr.flush()
 
 
@@ -251,8 +254,14 @@ class TrainingLog:
     def __init__(self, steps):
         self.steps, self.start, self.losses, self.reached = steps, time.perf_counter(), [], {}
 
+    @property
+    def n_steps(self):
+        """The steps logged so far."""
+        return len(self.losses)
+
     def add(self, step, loss, occupied):
-        self.losses.append(loss)
+        """``loss``: the mean loss of the steps since the last call (each of them gets it), up to ``step``."""
+        self.losses.extend([loss] * (step - len(self.losses)))
         train_psnr = -10 * np.log10(max(np.mean(self.losses[-25:]), 1e-10))
         elapsed = time.perf_counter() - self.start
         for m in self.MILESTONES:
