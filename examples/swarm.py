@@ -65,10 +65,21 @@ def shared_width(n_params):
 def make_network(n_agents, shared, agent_params=None):
     """The agents' networks: an array of ``n_agents`` small MLPs, or one MLP of about their total size."""
     if not shared:
-        return tinn.NetworkWithInputEncoding(N_INPUTS, 2, ENCODING, AGENT_NET, n_instances=n_agents)
+        return quiet_start(tinn.NetworkWithInputEncoding(N_INPUTS, 2, ENCODING, AGENT_NET, n_instances=n_agents))
     width = shared_width(n_agents * agent_params)
-    return tinn.NetworkWithInputEncoding(N_INPUTS, 2, ENCODING, dict(AGENT_NET, otype="CutlassMLP", n_neurons=width,
-                                                                      n_hidden_layers=2))
+    return quiet_start(tinn.NetworkWithInputEncoding(N_INPUTS, 2, ENCODING, dict(
+        AGENT_NET, otype="CutlassMLP", n_neurons=width, n_hidden_layers=2)))
+
+
+def quiet_start(network, scale=0.1):
+    """Scale the output layer of the MLP(s) by ``scale``: the agents start almost still (actions near 0), so
+    the first steps learn where to go instead of undoing random initial actions."""
+    rows, cols = network.network.layer_sizes()[-1]
+    end = sum(r * c for r, c in network.network.layer_sizes())          # the network's matrices come first
+    params = network.params().copy()
+    params[..., end - rows * cols:end] *= scale
+    network.set_params(params)
+    return network
 
 
 class Swarm:
