@@ -84,8 +84,7 @@ class Fit:
             if self.gradient is not None:
                 self.gradient()
                 self._eikonal_loss()
-        self.trainer.optimizer_step()
-        return float(self.loss[None])
+        self.trainer.optimizer_step()               # the loss stays in its field until someone prints it
 
     def evaluate(self, points):
         """Mean |f - SDF| and mean ||grad f| - 1| at ``points`` (batch API)."""
@@ -144,11 +143,11 @@ def main():
         step_rng = np.random.default_rng(2)
         start = time.perf_counter()
         for step in range(1, args.steps + 1):
-            loss = fit.step(surface_points(step_rng, args.surface), anchors, anchor_sdf,
-                            step_rng.random((args.eikonal, 3), dtype=np.float32))
+            fit.step(surface_points(step_rng, args.surface), anchors, anchor_sdf,
+                     step_rng.random((args.eikonal, 3), dtype=np.float32))
             if step == 1 or step % 100 == 0 or step == args.steps:
                 err, eik = fit.evaluate(held_out)
-                print(f"[{name}] step {step:4d}: loss {loss:.5f}  mean |SDF error| {err:.4f}  "
+                print(f"[{name}] step {step:4d}: loss {float(fit.loss[None]):.5f}  mean |SDF error| {err:.4f}  "
                       f"mean ||grad f| - 1| {eik:.3f}  ({time.perf_counter() - start:.1f} s)")
         results[name] = fit.evaluate(held_out)
         images.append(slice_image(fit.net.inference(plane)[:, 0], size))

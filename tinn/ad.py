@@ -28,6 +28,14 @@ the reverse pass reads the inputs the forward pass saw. Calling a stage outside 
 forward. Each call inside a Tape has its own reverse pass (a stage may run several times per Tape,
 on the same fields): like Taichi's reverse of a kernel that stores a field, it consumes the output's
 ``.grad`` and sets it to 0, and adds to ``x.grad``.
+
+Moving elements between the fields and tinn's batches (``_HostMoves``, ``_DeviceMoves``): on the CPU the
+fields are read into numpy batches and written back. On the device path (``tinn._device``) nothing
+batch-sized leaves the device: :func:`_survey` ranks the taken elements (an exclusive prefix sum of the mask
+in row-major order) and checks their values and ids, and its four counters are the call's one read-back;
+:func:`_gather` / :func:`_scatter` copy between the fields and ``ti.ndarray`` batches of the taken elements,
+the census of ``tinn._census`` routes them, and in the reverse :func:`_take_gradient` / :func:`_add_gradient`
+move ``y.grad`` and ``dL/dx``. ``active`` is then the survey's device mask of the networks reached.
 """
 
 import numpy as np
