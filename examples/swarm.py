@@ -35,15 +35,16 @@ from sdf_eikonal import ensure_out_dir
 
 N_NEIGHBOURS = 2
 N_INPUTS = 6 + 2 * N_NEIGHBOURS                 # position, velocity, goal, neighbours' relative positions
-RADIUS = 0.004                                  # an agent's radius (the unit square is the world)
+RADIUS = 0.0025                                 # an agent's radius (the unit square is the world)
 OBSTACLES = ((0.5, 0.5, 0.08), (0.36, 0.62, 0.05), (0.64, 0.38, 0.05))         # (x, y, radius)
-DT, DAMPING, MAX_ACCELERATION = 0.05, 0.9, 2.0
-K_COLLISION, K_OBSTACLE = 400.0, 400.0          # spring constants of the soft contacts
-W_COLLISION, W_OBSTACLE, W_ACTION, W_STOP = 1e2, 1e2, 1e-3, 0.1
+DT, DAMPING, MAX_ACCELERATION = 0.05, 0.9, 3.0
+K_COLLISION, K_OBSTACLE = 60.0, 60.0            # spring constants of the soft contacts (K dt^2 << 1: stiffer
+                                                # springs make the contacts, and the gradients, explode)
+W_COLLISION, W_OBSTACLE, W_ACTION, W_STOP = 10.0, 10.0, 1e-3, 0.1
 ENCODING = {"otype": "Identity"}
 AGENT_NET = {"otype": "FullyFusedMLP", "activation": "Tanh", "output_activation": "None", "n_neurons": 16,
              "n_hidden_layers": 1}
-OPTIMIZER = {"otype": "Adam", "learning_rate": 2e-2, "beta1": 0.9, "beta2": 0.99}
+OPTIMIZER = {"otype": "Adam", "learning_rate": 1e-2, "beta1": 0.9, "beta2": 0.99}
 SHARED_OPTIMIZER = {"otype": "Adam", "learning_rate": 3e-4, "beta1": 0.9, "beta2": 0.99}
 
 
@@ -279,12 +280,15 @@ def dots(img, points, rgb, radius=1):
             img[np.clip(py + dy, 0, size - 1), np.clip(px + dx, 0, size - 1)] = rgb
 
 
-def trajectory_picture(paths, rgb, size=384, sub=6):
+def trajectory_picture(paths, rgb, size=384, sub=6, shown=96):
+    """The paths of ``shown`` agents (every k-th), each step drawn as ``sub`` points along its segment, and
+    where every agent ended (black)."""
     img = canvas(size)
-    for t in range(len(paths) - 1):                    # each step as sub points along the segment
+    pick = slice(None, None, max(1, paths.shape[1] // shown))
+    for t in range(len(paths) - 1):
         for s in range(sub):
-            dots(img, paths[t] + (paths[t + 1] - paths[t]) * s / sub, rgb)
-    dots(img, paths[-1], 0, radius=2)
+            dots(img, (paths[t] + (paths[t + 1] - paths[t]) * s / sub)[pick], rgb[pick], radius=2)
+    dots(img, paths[-1], 0)
     return img
 
 
