@@ -1,5 +1,7 @@
 """examples/swarm.py in small: a network array steering agents through a differentiable Taichi simulation."""
 import os
+import re
+import subprocess
 import sys
 
 import numpy as np
@@ -50,3 +52,18 @@ def test_training_lowers_the_objective():
     before, after = result["objective"]
     assert result["steps"] == 30 and after < 0.9 * before
     assert result["paths"].shape == (7, 16, 2)
+
+
+def test_the_example_compares_both_models_and_writes_its_pictures_only_to_out(tmp_path):
+    out = tmp_path / "pictures"
+    arch = ["--arch", os.environ["TINN_ARCH"]] if "TINN_ARCH" in os.environ else []
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "swarm.py"), "--agents", "8", "--horizon", "3",
+                             "--steps", "3", "--budget", "60", *arch, "--out", str(out)],
+                            capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name in ("array", "shared"):
+        assert re.search(rf"^\s*{name}: 3 steps in .* mean distance to the goal [\d.]+, \d+ collisions", result.stdout,
+                         re.M), result.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["swarm.gif", "swarm_trajectories.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pictures"]
+    assert "\r" not in result.stdout + result.stderr
