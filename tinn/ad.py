@@ -191,22 +191,23 @@ def _survey(x: ti.template(), mask: ti.template(), instance: ti.template(), mask
         active[k] = 0
     for _ in range(1):
         facts[N_TAKEN], facts[ID_LO], facts[ID_HI], facts[BAD] = 0, NONE, -NONE - 1, NONE
+    for r in range(pos.shape[0]):                  # (its own loop: atomics in the blocks' serial loops were
+        index = _element(x, r)                     # lost on Vulkan)
+        if _taken(mask, masked, index):
+            v = x[index]
+            for j in ti.static(range(x.n)):
+                if not (ti.abs(v[j]) <= 3.4028234663852886e38):              # NaN and +-Inf fail it
+                    ti.atomic_min(facts[BAD], r)
+            if ti.static(routed):
+                k = instance[index]
+                ti.atomic_min(facts[ID_LO], k)
+                ti.atomic_max(facts[ID_HI], k)
+                if 0 <= k < K:
+                    active[k] = 1
     for c in range(totals.shape[0] - 1):
         count = 0
         for r in range(c * SCAN, ti.min(c * SCAN + SCAN, pos.shape[0])):
-            index = _element(x, r)
-            if _taken(mask, masked, index):
-                count += 1
-                v = x[index]
-                for j in ti.static(range(x.n)):
-                    if not (ti.abs(v[j]) <= 3.4028234663852886e38):          # NaN and +-Inf fail it
-                        ti.atomic_min(facts[BAD], r)
-                if ti.static(routed):
-                    k = instance[index]
-                    ti.atomic_min(facts[ID_LO], k)
-                    ti.atomic_max(facts[ID_HI], k)
-                    if 0 <= k < K:
-                        active[k] = 1
+            count += _taken(mask, masked, _element(x, r))
         totals[c + 1] = count
     for _ in range(1):
         totals[0] = 0
