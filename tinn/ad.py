@@ -213,6 +213,7 @@ def _survey(x: ti.template(), mask: ti.template(), instance: ti.template(), mask
         totals[0] = 0
         for c in range(1, totals.shape[0]):
             totals[c] += totals[c - 1]
+    for _ in range(1):                             # (a task of its own: read in the loop above, Vulkan saw 0)
         facts[N_TAKEN] = totals[totals.shape[0] - 1]
     for c in range(totals.shape[0] - 1):
         p = totals[c]
