@@ -128,9 +128,9 @@ class _HostMoves:
         return network.forward(taken.x, taken.inst)
 
     @staticmethod
-    def put(stage, field, taken, values, width):
-        """``field[I]`` = the row of ``values`` ``(n, >= width)`` taken from element I, 0 where none was."""
-        rows = taken.where
+    def put(stage, taken, values):
+        """``y[I]`` = the row of ``values`` ``(n, >= y.n)`` taken from element I (``None``: none was), else 0."""
+        rows, width, field = taken.where, stage.out.n, stage.out
         values = np.zeros((0, width), np.float32) if values is None else np.asarray(values)[:, :width]
         full = values if rows is None else np.zeros((int(np.prod(stage.x.shape)), width), np.float32)
         if rows is not None:
@@ -317,8 +317,8 @@ class _DeviceMoves:
         return network._forward(taken.x, routing)
 
     @staticmethod
-    def put(stage, field, taken, values, width):
-        _scatter(field, taken.where, DEVICE.unused((1, width), np.float32) if values is None else values)
+    def put(stage, taken, values):
+        _scatter(stage.out, taken.where, DEVICE.unused((1, stage.out.n), np.float32) if values is None else values)
 
     @staticmethod
     def take_gradient(stage, taken):
@@ -393,7 +393,7 @@ class Stage(_Stage):
         y = None
         if call.taken.n:
             y, call.ctx = call.moves.forward(self.network, call.taken)
-        call.moves.put(self, self.out, call.taken, y, self.network.n_output_dims)
+        call.moves.put(self, call.taken, y)
 
     def _backward(self, call):
         dy = call.moves.take_gradient(self, call.taken)      # the output's .grad, then 0, as Taichi's reverse
