@@ -185,16 +185,12 @@ class Renderer:
         total = self.loss_total
 
         @ti.kernel
-        def clear_loss():                              # outside the Tape: its reverse would clear loss.grad
-            loss[None] = 0.0
-
-        @ti.kernel
         def add_loss():
             total[None] += loss[None]
 
         self._sample_points, self._features, self._scan_level = sample_points, features, scan_level
         self._background, self._composite, self._mse = background, composite, mse
-        self._clear_loss, self._add_loss = clear_loss, add_loss
+        self._add_loss = add_loss
 
     def set_rays(self, o, d, jitter):
         self.o.from_numpy(o)
@@ -219,8 +215,7 @@ class Renderer:
         on the device, not read (:meth:`mean_loss` reads it)."""
         self.density_net.zero_grad()                   # the Tape clears Taichi's .grad fields, not tinn's
         self.colour_net.zero_grad()
-        self._clear_loss()
-        with ti.ad.Tape(loss=self.loss):
+        with ti.ad.Tape(loss=self.loss):                # (which sets the loss to 0 first)
             self.render()
             self._mse()
         self._add_loss()

@@ -208,8 +208,7 @@ class Swarm:
     def gradients(self):
         """Tape over the simulation; the network holds dL/dθ afterwards (the loss is not read)."""
         self.network.zero_grad()
-        self._clear()
-        with ti.ad.Tape(loss=self.loss):
+        with ti.ad.Tape(loss=self.loss):               # (which sets the loss to 0 first)
             self.run()
 
     def trajectories(self):
