@@ -44,6 +44,7 @@ COLOUR_NET = {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation
 DIRECTION = {"otype": "Composite", "nested": [{"otype": "SphericalHarmonics", "degree": 4, "n_dims_to_encode": 3},
                                               {"otype": "Identity"}]}
 OPTIMIZER = {"otype": "Adam", "learning_rate": 1e-2, "beta1": 0.9, "beta2": 0.99, "epsilon": 1e-15}
+LOSS_EVERY = 25                                 # steps between two reads of the loss (a wait for the device)
 MAX_LOG_SIGMA = 15.0                            # sigma = exp(min(h_0, 15)): Instant-NGP's truncated exp
 
 
@@ -103,6 +104,7 @@ class Renderer:
         self.weight = ti.field(ti.f32, (R, S), needs_grad=True)
         self.colour = ti.Vector.field(3, ti.f32, R, needs_grad=True)
         self.loss = ti.field(ti.f32, (), needs_grad=True)
+        self.loss_total = ti.field(ti.f32, ())          # the losses summed on the device until read
         routed = cells > 1
         self.density = tinn.ad.stage(density_net, self.pts, self.h, instance=self.instance if routed else None,
                                      mask=self.mask)
@@ -180,8 +182,15 @@ class Renderer:
                 e = colour[r] - target[r]
                 loss[None] += e.dot(e) / (3 * R)
 
+        total = self.loss_total
+
+        @ti.kernel
+        def add_loss():
+            total[None] += loss[None]
+
         self._sample_points, self._features, self._scan_level = sample_points, features, scan_level
         self._background, self._composite, self._mse = background, composite, mse
+        self._add_loss = add_loss
 
     def set_rays(self, o, d, jitter):
         self.o.from_numpy(o)
@@ -202,19 +211,25 @@ class Renderer:
         self._composite()
 
     def loss_and_gradients(self):
-        """Tape over the program; afterwards both networks hold their gradients."""
+        """Tape over the program; afterwards both networks hold their gradients. The loss is added to a sum
+        on the device, not read (:meth:`mean_loss` reads it)."""
         self.density_net.zero_grad()                   # the Tape clears Taichi's .grad fields, not tinn's
         self.colour_net.zero_grad()
-        self.loss[None] = 0.0
-        with ti.ad.Tape(loss=self.loss):
+        with ti.ad.Tape(loss=self.loss):                # (which sets the loss to 0 first)
             self.render()
             self._mse()
-        return float(self.loss[None])
+        self._add_loss()
+
+    def mean_loss(self, steps):
+        """The mean loss of the last ``steps`` steps (one read of the device), then a new sum."""
+        mean = float(self.loss_total[None]) / steps
+        self.loss_total[None] = 0.0
+        return mean
 
     def active(self):
-        """The networks the last batch reached (``None`` without an array)."""
-        a, b = self.density.active, self.colour_stage.active
-        return None if a is None else np.union1d(a, b).astype(np.int32)
+        """The networks each network's stage reached in the last batch, for its trainer (``None`` without an
+        array; on the device path a mask that stays there)."""
+        return self.density.active, self.colour_stage.active
 
     def density_at(self, q):
         """sigma at normalised points ``q (n, 3)``, through the batch inference (the occupancy update)."""
@@ -278,12 +293,12 @@ def main(argv=None):
         idx = rng.integers(0, len(o_train), args.rays)
         renderer.set_rays(o_train[idx], d_train[idx], rng.random((args.rays, args.samples), dtype=np.float32))
         renderer.target.from_numpy(c_train[idx])
-        loss = renderer.loss_and_gradients()
-        active = renderer.active()
-        for t in trainers:
+        renderer.loss_and_gradients()
+        for t, active in zip(trainers, renderer.active()):
             t.optimizer_step(active=active)
         occupied = nerf_data.update_occupancy(step, occupancy, renderer.density_at, rng)
-        log.add(step, loss, occupied)
+        if step % LOSS_EVERY == 0 or step == args.steps:     # one wait for the device per LOSS_EVERY steps
+            log.add(step, renderer.mean_loss(step - log.n_steps), occupied)
     return nerf_data.report(args, "nerf", log, test, lambda c2w: render_images(renderer, c2w, test.height, test.width,
                                                                                test.focal))
 

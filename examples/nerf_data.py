@@ -244,8 +244,14 @@ class TrainingLog:
         self.steps, self.start, self.losses, self.reached = steps, time.perf_counter(), [], {}
         self.progress = Progress(steps, "training")
 
+    @property
+    def n_steps(self):
+        """The steps logged so far."""
+        return len(self.losses)
+
     def add(self, step, loss, occupied):
-        self.losses.append(loss)
+        """``loss``: the mean loss of the steps since the last call (each of them gets it), up to ``step``."""
+        self.losses.extend([loss] * (step - len(self.losses)))
         train_psnr = -10 * np.log10(max(np.mean(self.losses[-25:]), 1e-10))
         elapsed = time.perf_counter() - self.start
         for m in self.MILESTONES:

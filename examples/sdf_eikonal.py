@@ -85,8 +85,7 @@ class Fit:
             if self.gradient is not None:
                 self.gradient()
                 self._eikonal_loss()
-        self.trainer.optimizer_step()
-        return float(self.loss[None])
+        self.trainer.optimizer_step()               # the loss stays in its field until someone prints it
 
     def evaluate(self, points):
         """Mean |f - SDF| and mean ||grad f| - 1| at ``points`` (batch API)."""
@@ -147,13 +146,14 @@ def main():
         start = time.perf_counter()
         progress = Progress(args.steps, f"[{name}] training")
         for step in range(1, args.steps + 1):
-            loss = fit.step(surface_points(step_rng, args.surface), anchors, anchor_sdf,
-                            step_rng.random((args.eikonal, 3), dtype=np.float32))
-            progress.update(step, loss=f"{loss:.5f}")
+            fit.step(surface_points(step_rng, args.surface), anchors, anchor_sdf,
+                     step_rng.random((args.eikonal, 3), dtype=np.float32))
+            progress.update(step)
             if step == 1 or step % 100 == 0 or step == args.steps:
                 err, eik = fit.evaluate(held_out)
-                progress.write(f"[{name}] step {step:4d}: loss {loss:.5f}  mean |SDF error| {err:.4f}  "
-                               f"mean ||grad f| - 1| {eik:.3f}  ({time.perf_counter() - start:.1f} s)")
+                progress.write(f"[{name}] step {step:4d}: loss {float(fit.loss[None]):.5f}  "
+                               f"mean |SDF error| {err:.4f}  mean ||grad f| - 1| {eik:.3f}  "
+                               f"({time.perf_counter() - start:.1f} s)")
         progress.close()
         results[name] = fit.evaluate(held_out)
         images.append(slice_image(fit.net.inference(plane)[:, 0], size))

@@ -1,6 +1,7 @@
 """Every program in docs/differentiable_programming.md runs, each in its own process (each calls ti.init).
 
-A block marked ``expect=crash`` shows code that kills the process in Taichi 1.7.4 (an adstack overflow):
+The programs with stages (``tinn.ad``) run on the device path too (``tinn._device.FORCE``: the stages'
+kernels between the fields and tinn's batches). A block marked ``expect=crash`` shows code that kills the process in Taichi 1.7.4 (an adstack overflow):
 it must still do so, or the guide is out of date. The others assert their own claims (the "wrong" programs
 assert that their gradients are wrong).
 """
@@ -22,8 +23,24 @@ def snippets():
     return [pytest.param(code, bool(crash), id=name) for name, crash, code in found]
 
 
+DEVICE_PATH = "import tinn._device\ntinn._device.FORCE = True\n"
+
+
+def stage_snippets():
+    return [p for p in snippets() if "tinn.ad." in p.values[0] and not p.values[1]]
+
+
 @pytest.mark.parametrize("code, crashes", snippets())
 def test_guide_program(code, crashes, tmp_path):
+    run_program(code, crashes, tmp_path)
+
+
+@pytest.mark.parametrize("code, crashes", stage_snippets())
+def test_guide_program_with_stages_on_the_device_path(code, crashes, tmp_path):
+    run_program(DEVICE_PATH + code, crashes, tmp_path)
+
+
+def run_program(code, crashes, tmp_path):
     path = tmp_path / "snippet.py"
     path.write_text(code)
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))

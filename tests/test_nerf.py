@@ -165,6 +165,7 @@ def test_nerf_example_learns_a_tiny_scene(tmp_path, instances):
                              "16", "--turntable", "2", "--instances", instances, *arch, "--out", str(tmp_path)],
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "\r" not in result.stdout + result.stderr                   # a log file holds the progress
     found = re.search(r"held-out PSNR ([\d.]+) dB .*mean-colour baseline ([\d.]+) dB", result.stdout)
     assert found, result.stdout
     psnr, baseline = float(found.group(1)), float(found.group(2))
@@ -179,3 +180,19 @@ def test_nerf_example_refuses_bad_arguments(tmp_path):
         result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "nerf.py"), *args,
                                  "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
         assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_progress_writes_whole_lines_when_the_output_is_not_a_terminal(capsys):
+    for done in (25, 50):
+        nerf_data.progress("training", done, 50)
+    err = capsys.readouterr().err
+    assert "\r" not in err and err.splitlines() == ["training: [###############               ] 25/50",
+                                                    "training: [##############################] 50/50"]
+
+
+def test_the_training_log_spreads_a_mean_loss_over_the_steps_it_covers():
+    log = nerf_data.TrainingLog(50)
+    log.add(25, 0.01, 1.0)
+    log.add(50, 0.001, 1.0)
+    assert log.n_steps == 50 and log.losses[:25] == [0.01] * 25 and log.losses[25:] == [0.001] * 25
+    assert {20, 25, 28} <= set(log.reached)            # 20 dB at step 25, 30 dB (of 0.001) at step 50

@@ -11,7 +11,10 @@ inside its block, so tests can hold the counts of a step and benchmarks can repo
 Launches are every ``@ti.kernel`` call (tinn's and Taichi's own, such as the copy kernels behind
 ``to_numpy`` / ``from_numpy``); read-backs are ``ti.ndarray.to_numpy`` calls; numpy arguments are numpy
 arrays handed to a kernel other than Taichi's copies (on CUDA each one is a device allocation, two
-copies and two waits), a view of a field's own memory on the CPU (``_memory.HostView``) excepted. The hooks are installed for the block only.
+copies and two waits), a view of a field's own memory on the CPU (``_memory.HostView``) excepted. ``moved``
+counts the elements that crossed between host and device: every numpy array handed to any kernel, Taichi's
+copies included (a field's or a ``ti.ndarray``'s ``to_numpy`` / ``from_numpy`` is one such kernel), the
+``HostView`` again excepted. The hooks are installed for the block only.
 """
 import contextlib
 from collections import Counter
@@ -35,6 +38,7 @@ class Seen:
     read_backs: int = 0
     uploads: int = 0
     numpy_arguments: list = field(default_factory=list)
+    moved: int = 0
 
     @property
     def launches(self) -> int:
@@ -51,6 +55,8 @@ def counting():
     def call(kernel, *args, **kwargs):
         name = kernel.func.__name__
         seen.kernels[name] += 1
+        seen.moved += sum(a.size for a in (*args, *kwargs.values())
+                          if isinstance(a, np.ndarray) and not isinstance(a, HostView))
         if name == COPY_KERNELS[1]:
             seen.uploads += 1
         elif name != COPY_KERNELS[0]:

@@ -28,16 +28,32 @@ the reverse pass reads the inputs the forward pass saw. Calling a stage outside 
 forward. Each call inside a Tape has its own reverse pass (a stage may run several times per Tape,
 on the same fields): like Taichi's reverse of a kernel that stores a field, it consumes the output's
 ``.grad`` and sets it to 0, and adds to ``x.grad``.
+
+Moving elements between the fields and tinn's batches (``_HostMoves``, ``_DeviceMoves``): on the CPU the
+fields are read into numpy batches and written back. On the device path (``tinn._device``) nothing
+batch-sized leaves the device: :func:`_survey` ranks the taken elements (an exclusive prefix sum of the mask
+in row-major order) and checks their values and ids, and its four counters are the call's one read-back;
+:func:`_gather` / :func:`_scatter` copy between the fields and ``ti.ndarray`` batches of the taken elements,
+the census of ``tinn._census`` routes them, and in the reverse :func:`_take_gradient` / :func:`_add_gradient`
+move ``y.grad`` and ``dL/dx``. ``active`` is then the survey's device mask of the networks reached.
 """
-from __future__ import annotations
 
 import numpy as np
 import taichi as ti
 from taichi.lang.field import ScalarField
 from taichi.lang.matrix import MatrixField
 
+from . import _buffers, _device
 from ._batch import check_id_range
+from ._census import NONE, SCAN
+from ._ndarray_ops import DEVICE
+from ._types import ANY_2D, I32_1D
 from .object import DifferentiableObject
+from .routing import Routing
+
+N_TAKEN, ID_LO, ID_HI, BAD = range(4)
+"""Slots of a device survey's ``facts`` (int32): elements taken, the ids' range, the first element whose x
+is not finite (``NONE``: none)."""
 
 
 def _check_field(name, f, n, shape=None, vector=True):
@@ -58,13 +74,271 @@ def _has_grad(f):
     return f.snode.ptr.has_adjoint()
 
 
+def _not_finite(x, flat: int):
+    """The ``ValueError`` for element ``flat`` (row-major) of the field ``x``, whose value is not finite."""
+    index = tuple(int(i) for i in np.unravel_index(flat, x.shape))
+    value = x[index if len(index) > 1 else index[0]]
+    raise ValueError(f"x must be finite: element {index} holds {value.to_numpy()}")
+
+
 class _Call:
-    """What one forward call keeps for its reverse pass."""
-    ctx = rows = x = inst = None
+    """What one forward call keeps for its reverse pass: the elements it took (``taken``), the moves that took
+    them and the forward context."""
+    ctx = taken = moves = None
+
+
+class _Taken:
+    """The elements one call took: ``n`` of them, their inputs ``x`` ``(n, n_input_dims)`` and network ids
+    ``inst`` (``None`` for one network) as a batch of the path's kind, where they sit in the fields (``where``:
+    host flat indices, ``None`` for all of them; a device ``(size,)`` int32 position of each element in the
+    batch, -1 for an element left out) and the networks they reach (``active``)."""
+
+    def __init__(self, n, x, inst, where, active):
+        self.n, self.x, self.inst, self.where, self.active = n, x, inst, where, active
+
+
+class _HostMoves:
+    """The CPU path: the fields are read into numpy batches and written back from them (the batch API's
+    host arrays; on x64 a copy through memory, no bus)."""
+
+    @staticmethod
+    def take(stage) -> _Taken:
+        n_in = stage.network.n_input_dims
+        x = stage.x.to_numpy().reshape(-1, n_in)
+        rows = None
+        if stage.mask is not None:
+            rows = np.flatnonzero(stage.mask.to_numpy().reshape(-1))
+            x = x[rows]
+        inst = None
+        if stage.instance is not None:
+            inst = stage.instance.to_numpy().reshape(-1)
+            inst = np.ascontiguousarray(inst if rows is None else inst[rows], dtype=np.int32)
+            if len(inst):
+                check_id_range(int(inst.min()), int(inst.max()), stage.network.n_instances)
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        bad = np.flatnonzero(~np.isfinite(x).all(axis=1))
+        if bad.size:
+            _not_finite(stage.x, int(bad[0] if rows is None else rows[bad[0]]))
+        active = None if inst is None else np.flatnonzero(
+            np.bincount(inst, minlength=stage.network.n_instances)).astype(np.int32)
+        return _Taken(len(x), x, inst, rows, active)
+
+    @staticmethod
+    def forward(network, taken):
+        return network.forward(taken.x, taken.inst)
+
+    @staticmethod
+    def put(stage, taken, values):
+        """``y[I]`` = the row of ``values`` ``(n, >= y.n)`` taken from element I (``None``: none was), else 0."""
+        rows, width, field = taken.where, stage.out.n, stage.out
+        values = np.zeros((0, width), np.float32) if values is None else np.asarray(values)[:, :width]
+        full = values if rows is None else np.zeros((int(np.prod(stage.x.shape)), width), np.float32)
+        if rows is not None:
+            full[rows] = values
+        field.from_numpy(np.ascontiguousarray(full, dtype=np.float32).reshape(tuple(stage.x.shape) + (width,)))
+
+    @staticmethod
+    def take_gradient(stage, taken):
+        g = stage.out.grad.to_numpy().reshape(-1, stage.out.n)
+        stage.out.grad.fill(0)
+        return np.ascontiguousarray(g if taken.where is None else g[taken.where])
+
+    @staticmethod
+    def add_gradient(stage, taken, dx):
+        n_in = stage.network.n_input_dims
+        total = stage.x.grad.to_numpy().reshape(-1, n_in)
+        if taken.where is None:
+            total += dx
+        else:
+            total[taken.where] += dx
+        stage.x.grad.from_numpy(total.reshape(tuple(stage.x.shape) + (n_in,)))
+
+    @staticmethod
+    def ones(n):
+        return np.ones((n, 1), np.float32)
+
+
+# -- the device path's moves: kernels between the user's fields and tinn's ti.ndarray batches ---------------
+@ti.func
+def _element(f: ti.template(), r):
+    """The index (a ``ti.Vector``) of element ``r`` of the field ``f`` in row-major order."""
+    index = ti.Vector.zero(ti.i32, ti.static(len(f.shape)))
+    q = r
+    for d in ti.static(range(len(f.shape))):
+        axis = ti.static(len(f.shape) - 1 - d)
+        index[axis] = q % f.shape[axis]
+        q //= f.shape[axis]
+    return index
+
+
+@ti.func
+def _taken(mask: ti.template(), masked: ti.template(), index) -> ti.i32:
+    take = 1
+    if ti.static(masked):
+        take = ti.select(mask[index] != 0, 1, 0)
+    return take
+
+
+@ti.kernel
+def _survey(x: ti.template(), mask: ti.template(), instance: ti.template(), masked: ti.template(),
+            routed: ti.template(), pos: I32_1D, totals: I32_1D, facts: I32_1D, active: I32_1D):
+    """Which elements of ``x`` a stage takes (``mask != 0``, or all) and where each goes in the batch: ``pos[r]``
+    the rank of element r among the taken ones in row-major order (an exclusive prefix sum over blocks of
+    ``SCAN`` elements, the blocks' totals summed in order), -1 for one left out; ``facts`` (``N_TAKEN`` ..);
+    ``active[k]`` 1 for a network (``instance``) that a taken element reaches. Top-level loops run in order."""
+    K = active.shape[0]
+    for k in range(K):
+        active[k] = 0
+    for _ in range(1):
+        facts[N_TAKEN], facts[ID_LO], facts[ID_HI], facts[BAD] = 0, NONE, -NONE - 1, NONE
+    for r in range(pos.shape[0]):                  # (its own loop: atomics in the blocks' serial loops were
+        index = _element(x, r)                     # lost on Vulkan)
+        if _taken(mask, masked, index):
+            v = x[index]
+            for j in ti.static(range(x.n)):
+                if not (ti.abs(v[j]) <= 3.4028234663852886e38):              # NaN and +-Inf fail it
+                    ti.atomic_min(facts[BAD], r)
+            if ti.static(routed):
+                k = instance[index]
+                ti.atomic_min(facts[ID_LO], k)
+                ti.atomic_max(facts[ID_HI], k)
+                if 0 <= k < K:
+                    active[k] = 1
+    for c in range(totals.shape[0] - 1):
+        count = 0
+        for r in range(c * SCAN, ti.min(c * SCAN + SCAN, pos.shape[0])):
+            count += _taken(mask, masked, _element(x, r))
+        totals[c + 1] = count
+    for _ in range(1):
+        totals[0] = 0
+        for c in range(1, totals.shape[0]):
+            totals[c] += totals[c - 1]
+    for _ in range(1):                             # (a task of its own: read in the loop above, Vulkan saw 0)
+        facts[N_TAKEN] = totals[totals.shape[0] - 1]
+    for c in range(totals.shape[0] - 1):
+        p = totals[c]
+        for r in range(c * SCAN, ti.min(c * SCAN + SCAN, pos.shape[0])):
+            pos[r] = -1
+            if _taken(mask, masked, _element(x, r)):
+                pos[r] = p
+                p += 1
+
+
+@ti.kernel
+def _gather(x: ti.template(), instance: ti.template(), routed: ti.template(), pos: I32_1D, rows: ANY_2D,
+            ids: I32_1D):
+    """``rows[pos[r]] = x[r]`` (and ``ids[pos[r]] = instance[r]``) for each taken element r."""
+    for r in range(pos.shape[0]):
+        p = pos[r]
+        if p >= 0:
+            index = _element(x, r)
+            v = x[index]
+            for j in ti.static(range(x.n)):
+                rows[p, j] = v[j]
+            if ti.static(routed):
+                ids[p] = instance[index]
+
+
+@ti.kernel
+def _scatter(out: ti.template(), pos: I32_1D, rows: ANY_2D):
+    """``out[r] = rows[pos[r], :out.n]`` for each taken element r, 0 for the others."""
+    for r in range(pos.shape[0]):
+        v = ti.Vector.zero(ti.f32, out.n)
+        p = pos[r]
+        if p >= 0:
+            for j in ti.static(range(out.n)):
+                v[j] = ti.cast(rows[p, j], ti.f32)
+        out[_element(out, r)] = v
+
+
+@ti.kernel
+def _take_gradient(grad: ti.template(), pos: I32_1D, rows: ANY_2D):
+    """``rows[pos[r]] = grad[r]`` for each taken element r; ``grad`` becomes 0 everywhere."""
+    for r in range(pos.shape[0]):
+        index = _element(grad, r)
+        p = pos[r]
+        if p >= 0:
+            v = grad[index]
+            for j in ti.static(range(grad.n)):
+                rows[p, j] = v[j]
+        grad[index] = ti.Vector.zero(ti.f32, grad.n)
+
+
+@ti.kernel
+def _add_gradient(grad: ti.template(), pos: I32_1D, rows: ANY_2D):
+    """``grad[r] += rows[pos[r]]`` for each taken element r (one row per element: no atomics)."""
+    for r in range(pos.shape[0]):
+        p = pos[r]
+        if p >= 0:
+            index = _element(grad, r)
+            v = grad[index]
+            for j in ti.static(range(grad.n)):
+                v[j] += ti.cast(rows[p, j], ti.f32)
+            grad[index] = v
+
+
+class _DeviceMoves:
+    """The device path: the fields stay on the device. A survey kernel ranks the taken elements (a prefix sum
+    over the mask) and checks their values and ids, then kernels copy between the fields and ``ti.ndarray``
+    batches of the taken elements only. What crosses to the host per call is the survey's four counters."""
+
+    @staticmethod
+    def take(stage) -> _Taken:
+        x, K = stage.x, stage.network.n_instances
+        size = int(np.prod(x.shape))
+        pos, facts = _buffers.buffer((size,), ti.i32), _buffers.buffer((4,), ti.i32)
+        totals, active = _buffers.buffer((-(-size // SCAN) + 1,), ti.i32), _buffers.buffer((K,), ti.i32)
+        masked, routed = stage.mask is not None, stage.instance is not None
+        _survey(x, stage.mask if masked else x, stage.instance if routed else x, masked, routed, pos, totals, facts,
+                active)
+        facts = facts.to_numpy()
+        if facts[BAD] != NONE:
+            _not_finite(x, int(facts[BAD]))
+        n = int(facts[N_TAKEN])
+        if routed and n:
+            check_id_range(int(facts[ID_LO]), int(facts[ID_HI]), K)
+        rows = ids = None
+        if n:
+            rows = _buffers.buffer((n, x.n))
+            ids = _buffers.buffer((n,), ti.i32) if routed else DEVICE.no_ids()
+            _gather(x, stage.instance if routed else x, routed, pos, rows, ids)
+        return _Taken(n, rows, ids if routed else None, pos, active if routed else None)
+
+    @staticmethod
+    def forward(network, taken):
+        """The network's forward on the taken rows, routed by a census on the device (values checked already)."""
+        network._check_runtime()
+        if taken.inst is None:
+            routing = Routing(taken.n, 1, None, ops=DEVICE)
+        else:
+            _, routing = Routing.of(taken.x, taken.inst, network.n_instances,
+                                    census=(network.n_output_dims, None, False))
+        routing.checked = (taken.x,)
+        return network._forward(taken.x, routing)
+
+    @staticmethod
+    def put(stage, taken, values):
+        _scatter(stage.out, taken.where, DEVICE.unused((1, stage.out.n), np.float32) if values is None else values)
+
+    @staticmethod
+    def take_gradient(stage, taken):
+        rows = _buffers.buffer((max(taken.n, 1), stage.out.n))
+        _take_gradient(stage.out.grad, taken.where, rows)
+        return rows
+
+    @staticmethod
+    def add_gradient(stage, taken, dx):
+        _add_gradient(stage.x.grad, taken.where, dx)
+
+    @staticmethod
+    def ones(n):
+        return DEVICE.full((n, 1), 1.0)
 
 
 class _Stage:
-    """A callable stage: ``stage()`` runs the forward (recorded by an enclosing ``ti.ad.Tape``)."""
+    """A callable stage: ``stage()`` runs the forward (recorded by an enclosing ``ti.ad.Tape``). Each call
+    picks its path's moves (``_HostMoves`` on the CPU, ``_DeviceMoves`` elsewhere) and keeps them for its
+    reverse pass."""
 
     out_name = "y"
 
@@ -92,51 +366,19 @@ class _Stage:
 
     @property
     def active(self):
-        """Ids of the networks the last call reached (``None`` for a single network): pass them to
-        ``trainer.optimizer_step(active=...)``."""
+        """The networks the last call reached, for ``trainer.optimizer_step(active=...)``: ``None`` for a single
+        network; on the CPU their ids (int32), on the device path an int32 ``(n_instances,)`` ``ti.ndarray``
+        mask (1: reached), which stays on the device."""
         return self._active
 
-    def _rows(self):
-        """Flat indices of the elements taken, their inputs ``(n, n_input_dims)`` and network ids."""
-        n_in = self.network.n_input_dims
-        x = self.x.to_numpy().reshape(-1, n_in)
-        rows = None
-        if self.mask is not None:
-            rows = np.flatnonzero(self.mask.to_numpy().reshape(-1))
-            x = x[rows]
-        inst = None
-        if self.instance is not None:
-            inst = self.instance.to_numpy().reshape(-1)
-            inst = np.ascontiguousarray(inst if rows is None else inst[rows], dtype=np.int32)
-        return rows, np.ascontiguousarray(x, dtype=np.float32), inst
+    def _take(self, call):
+        call.moves = _DeviceMoves if _device.active() else _HostMoves
+        call.taken = call.moves.take(self)
+        self._active = call.taken.active
 
-    def _take_output_gradient(self):
-        """The output's ``.grad``, then set to 0, as Taichi's reverse of a kernel that stores a field does: a
-        program that writes the field again earlier in the same Tape gets only its own gradient."""
-        g = self.out.grad.to_numpy()
-        self.out.grad.fill(0)
-        return g
-
-    def _add_input_gradient(self, rows, dx):
-        if dx is None or not self._x_grad:
-            return
-        n_in = self.network.n_input_dims
-        total = self.x.grad.to_numpy().reshape(-1, n_in)
-        if rows is None:
-            total += dx
-        else:
-            total[rows] += dx
-        self.x.grad.from_numpy(total.reshape(tuple(self.x.shape) + (n_in,)))
-
-    def _scatter(self, field, rows, values, width):
-        full = values if rows is None else np.zeros((int(np.prod(self.x.shape)), width), np.float32)
-        if rows is not None:
-            full[rows] = values
-        field.from_numpy(np.ascontiguousarray(full, dtype=np.float32).reshape(tuple(self.x.shape) + (width,)))
-
-    def _note_active(self, inst):
-        self._active = None if inst is None else np.flatnonzero(
-            np.bincount(inst, minlength=self.network.n_instances)).astype(np.int32)
+    def _add_input_gradient(self, call, dx):
+        if dx is not None and self._x_grad:
+            call.moves.add_gradient(self, call.taken, dx)
 
 
 class Stage(_Stage):
@@ -147,21 +389,18 @@ class Stage(_Stage):
         return network.n_output_dims
 
     def _forward(self, call):
-        call.rows, x, inst = self._rows()
-        n_out = self.network.n_output_dims
-        y = np.zeros((0, n_out), np.float32)
-        if len(x):
-            y, call.ctx = self.network.forward(x, inst)
-        self._note_active(inst)
-        self._scatter(self.out, call.rows, y, n_out)
+        self._take(call)
+        y = None
+        if call.taken.n:
+            y, call.ctx = call.moves.forward(self.network, call.taken)
+        call.moves.put(self, call.taken, y)
 
     def _backward(self, call):
-        dy = self._take_output_gradient().reshape(-1, self.network.n_output_dims)
-        if call.ctx is None:
+        dy = call.moves.take_gradient(self, call.taken)      # the output's .grad, then 0, as Taichi's reverse
+        if call.ctx is None:                                 # of a kernel that stores a field does
             return
-        dy = np.ascontiguousarray(dy if call.rows is None else dy[call.rows])
         dx = self.network.backward(call.ctx, dy, input_gradient=self._x_grad, mode="accumulate")
-        self._add_input_gradient(call.rows, dx)
+        self._add_input_gradient(call, dx)
 
 
 class GradientStage(_Stage):
@@ -202,23 +441,17 @@ class GradientStage(_Stage):
         return self._kernel
 
     def _forward(self, call):
-        call.rows, call.x, call.inst = self._rows()
-        if call.inst is not None and len(call.inst):
-            check_id_range(int(call.inst.min()), int(call.inst.max()), self.network.n_instances)
-        if not np.isfinite(call.x).all():
-            raise ValueError("x must be finite")
+        self._take(call)
         self.network._check_runtime()
         self._gradient_kernel()()
-        self._note_active(call.inst)
 
     def _backward(self, call):
-        dg = self._take_output_gradient().reshape(-1, self.network.n_input_dims)
-        if not len(call.x):
+        dg = call.moves.take_gradient(self, call.taken)
+        if not call.taken.n:
             return
-        _, ctx = self.network.forward(call.x, call.inst)
-        dg = np.ascontiguousarray(dg if call.rows is None else dg[call.rows])
-        _, dx = self.network.backward_backward_input(ctx, dg, np.ones((len(dg), 1), np.float32), mode="accumulate")
-        self._add_input_gradient(call.rows, dx)
+        _, ctx = call.moves.forward(self.network, call.taken)
+        _, dx = self.network.backward_backward_input(ctx, dg, call.moves.ones(call.taken.n), mode="accumulate")
+        self._add_input_gradient(call, dx)
 
 
 def stage(network, x, y, instance=None, mask=None) -> Stage:
