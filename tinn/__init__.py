@@ -7,7 +7,7 @@
     y_hat = model.network.inference(x)
 """
 from . import ad, encodings, losses, networks, optimizers
-from ._program import RuntimeResetError, init
+from ._program import ForkedProcessError, RuntimeResetError, init
 from .config import (TrainableModel, create_encoding, create_from_config, create_loss, create_network,
                      create_optimizer, load_config)
 from .encodings import Encoding
@@ -20,7 +20,7 @@ from .trainer import Trainer
 __version__ = "0.1.0"
 
 __all__ = [
-    "Encoding", "Loss", "Network", "NetworkWithInputEncoding", "Optimizer", "RuntimeResetError", "Trainer",
+    "Encoding", "ForkedProcessError", "Loss", "Network", "NetworkWithInputEncoding", "Optimizer", "RuntimeResetError", "Trainer",
     "TrainableModel", "create_encoding", "create_from_config", "create_loss", "create_network",
     "create_optimizer", "init", "load_config",
 ]

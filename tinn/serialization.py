@@ -39,13 +39,14 @@ import zipfile
 import numpy as np
 
 from .params import FLOAT16_MAX
+from .optimizers.step import STEP_LIMIT
 from .registry import create_loss, create_optimizer
 
 FORMAT, VERSION = "tinn-checkpoint", 1
 _MAX_HEADER = 1 << 24
 _NPY_SLACK = 4096          # bytes an .npy header may add to its data
 _NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
-MAX_STEPS = 2 ** 31 - 1    # step counters beyond this are refused (the kernels count in int32)
+MAX_STEPS = STEP_LIMIT     # step counters beyond 2^30 are refused (the kernels count in int32 and saturate)
 
 
 def _canonical(obj):
