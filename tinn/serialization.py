@@ -325,9 +325,10 @@ def read_tcnn(source, n_params: int | None = None) -> np.ndarray:
     if len(raw) != n * dtype.itemsize:
         raise ValueError(f"{where}: 'params_binary' holds {len(raw)} bytes, {n} {ptype} params need "
                          f"{n * dtype.itemsize}")
-    if not all(type(b) is int for b in raw):            # bool is not int's type; floats and strings are refused
-        bad = next(b for b in raw if type(b) is not int)
-        raise ValueError(f"{where}: 'params_binary.bytes' must be a list of integers 0..255, it holds {bad!r}")
+    kinds = set(map(type, raw))                   # bool is not int's type: floats, strings, booleans are refused
+    if kinds - {int}:
+        bad = (kinds - {int}).pop().__name__
+        raise ValueError(f"{where}: 'params_binary.bytes' must be a list of integers 0..255, it holds a {bad}")
     try:
         b = np.array(raw, dtype=np.int64)
     except OverflowError:
