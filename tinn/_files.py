@@ -21,10 +21,9 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
-import threading
 
-_writing: set = set()                   # temporary files this process is writing now
-_writing_lock = threading.Lock()
+_writing: set = set()       # temporary files this process is writing now (a set's add, discard and `in` are atomic
+                            # under the GIL: no lock, which an interrupt at the wrong line could leave held)
 
 
 def write_atomically(path, write, what: str):
@@ -38,8 +37,7 @@ def write_atomically(path, write, what: str):
     try:
         _remove_stale(directory, name)
         fd, tmp = tempfile.mkstemp(prefix=f".tinn-{name}.{os.getpid()}.", suffix=".tmp", dir=directory)
-        with _writing_lock:
-            _writing.add(tmp)
+        _writing.add(tmp)
         with os.fdopen(fd, "wb") as f:
             if hasattr(os, "fchmod"):
                 os.fchmod(f.fileno(), mode)
@@ -47,23 +45,18 @@ def write_atomically(path, write, what: str):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)             # never leaves a half-written file behind
-        _forget(tmp)
+        _writing.discard(tmp)
         tmp = None
         _fsync_directory(directory)
     except OSError as e:
         raise type(e)(e.errno, f"{what}: {e.strerror or e}", path) from None
     finally:
         if tmp is not None:
-            _forget(tmp)
+            _writing.discard(tmp)
             try:
                 os.remove(tmp)
             except OSError:
                 pass
-
-
-def _forget(tmp: str):
-    with _writing_lock:
-        _writing.discard(tmp)
 
 
 def _mode_for(target: str) -> int:
@@ -109,8 +102,7 @@ def _remove_stale(directory: str, name: str):
 def _running(pid: int, tmp: str) -> bool:
     """Whether the process ``pid`` may still be writing ``tmp`` (this process: only while a thread writes it)."""
     if pid == os.getpid():
-        with _writing_lock:
-            return tmp in _writing
+        return tmp in _writing
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
