@@ -209,3 +209,28 @@ def test_first_model_of_a_config_in_a_worker_thread_works_or_names_the_thread_ru
     worker.start()
     worker.join()
     assert "error" not in out and np.isfinite(out["loss"])
+
+
+# -- 7. cheap models --------------------------------------------------------------------------------------------
+def test_six_models_of_one_config_compile_no_kernel_of_their_own_whatever_chunk_they_land_in():
+    """Models of ``config_hash``'s size, some kept and some dropped, so that later ones land in new chunks and in
+    chunks emptied by others: after the first, each compiles at most the address probe of a new chunk
+    (``_addresses``, docs/memory.md), never a kernel of its own, and trains as a first model of its seed does."""
+    from compiles import compilations
+    cfg = {"encoding": {"otype": "HashGrid", "n_levels": 16, "log2_hashmap_size": 15, "per_level_scale": 1.5},
+           "network": {"otype": "FullyFusedMLP", "n_neurons": 64, "n_hidden_layers": 2}}
+    x, y = np.random.default_rng(0).random((1024, 2), dtype=np.float32), np.zeros((1024, 3), np.float32)
+    kept, losses = [], []
+    for i in range(6):
+        with compilations() as names:
+            m = tinn.create_from_config(2, 3, cfg, seed=i)
+            losses.append(m.trainer.training_step(x, y))
+            m.network.inference(x)
+            m.trainer.training_step(x, y)
+        if i:
+            assert set(names) <= {"_addresses"}, (i, names)
+        if i % 2 == 0:
+            kept.append(m)
+        del m
+    fresh = tinn.create_from_config(2, 3, cfg, seed=5)
+    assert fresh.trainer.training_step(x, y) == losses[5]
