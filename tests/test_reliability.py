@@ -14,7 +14,7 @@ import pytest
 import tinn
 from tinn.optimizers.step import STEP_CEILING, STEP_LIMIT
 
-from interrupts import Interrupt, batch, full_state, line_events, model, same, weights
+from interrupts import CFG, Interrupt, batch, full_state, line_events, model, same, weights
 
 
 # -- 1. step counters ------------------------------------------------------------------------------------
