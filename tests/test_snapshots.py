@@ -17,7 +17,6 @@ import zipfile
 import numpy as np
 import pytest
 
-import tinn
 from tinn import _files
 
 from interrupts import Interrupt, batch, full_state, line_events, model, same
