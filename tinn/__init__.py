@@ -9,7 +9,7 @@
 from importlib import metadata as _metadata
 
 from . import ad, encodings, losses, networks, optimizers
-from ._program import RuntimeResetError, init
+from ._program import ForkedProcessError, RuntimeResetError, init
 from .config import (TrainableModel, create_encoding, create_from_config, create_loss, create_network,
                      create_optimizer, load_config)
 from .encodings import Encoding
@@ -25,7 +25,7 @@ except _metadata.PackageNotFoundError:          # imported from a source tree th
     __version__ = "0+unknown"
 
 __all__ = [
-    "Encoding", "Loss", "Network", "NetworkWithInputEncoding", "Optimizer", "RuntimeResetError", "Trainer",
+    "Encoding", "ForkedProcessError", "Loss", "Network", "NetworkWithInputEncoding", "Optimizer", "RuntimeResetError", "Trainer",
     "TrainableModel", "create_encoding", "create_from_config", "create_loss", "create_network",
     "create_optimizer", "init", "load_config",
 ]

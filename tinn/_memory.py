@@ -7,6 +7,7 @@ Taichi's CPU backend allows a limited number of field trees (512): objects share
 import ctypes
 import math
 import os
+import threading
 import weakref
 
 import numpy as np
@@ -90,11 +91,20 @@ class _CheckedBuilder:
         return self._builder.dense(axes, shape)
 
 
+THREAD_RULE = (
+    "tinn needs new Taichi field memory here, and Taichi creates fields only on the thread that called ti.init "
+    "(this is thread {thread!r}): build the first model of each config on that thread, usually the main thread. "
+    "Later models of that config, which share its memory, and every training step and inference may run in "
+    "any thread")
+
+
 class FieldTree:
     """Fields placed by one ``ti.FieldsBuilder``, freed when the owner is garbage collected.
 
     Sizes are checked before Taichi sees them, and a failed allocation leaves no unfinalised
-    builder or unplaced field behind, so the process stays usable.
+    builder or unplaced field behind, so the process stays usable. Taichi's CPU and CUDA backends
+    place fields only from the thread that called ``ti.init``: elsewhere a ``RuntimeError`` states
+    that rule (``THREAD_RULE``) instead of Taichi's internal assertion.
     """
 
     def __init__(self, place, what: str = "tinn fields"):
@@ -106,7 +116,13 @@ class FieldTree:
         except BaseException:
             _discard(builder, impl.get_runtime())
             raise
-        self._tree = builder.finalize()
+        try:
+            self._tree = builder.finalize()
+        except RuntimeError as e:
+            if "main_thread_id_" not in str(e):
+                raise
+            _discard(builder, impl.get_runtime())
+            raise RuntimeError(THREAD_RULE.format(thread=threading.current_thread().name)) from None
 
     def __del__(self):
         try:

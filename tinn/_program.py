@@ -5,6 +5,11 @@ records the program it was built in (:class:`RuntimeBound`); using it after ``ti
 frees every field and ndarray) raises :class:`RuntimeResetError` instead of crashing the process, in
 Python (``_check_runtime``) and while a user's kernel compiles (:func:`guarded`).
 
+A process forked after Taichi was initialised (multiprocessing's ``fork`` start method, the Linux default,
+and so torch DataLoader workers) inherits a Taichi program whose worker threads did not survive the fork:
+any kernel there blocks forever. tinn notices the fork (``os.register_at_fork``) and its first call in the
+child raises :class:`ForkedProcessError`, naming the ``spawn`` start method; the parent is not affected.
+
 A ``ti.ndarray`` made before the last ``ti.init`` is refused too (:func:`check_live`). Taichi cannot tell:
 a freed ndarray's allocation id may name a live ndarray of the new program. So every ``ti.ndarray`` records,
 when it is made, a weak reference to Taichi's runtime object of the moment (``ti.init`` replaces that
@@ -16,6 +21,7 @@ behaviour.
 import ctypes
 import ctypes.util
 import functools
+import os
 import weakref
 
 import taichi as ti
@@ -27,6 +33,34 @@ from taichi.lang.enums import AutodiffMode
 
 class RuntimeResetError(RuntimeError):
     """A tinn object was used after ``ti.init`` was called again."""
+
+
+class ForkedProcessError(RuntimeError):
+    """A tinn call in a process forked after Taichi was initialised (see the module docstring)."""
+
+
+_FORK_ADVICE = (
+    "this process was forked after Taichi was initialised (multiprocessing's 'fork' start method, the Linux "
+    "default, or a torch DataLoader worker): Taichi's runtime does not survive a fork, and any kernel here would "
+    "block forever. Start worker processes with the 'spawn' start method instead: "
+    "multiprocessing.get_context('spawn') (or multiprocessing.set_start_method('spawn')), and for torch "
+    "DataLoader(..., multiprocessing_context='spawn'); or keep tinn calls in the parent process")
+_forked_after_init = False
+
+
+def _after_fork_in_child():
+    global _forked_after_init
+    _forked_after_init = _forked_after_init or impl.get_runtime().prog is not None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def check_not_forked():
+    """:class:`ForkedProcessError` in a child forked after Taichi was initialised."""
+    if _forked_after_init:
+        raise ForkedProcessError(_FORK_ADVICE)
 
 
 class _TracedRuntimeResetError(RuntimeResetError, TaichiCompilationError):
@@ -43,6 +77,7 @@ def init(arch=None, *, keep_large_buffers: bool = True, **kwargs):
     activations afresh, and zero-filling new pages otherwise costs about a third
     of a step on the CPU. It changes the allocator for the whole process.
     """
+    check_not_forked()
     settings = dict(offline_cache=True)
     settings.update(kwargs)
     if keep_large_buffers:
@@ -64,7 +99,8 @@ def _keep_large_buffers():
 
 
 def current_program():
-    """The live Taichi program; a clear error before ``ti.init``."""
+    """The live Taichi program; a clear error before ``ti.init`` (or in a child forked after it)."""
+    check_not_forked()
     prog = impl.get_runtime().prog
     if prog is None:
         raise RuntimeError("Taichi is not initialised: call ti.init(...) (or tinn.init()) before creating tinn objects")
@@ -78,9 +114,12 @@ class RuntimeBound:
         self._program = current_program()
 
     def _check_runtime(self):
+        check_not_forked()
         prog = impl.get_runtime().prog
         if prog is None:
-            raise RuntimeError("Taichi is not initialised: call ti.init(...) before using tinn objects")
+            raise RuntimeResetError(
+                f"this {type(self).__name__} was built before ti.reset() (or a ti.init since), which freed its "
+                "Taichi fields: call ti.init(...) and build it anew")
         if prog is not self._program:
             raise RuntimeResetError(
                 f"this {type(self).__name__} was built before ti.init was called again, which freed its "

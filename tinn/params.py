@@ -130,8 +130,8 @@ class _Arena:
 
     def give(self, chunk: _Chunk, start: int, n: int):
         chunk.give(start, n)
-        if not chunk.n_stores and chunk is not self.chunks[-1]:
-            self.chunks.remove(chunk)             # its tree is freed with it; the newest chunk stays for reuse
+        if not chunk.n_stores and chunk.n_instances * chunk.width > CHUNK_MAX and chunk is not self.chunks[-1]:
+            self.chunks.remove(chunk)             # an oversized store's own chunk: its tree is freed with it
 
 
 _ARENAS: dict = {}

@@ -28,24 +28,25 @@ tcnn snapshot (``Trainer.export_tcnn`` / ``Trainer.load_tcnn``): tcnn's
 """
 from __future__ import annotations
 
-import io
 import json
 import os
-import stat
-import tempfile
+import re
 import warnings
 import zipfile
 
 import numpy as np
 
+from ._files import open_regular, write_atomically
 from .params import FLOAT16_MAX
+from .optimizers.step import STEP_LIMIT
 from .registry import create_loss, create_optimizer
 
 FORMAT, VERSION = "tinn-checkpoint", 1
 _MAX_HEADER = 1 << 24
+_MAX_HEADER_DEPTH = 100    # JSON nesting of a header (configs nest optimizers a few levels deep)
 _NPY_SLACK = 4096          # bytes an .npy header may add to its data
 _NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
-MAX_STEPS = 2 ** 31 - 1    # step counters beyond this are refused (the kernels count in int32)
+MAX_STEPS = STEP_LIMIT     # step counters beyond 2^30 are refused (the kernels count in int32 and saturate)
 
 
 def _canonical(obj):
@@ -72,7 +73,8 @@ def save(trainer, path):
     """Write ``trainer``'s configs, parameters and optimizer state to ``path`` (one .npz file).
 
     The file is written beside ``path``, flushed to disk with its directory, then renamed
-    over ``path``: a crash never leaves a half-written checkpoint. Errors name ``path``.
+    over ``path``: a crash never leaves a half-written checkpoint. A symlink's target is written, the old
+    file's permissions kept (:func:`tinn._files.write_atomically`). Errors name ``path``.
     """
     trainer._check_runtime()
     model, store = trainer.model, trainer._master()
@@ -85,52 +87,7 @@ def save(trainer, path):
     if trainer.loss_scaler is not None:
         header.update(precision="float16", loss_scale=trainer.loss_scaler.state())
     arrays["header"] = np.frombuffer(json.dumps(header).encode("utf-8"), np.uint8)
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".tinn-", suffix=".tmp", dir=directory)
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)             # never leaves a half-written checkpoint behind
-        tmp = None
-        _fsync_directory(directory)
-    except OSError as e:
-        raise type(e)(e.errno, f"cannot save the checkpoint: {e.strerror or e}", path) from None
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def _fsync_directory(directory: str):
-    """Make a rename in ``directory`` durable (where the platform can open directories)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _open_regular(path: str):
-    """``path`` opened for reading, refused unless it is a regular file (FIFOs, devices and
-    directories are never read: opening is non-blocking, and the check is on the opened file)."""
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
-    fd = os.open(path, flags)
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError(f"{path}: not a tinn checkpoint (not a regular file)")
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
+    write_atomically(path, lambda f: np.savez(f, **arrays), "cannot save the checkpoint")
 
 
 class _Archive:
@@ -144,8 +101,10 @@ class _Archive:
             infos = self.zip.infolist()
         except (OSError, zipfile.BadZipFile, ValueError, EOFError, RuntimeError) as e:
             raise ValueError(f"{path}: not a tinn checkpoint (unreadable archive: {e})") from None
-        names = [info.filename for info in infos]
-        duplicates = sorted({n for n in names if names.count(n) > 1}) if len(set(names)) != len(names) else []
+        seen, duplicates = set(), set()
+        for info in infos:
+            (duplicates if info.filename in seen else seen).add(info.filename)
+        duplicates = sorted(duplicates)
         if duplicates:
             raise ValueError(f"{path}: damaged tinn checkpoint (duplicate members {duplicates[:5]})")
         self.infos = {info.filename: info for info in infos}
@@ -195,6 +154,7 @@ def _read_header(archive: _Archive) -> dict:
         raise ValueError(f"{path}: not a tinn checkpoint (no header)")
     raw = archive.read("header", np.uint8, None, _MAX_HEADER)
     try:
+        check_json_depth(raw.tobytes(), _MAX_HEADER_DEPTH)
         header = json.loads(raw.tobytes().decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: damaged tinn checkpoint header ({e})") from None
@@ -231,7 +191,7 @@ def load(trainer, path):
     model, optimizer = trainer.model, trainer.optimizer
     K, n = model.n_instances, model.n_params
     path = os.fspath(path)
-    with _open_regular(path) as f:
+    with open_regular(path, "tinn checkpoint") as f:
         archive = _Archive(f, path)
         header = _read_header(archive)
 
@@ -316,7 +276,8 @@ def _write_params(trainer, params, inference_params, scale_state):
 
 # -- tcnn snapshots ---------------------------------------------------------------------
 def export_tcnn(trainer, path, instance: int | None = None):
-    """Write tcnn's ``Trainer::serialize()`` JSON (inference weights, float) for one network."""
+    """Write tcnn's ``Trainer::serialize()`` JSON (inference weights, float) for one network, as :func:`save`
+    writes: whole or not at all (the previous file stays until the new one replaces it); errors name ``path``."""
     trainer._check_runtime()
     model, store = trainer.model, trainer.model.store
     row = _instance_row(model, instance)
@@ -324,45 +285,95 @@ def export_tcnn(trainer, path, instance: int | None = None):
     half = store.precision == "float16"            # as tcnn's half-precision build: "__half"
     data = {"n_params": model.n_params, "params_type": "__half" if half else "float",
             "params_binary": {"bytes": params.astype("<f2" if half else "<f4").tobytes(), "subtype": None}}
-    text = json.dumps(data, default=lambda b: list(b))
-    with open(path, "w") as f:
-        f.write(text)
+    text = json.dumps(data, default=lambda b: list(b)).encode("utf-8")
+    write_atomically(path, lambda f: f.write(text), "cannot write the tcnn snapshot")
 
 
-def read_tcnn(source) -> np.ndarray:
-    """The float32 parameters of a tcnn snapshot (a path, a JSON string's file, or the parsed dict)."""
+_TCNN_TYPES = {"float": "<f4", "__half": "<f2"}
+_JSON_CHARS_PER_BYTE = 16          # "255, " is 5; an indented file's line holds a byte in up to 16
+_MAX_JSON_DEPTH = 32               # a snapshot is 3 deep; deeper JSON is refused before it is walked
+
+
+def read_tcnn(source, n_params: int | None = None) -> np.ndarray:
+    """The float32 parameters of a tcnn snapshot (a path, or the parsed dict), checked strictly: ``n_params``
+    a non-negative integer (and equal to ``n_params`` when given), ``params_type`` "float" or "__half",
+    ``params_binary.bytes`` a list of integers 0..255 (no floats, strings or booleans) of exactly the
+    parameters' size, every value finite. A path is read only if it is a regular file no larger than such a
+    snapshot can be (``n_params`` given: of that many float parameters; else 2^31 - 1 bytes). Any problem is a
+    ``ValueError`` naming the source."""
     if isinstance(source, dict):
         data, where = source, "tcnn snapshot"
     else:
         where = os.fspath(source)
-        try:
-            with open(where, "rb") as f:
-                data = json.load(io.TextIOWrapper(f, encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as e:
-            raise ValueError(f"{where}: not a tcnn snapshot JSON ({type(e).__name__}: {e})") from None
+        data = _read_json(where, (2 ** 31 - 1) if n_params is None else
+                          4 * n_params * _JSON_CHARS_PER_BYTE + (1 << 16))
     if not isinstance(data, dict) or "params_binary" not in data:
         raise ValueError(f"{where}: not a tcnn snapshot (no 'params_binary')")
     n = data.get("n_params")
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise ValueError(f"{where}: 'n_params' must be a non-negative integer, got {n!r}")
-    kinds = {"float": "<f4", "__half": "<f2"}
+    if n_params is not None and n != n_params:
+        raise ValueError(f"{where}: tcnn snapshot has {n} params, this model has {n_params}")
     ptype = data.get("params_type", "float")
-    if ptype not in kinds:
+    if not isinstance(ptype, str) or ptype not in _TCNN_TYPES:
         raise ValueError(f"{where}: 'params_type' must be 'float' or '__half', got {ptype!r}")
     binary = data["params_binary"]
     raw = binary.get("bytes") if isinstance(binary, dict) else None
     if not isinstance(raw, list):
         raise ValueError(f"{where}: 'params_binary' must be {{\"bytes\": [...], \"subtype\": null}}")
+    dtype = np.dtype(_TCNN_TYPES[ptype])
+    if len(raw) != n * dtype.itemsize:
+        raise ValueError(f"{where}: 'params_binary' holds {len(raw)} bytes, {n} {ptype} params need "
+                         f"{n * dtype.itemsize}")
+    kinds = set(map(type, raw))                   # bool is not int's type: floats, strings, booleans are refused
+    if kinds - {int}:
+        bad = (kinds - {int}).pop().__name__
+        raise ValueError(f"{where}: 'params_binary.bytes' must be a list of integers 0..255, it holds a {bad}")
     try:
         b = np.array(raw, dtype=np.int64)
-    except (TypeError, ValueError, OverflowError):
-        raise ValueError(f"{where}: 'params_binary.bytes' must be a list of integers 0..255") from None
-    if b.ndim != 1 or (b.size and (b.min() < 0 or b.max() > 255)):
+    except OverflowError:
+        b = None
+    if b is None or (b.size and (b.min() < 0 or b.max() > 255)):
         raise ValueError(f"{where}: 'params_binary.bytes' must be a list of integers 0..255")
-    dtype = np.dtype(kinds[ptype])
-    if b.size != n * dtype.itemsize:
-        raise ValueError(f"{where}: 'params_binary' holds {b.size} bytes, {n} {ptype} params need {n * dtype.itemsize}")
-    return np.frombuffer(b.astype(np.uint8).tobytes(), dtype).astype(np.float32)
+    values = np.frombuffer(b.astype(np.uint8).tobytes(), dtype).astype(np.float32)
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+        raise ValueError(f"{where}: tcnn snapshot holds {bad.size} non-finite parameters (NaN or infinite), "
+                         f"the first at index {bad[0]}")
+    return values
+
+
+def _read_json(path: str, max_bytes: int):
+    """The JSON value in the regular file ``path`` of at most ``max_bytes`` bytes, nested at most
+    ``_MAX_JSON_DEPTH`` deep; else ``ValueError``."""
+    try:
+        with open_regular(path, "tcnn snapshot", max_bytes) as f:
+            text = f.read(max_bytes + 1)
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read the tcnn snapshot ({type(e).__name__}: {e})") from None
+    if len(text) > max_bytes:
+        raise ValueError(f"{path}: not a tcnn snapshot (more than {max_bytes:,} bytes)")
+    try:
+        check_json_depth(text, _MAX_JSON_DEPTH)
+        return json.loads(text.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{path}: not a tcnn snapshot JSON ({type(e).__name__}: {e})") from None
+
+
+def check_json_depth(text: bytes, limit: int):
+    """``ValueError`` if the JSON ``text`` nests arrays and objects more than ``limit`` deep, found before any
+    parser recurses into them: escaped characters dropped, then all but quotes and brackets, then the strings
+    (what is left between quotes), and the depth is the running count of opening less closing brackets."""
+    structure = _ESCAPED.sub(b"", text).translate(None, _NOT_STRUCTURE)
+    brackets = np.frombuffer(_STRING.sub(b"", structure), np.uint8)
+    if brackets.size:
+        depth = np.cumsum(np.where((brackets == ord("[")) | (brackets == ord("{")), 1, -1))
+        if depth.max() > limit:
+            raise ValueError(f"JSON nested more than {limit} deep")
+
+
+_ESCAPED, _STRING = re.compile(rb"\\.", re.DOTALL), re.compile(rb'"[^"]*"')
+_NOT_STRUCTURE = bytes(c for c in range(256) if c not in b'[]{}"')
 
 
 def load_tcnn(trainer, source, instance: int | None = None):
@@ -370,19 +381,29 @@ def load_tcnn(trainer, source, instance: int | None = None):
 
     As tcnn's ``Trainer::deserialize`` without an optimizer entry: optimizer state is kept. A float16 model
     takes them as its float32 master weights, rounded into its own (values beyond float16's range are refused).
+    The snapshot is checked whole (:func:`read_tcnn`) before anything is written, and the writes are one
+    transaction: a failure or an interrupt on the way puts the previous weights back.
     """
     trainer._check_runtime()
-    model, row, values = trainer.model, _instance_row(trainer.model, instance), read_tcnn(source)
-    if values.size != model.n_params:
-        raise ValueError(f"tcnn snapshot has {values.size} params, this model has {model.n_params}")
+    model = trainer.model
+    row = _instance_row(model, instance)
+    values = read_tcnn(source, model.n_params)
     if model.store.precision == "float16" and values.size and np.abs(values).max() > FLOAT16_MAX:
         raise ValueError(f"tcnn snapshot has a parameter beyond float16's range (+-{FLOAT16_MAX:g})")
     store = trainer._master()
-    for field in {id(store.params): store.params, id(store.inference_params): store.inference_params}.values():
-        full = store.read(field, store.offset, model.n_params)
-        full[row] = values
-        store.write(field, store.offset, full)
-    trainer._published()
+    fields = list({id(store.params): store.params, id(store.inference_params): store.inference_params}.values())
+    old = [store.read(field, store.offset, model.n_params) for field in fields]
+    try:
+        for field, full in zip(fields, old):
+            full = full.copy()
+            full[row] = values
+            store.write(field, store.offset, full)
+        trainer._published()
+    except BaseException:
+        for field, full in zip(fields, old):
+            store.write(field, store.offset, full)
+        trainer._published()
+        raise
 
 
 def _instance_row(model, instance):

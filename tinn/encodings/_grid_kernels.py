@@ -1,5 +1,7 @@
 """The grid encoding's batch kernels and the funcs a user's kernel calls (the per-level formulas: ``_grid_funcs.py``;
 the permutohedral encoding runs them with its own, ``_permuto_funcs.py``)."""
+import contextlib
+
 import taichi as ti
 
 from .._device import is_cpu
@@ -25,7 +27,7 @@ def _tables(levels: tuple, scratch_shape):
     """The table of the levels' geometry (scale, resolution, table size, entry offset) and, on the CPU,
     the workers' private gradient tables ``scratch_shape``: one field tree shared by every grid of one
     config, not one per model (Taichi allows 512 trees). Sharing the scratch is safe: a backward pass
-    leaves it zeroed."""
+    leaves it zeroed, and one cut short has the next zero it first (:class:`_Scratch`)."""
     geometry = ti.types.struct(scale=ti.f32, res=ti.u32, size=ti.u32, offset=ti.u32).field()
     scratch = ti.field(ti.f32) if scratch_shape else None
 
@@ -37,7 +39,26 @@ def _tables(levels: tuple, scratch_shape):
     tree = FieldTree(place, "grid encoding tables")
     for l, (scale, res, size, offset) in enumerate(levels):
         geometry[l] = dict(scale=scale, res=res, size=size, offset=offset)
-    return tree, geometry, scratch
+    return tree, geometry, scratch and _Scratch(scratch)
+
+
+class _Scratch:
+    """The workers' private gradient tables, zero between backward passes: the pass that fills them (the
+    scatter) is followed by the reduction that empties them. A pass cut short between the two (an exception,
+    a KeyboardInterrupt) leaves them ``dirty``, and the next pass zeroes them first, so that no gradient of an
+    interrupted pass reaches a later one."""
+
+    def __init__(self, field):
+        self.field, self.dirty = field, False
+
+    @contextlib.contextmanager
+    def filling(self):
+        """Run the scatter and the reduction inside: the tables are zero at the start, whatever came before."""
+        if self.dirty:
+            self.field.fill(0.0)
+        self.dirty = True
+        yield
+        self.dirty = False
 
 
 class _GridKernels:
@@ -83,7 +104,8 @@ class _GridKernels:
         self._tables = _tables(tuple((float(scale), res % 2 ** 32, entries, offset)
                                      for scale, res, entries, offset, _ in levels),
                                (n_workers, K, n) if private else None)
-        geometry, scratch = self._tables[1:]
+        geometry, private_tables = self._tables[1:]
+        scratch = private_tables and private_tables.field
 
         fn = funcs(D, F, interp, entry_mask, any_input=not checked)    # batches checked on the host: finite
         at, row, gs_row, level_features, level_scatter = fn.at, fn.row, fn.gs_row, fn.level_features, fn.level_scatter
@@ -236,8 +258,9 @@ class _GridKernels:
             g = g if second else x                  # not read by the first order
             zero_n = n if overwrite else 0
             if private:
-                scatter(add_private, G, base, x, inst, dy, routed, second, g, 0)
-                reduce_private(G, base, overwrite)
+                with private_tables.filling():
+                    scatter(add_private, G, base, x, inst, dy, routed, second, g, 0)
+                    reduce_private(G, base, overwrite)
             elif cpu:
                 scatter_levels(G, base, x, inst, dy, routed, overwrite, second, g)
             elif block_scatter is None or routed:

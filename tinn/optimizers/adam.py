@@ -20,7 +20,7 @@ import taichi as ti
 
 from .._kernels import FLAT, at, flat_args, set_at, specialised
 from .._device import is_cpu
-from .step import one_minus_pow
+from .step import counted, one_minus_pow
 from ..registry import optimizers
 from ..keys import NON_NEGATIVE, Key
 from .optimizer import (ABSOLUTE_DECAY, EPSILON, F32_1D, I32_1D, LEARNING_RATE, RELATIVE_DECAY, Optimizer, beta,
@@ -77,7 +77,7 @@ def _adam_kernel(n_matrix: int, n: int, flags: tuple, flat: bool):
     each stepped weight to ``I[k, io + i]`` (the model's inference weights, filled in the same pass
     instead of a copy after the step). Matrix parameters share their network's step count;
     non-matrix ones keep their own (they skip zero gradients). The kernel counts the optimizer's
-    steps too (``steps[k] += active[k]``, after the updates), so a step is one launch.
+    steps too (``steps[k] += active[k]``, saturating, after the updates), so a step is one launch.
     """
     adabound, gclip_on, wclip_on, decay_on, opt_matrix, opt_non_matrix, skip_zero, mirror = flags
     n_nm = n - n_matrix
@@ -152,7 +152,7 @@ def _adam_kernel(n_matrix: int, n: int, flags: tuple, flat: bool):
                         i, s = n_matrix + j, k * n_nm + j
                         w0, g = at(P, ps, k, po + i), at(G, gs, k, go + i) * inv_scale
                         run = not (skip_zero and g == 0.0)
-                        t = param_steps[s] + ti.cast(run, ti.i32)
+                        t = counted(param_steps[s], ti.cast(run, ti.i32))
                         a_t = a_k * bias_at(bias, t, beta1, beta2)
                         w, mi, vi = update(w0, g + nm_l2_reg * w0, m[k * n + i], v[k * n + i], a_t, T,
                                            beta1, beta2, eps, rel_decay, abs_decay, wclip, gclip)
@@ -164,8 +164,8 @@ def _adam_kernel(n_matrix: int, n: int, flags: tuple, flat: bool):
                         param_steps[s] = t
         for k in range(active.shape[0]):                    # after the updates, which read the old counts
             if ti.static(opt_matrix):
-                matrix_steps[k] += active[k]
-            steps[k] += active[k]
+                matrix_steps[k] = counted(matrix_steps[k], active[k])
+            steps[k] = counted(steps[k], active[k])
 
     return step
 

@@ -20,6 +20,7 @@ from ..registry import optimizers
 from ..keys import POSITIVE_INT, Key
 from ..params import Buffer
 from .optimizer import I32_1D, Slot, zeros
+from .step import counted
 from .wrapper import Wrapper
 
 
@@ -34,7 +35,7 @@ def _accumulate(pool: ARENA, po: ti.i32, G: ARENA, go: ti.i32, n: ti.i32, active
                 pool[k, po + i] = 0.0
             pool[k, po + i] += G[k, go + i] / ti.cast(multiplier, ti.f32)
     for k in range(active.shape[0]):
-        steps[k] += active[k]
+        steps[k] = counted(steps[k], active[k])
         fire[k] = ti.cast(active[k] != 0 and steps[k] % multiplier == 0, ti.i32)
 
 

@@ -14,7 +14,8 @@ Network arrays: every state array is per instance, and so is the step counter
 ``active`` is ``None`` (all), a host sequence of network ids, or an int32 ``ti.ndarray`` mask
 ``(n_instances,)`` computed on the device: then the step reads nothing back. The step
 counters live in int32 kernel arrays (``steps_array()``), counted by the kernels that step;
-``step_counts()`` and ``state_dict()`` read them back.
+``step_counts()`` and ``state_dict()`` read them back. A counter saturates at ``2^31 - 2`` (it never wraps);
+a state dict or checkpoint may hold counts up to ``2^30`` (``STEP_LIMIT``), a billion steps short of that.
 
 Runtime scalars (learning rate, betas, ...) are kernel arguments, so changing them
 never recompiles. The learning rate reaches a kernel as the scalar ``learning_rate`` and a
@@ -43,10 +44,10 @@ from .. import _buffers
 from .._batch import as_mask
 from .._types import F32_1D, F32_2D, F32_3D, I32_1D, I32_2D  # noqa: F401 (the optimizers' aliases)
 from .._program import RuntimeBound
-from ..keys import INT32_MAX, NON_NEGATIVE, UNIT_INTERVAL, Key, Options
+from ..keys import NON_NEGATIVE, UNIT_INTERVAL, Key, Options
 from ..object import Object, ParametricObject
 from ..params import ParamStore
-from .step import Step, count_steps, new_counter
+from .step import STEP_LIMIT, Step, count_steps, new_counter
 
 
 def zeros(shape, dtype):
@@ -354,8 +355,10 @@ def check_state(expected: dict, state, what: str):
         if not isinstance(got, np.ndarray) or got.shape != want.shape or got.dtype != want.dtype:
             desc = f"{got.dtype}{list(got.shape)}" if isinstance(got, np.ndarray) else type(got).__name__
             raise ValueError(f"{what} state '{key}' must be {want.dtype}{list(want.shape)}, got {desc}")
-        if key.endswith("current_step") and got.size and not (0 <= got.min() and got.max() <= INT32_MAX):
-            raise ValueError(f"{what} state '{key}' must hold step counts in [0, {INT32_MAX}]")
+        if got.dtype.kind in "iu" and got.size and not (0 <= got.min() and got.max() <= STEP_LIMIT):
+            raise ValueError(f"{what} state '{key}' must hold step counts in [0, {STEP_LIMIT}] (2^30: counters "
+                             f"stop at 2^31 - 2, a run from there could not count its steps), got {got.min()} "
+                             f"to {got.max()}")
 
 
 def prefixed(prefix: str, state: dict) -> dict:

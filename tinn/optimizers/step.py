@@ -32,14 +32,26 @@ class Step:
     publish_to: tuple | None = None
 
 
+STEP_LIMIT = 2 ** 30           # the largest step count a checkpoint or state dict may hold
+STEP_CEILING = 2 ** 31 - 2     # where counters stop: one below int32's end, so that ``count + 1`` never wraps
+
+
+@ti.func
+def counted(count, stepped):
+    """``count + 1`` where ``stepped != 0`` (else ``count``), saturating at ``STEP_CEILING``: a counter never wraps."""
+    one = ti.cast(stepped != 0, ti.i32)
+    return ti.min(count, STEP_CEILING - one) + one
+
+
 @ti.kernel
 def _count(steps: I32_1D, mask: I32_1D):
     for k in range(steps.shape[0]):
-        steps[k] += mask[k]
+        steps[k] = counted(steps[k], mask[k])
 
 
 def count_steps(steps, mask):
-    """``steps[k] += mask[k]``: the per-network step counter, counted where it lives."""
+    """``steps[k] += mask[k]`` (saturating at ``STEP_CEILING``): the per-network step counter, counted where it
+    lives."""
     _count(steps, mask)
 
 

@@ -52,6 +52,7 @@ class _ModuleFunction(torch.autograd.Function):
     def backward(ctx, dy):
         if dy is None:
             return None, None, None, None
+        ctx.native._check_runtime()         # a graph built before ti.reset(): RuntimeResetError
         x, params = ctx.saved_tensors
         dx, dparams = _ModuleFunctionBackward.apply(ctx, dy.to(torch.float32), x, params)
         return None, _none_if_empty(dx), _none_if_empty(dparams), None
@@ -81,6 +82,7 @@ class _ModuleFunctionBackward(torch.autograd.Function):
         dy, x, params = ctx.saved_tensors
         fwd = ctx.fwd
         native = fwd.native
+        native._check_runtime()
         scale = native.loss_scale
         d_dy, dx = native.backward_backward_input(fwd.native_ctx, to_tinn(_scaled(d_dx, scale)), to_tinn(dy))
         d_dy = _unscaled(from_tinn(d_dy), scale) if ctx.needs_input_grad[1] else None
