@@ -312,13 +312,14 @@ def save_pictures(out, results, goal):
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--agents", type=int, default=1024, help="agents (each with its own network in the array)")
     ap.add_argument("--horizon", type=int, default=24, help="simulation steps the objective looks through")
     ap.add_argument("--steps", type=int, default=1000, help="most training steps of each model")
     ap.add_argument("--budget", type=float, default=60.0, help="seconds of training for each model")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--arch", default="cpu", choices=["cpu", "vulkan", "cuda", "metal", "gpu"])
+    ap.add_argument("--seed", type=int, default=0, help="seed of the scene and of both models")
+    ap.add_argument("--arch", default="cpu", choices=["cpu", "vulkan", "cuda", "metal", "gpu"], help="Taichi arch")
     ap.add_argument("--out", default="out", help="folder for the pictures (created)")
     args = ap.parse_args(argv)
     for name in ("agents", "horizon", "steps"):
