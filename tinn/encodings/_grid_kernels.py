@@ -185,18 +185,19 @@ class _GridKernels:
                 B = x.shape[0]
                 n_runs = (B + RUN - 1) // RUN
                 for mode, first, stop in ti.static(runs):
-                    for i in range((stop - first) * n_runs):
-                        l, start = first + i // n_runs, (i % n_runs) * RUN
+                    for l, r in ti.ndrange((first, stop), n_runs):
+                        start = r * RUN
                         lv = geometry[l]
                         keys, sums, held = ti.Vector([-1] * C, ti.i32), ti.Matrix.zero(ti.f32, C, F), 0
                         for b in range(start, ti.min(start + RUN, B)):
                             k = inst[b] if ti.static(routed) else 0
                             new_keys, values = fn.corner_terms(row(x, b, D, 0), lv, mode, row(dy, b, F, l * F),
                                                                False, ti.Vector.zero(ti.f32, D))
+                            same_network = ti.select(k == held, 1, 0)
                             for h in ti.static(range(C)):             # the held sums: kept or added
-                                kept = 0
+                                kept = 0            # (conditions as ints: Taichi's SPIR-V has no boolean and)
                                 for c in ti.static(range(C)):
-                                    if kept == 0 and k == held and new_keys[c] == keys[h]:
+                                    if ti.select(new_keys[c] == keys[h], same_network, 0) > kept:
                                         for f in ti.static(range(F)):
                                             values[c, f] = values[c, f] + sums[h, f]
                                         kept = 1
