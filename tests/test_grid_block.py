@@ -1,6 +1,7 @@
 """The grid's parameter gradients off the CPU (CUDA, Vulkan): the levels of small tables are summed per
-block in shared memory (``tinn/encodings/_grid_block.py``), the others added per sample; first and
-second order, overwrite and accumulate, against the NumPy reference. (The CPU sums per thread:
+block in shared memory (``tinn/encodings/_grid_block.py``), the others in runs of consecutive samples that sum
+the corners they share (first order) or per sample (second order); first and second order, overwrite and
+accumulate, routed or not, against the NumPy reference. (The CPU sums per thread:
 ``tests/test_grid_backward.py``.)"""
 from collections import namedtuple
 
