@@ -185,6 +185,8 @@ class _GridKernels:
                 B = x.shape[0]
                 n_runs = (B + RUN - 1) // RUN
                 for mode, first, stop in ti.static(runs):
+                    # an ndrange: a flat loop with l = first + i // n_runs stopped Taichi 1.7's SPIR-V codegen
+                    # ("Not supported") in some configs
                     for l, r in ti.ndrange((first, stop), n_runs):
                         start = r * RUN
                         lv = geometry[l]
@@ -195,7 +197,7 @@ class _GridKernels:
                                                                False, ti.Vector.zero(ti.f32, D))
                             same_network = ti.select(k == held, 1, 0)
                             for h in ti.static(range(C)):             # the held sums: kept or added
-                                kept = 0            # (conditions as ints: Taichi's SPIR-V has no boolean and)
+                                kept = 0
                                 for c in ti.static(range(C)):
                                     if ti.select(new_keys[c] == keys[h], same_network, 0) > kept:
                                         for f in ti.static(range(F)):
