@@ -59,9 +59,12 @@ def scan(script: str, min_elements: int = 16, timeout: float = 900) -> dict:
     the output's tail if the script fails."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     env.pop("TINN_ARCH", None)
-    with tempfile.TemporaryFile("w+", errors="replace") as out:
-        proc = subprocess.run([sys.executable, "-c", PRELUDE + script], cwd=ROOT, env=env, stdout=out,
-                              stderr=subprocess.STDOUT, timeout=timeout, text=True)
+    with tempfile.TemporaryDirectory(prefix="irscan_") as tmp, tempfile.TemporaryFile("w+", errors="replace") as out:
+        path = os.path.join(tmp, "scanned.py")          # a file: Taichi reads the kernels' source
+        with open(path, "w") as f:
+            f.write(PRELUDE + script)
+        proc = subprocess.run([sys.executable, path], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                              timeout=timeout, text=True)
         out.seek(0)
         if proc.returncode != 0:
             raise RuntimeError(f"the scanned script failed ({proc.returncode}):\n{out.read()[-4000:]}")

@@ -1,11 +1,12 @@
 """No per-thread array of a kernel lives in memory (on CUDA: local memory): compiled on Vulkan, the final IR
 of every kernel a step runs keeps no non-shared tensor alloca of 16 or more elements (``tests/irscan.py``).
 Each case runs its own process on Taichi's Vulkan backend (Mesa's llvmpipe in CI) on the device path."""
+import os
 import shutil
 
 import pytest
 
-from irscan import kept_arrays, kernels_in, parse, scan
+from irscan import kept_arrays, kernels_in, parse, python_name, scan
 
 GRID_SOURCES = ("tinn/encodings/_grid_kernels.py", "tinn/encodings/_grid_block.py")
 
@@ -32,8 +33,8 @@ for D in (3,):                  # 2^3 corners: the largest per-corner vectors of
 ti.sync()
 """
 
-needs_vulkan = pytest.mark.skipif(shutil.which("vulkaninfo") is None and not __import__("os").path.exists(
-    "/usr/share/vulkan/icd.d"), reason="no Vulkan driver")
+needs_vulkan = pytest.mark.skipif(not (shutil.which("vulkaninfo") or os.path.isdir("/usr/share/vulkan/icd.d")),
+                                  reason="no Vulkan driver")
 
 
 def test_the_parser_reads_the_last_dump_of_each_kernel():
@@ -48,6 +49,41 @@ def test_the_parser_reads_the_last_dump_of_each_kernel():
            "    <*[Tensor (2) i32]> $1 = alloca"]
     assert parse(log) == {"step_c1_0": [32], "other_c2_0": []}
     assert parse(log, min_elements=2) == {"step_c1_0": [32, 15], "other_c2_0": [2]}
+
+
+PROBE_SCRIPT = """
+@ti.kernel
+def runtime_read(a: ti.types.ndarray(dtype=ti.f32, ndim=1), n: ti.i32):
+    for i in range(a.shape[0]):
+        v = ti.Vector.zero(ti.f32, 32)
+        for j in ti.static(range(32)):          # written with static indices ...
+            v[j] = a[i] * j
+        s = 0.0
+        for j in range(n):                      # ... read back in a runtime loop: kept in memory
+            s += v[j]
+        a[i] = s
+
+@ti.kernel
+def static_read(a: ti.types.ndarray(dtype=ti.f32, ndim=1)):
+    for i in range(a.shape[0]):
+        v = ti.Vector.zero(ti.f32, 32)
+        for j in ti.static(range(32)):
+            v[j] = a[i] * j
+        s = 0.0
+        for j in ti.static(range(32)):
+            s += v[j]
+        a[i] = s
+
+a = ti.ndarray(ti.f32, 64)
+runtime_read(a, 5)
+static_read(a)
+"""
+
+
+@needs_vulkan
+def test_a_per_thread_array_read_at_run_time_is_found():
+    found = {python_name(k): sizes for k, sizes in scan(PROBE_SCRIPT).items()}
+    assert found == {"runtime_read": [32], "static_read": []}
 
 
 def test_the_grid_kernels_are_found():
