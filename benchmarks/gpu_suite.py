@@ -88,15 +88,6 @@ def kernel_profile(stdout, stderr):
     return result
 
 
-def nerf(stdout, stderr=""):
-    m = re.search(r"held-out PSNR ([\d.]+) dB .*mean-colour baseline ([\d.]+) dB\); training ([\d.]+) s "
-                  r"\((.*)\), rendering ([\d.]+) s", stdout)
-    if not m:
-        raise ValueError("no 'held-out PSNR' line")
-    return dict(psnr=float(m.group(1)), baseline_psnr=float(m.group(2)), train_s=float(m.group(3)),
-                milestones=m.group(4), render_s=float(m.group(5)))
-
-
 def pytest_summary(stdout, stderr=""):
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error|errors)", stdout.splitlines()[-1])}
     if not counts:
@@ -130,11 +121,11 @@ def parts(args):
     scene = ["--data", args.nerf_data] if args.nerf_data else []
     small = ["--steps", "4", "--rays", "64", "--samples", "8", "--occupancy", "8", "--turntable", "1",
              "--test-views", "1", "--downscale", "1"] if quick else []
-    nerf_out = ["--out", os.path.join(args.scratch, "nerf")]
+    nerf_out = ["--out", os.path.join(args.scratch, "nerf"), "--json"]
     out.append(Part("nerf", [os.path.join("examples", "nerf.py"), "--arch", arch, *scene, *small, *nerf_out],
-                    150, nerf))
+                    150, last_json_line))
     out.append(Part("nerf_pytorch", [os.path.join("examples", "nerf_pytorch.py"), "--device", torch_device, *scene,
-                                     *small, *nerf_out], 60, nerf))
+                                     *small, *nerf_out], 90, last_json_line))
     cases = ["startup"] if quick else ["startup", "train", "inference"]
     out.append(Part("startup", [os.path.join("benchmarks", "compile_times.py"), "--arch", arch, "--json",
                                 "--cases", *cases], 150, last_json_block))
