@@ -3,7 +3,8 @@
 A kernel's per-thread array that is indexed at run time (or written with static indices and read back in a
 runtime loop) stays a tensor ``alloca`` in Taichi's final IR: on CUDA that is local memory, a load or store
 to memory per access. :func:`scan` runs a piece of Python in a subprocess with
-``tinn.init(arch=ti.vulkan, print_ir=True, log_level=ti.INFO)`` (the device path), reads the IR dumps
+``tinn.init(arch=ti.vulkan, print_ir=True, log_level=ti.INFO)`` (the device path; Taichi's offline cache off,
+since a kernel loaded from it is not compiled and prints no IR), reads the IR dumps
 Taichi prints (``[ir_printer.cpp:operator()@NNN] [kernel_name.pass] pass name:`` then the statements) and
 returns, per kernel, the sizes of the non-shared tensor allocas of ``min_elements`` or more elements in
 the kernel's last dump. Shared arrays (``ti.simt.block.SharedArray``) print as shared allocas and are not
@@ -18,7 +19,7 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PRELUDE = "import taichi as ti\nimport tinn\ntinn.init(arch=ti.vulkan, print_ir=True, log_level=ti.INFO)\n"
+PRELUDE = "import taichi as ti\nimport tinn\ntinn.init(arch=ti.vulkan, print_ir=True, log_level=ti.INFO, offline_cache=False)\n"
 HEADER = re.compile(r"\[ir_printer\.cpp:operator\(\)@\d+\] \[([^\]]+)\] (.*):\s*$")
 ALLOCA = re.compile(r"<\*\[Tensor \((\d+)(?:, (\d+))?\) \w+\]> \$\d+ = alloca\s*$")
 KERNEL_SUFFIX = re.compile(r"_c\d+_\d+$")
