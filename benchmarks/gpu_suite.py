@@ -198,7 +198,8 @@ def markdown(results):
     startup = (results["parts"].get("startup") or {}).get("result") or {}
     s = startup.get("startup", {})
     rows.append(f"| start-up to a first step done, cold / warm Taichi cache: s | "
-                f"{fmt((s.get('cold') or {}).get('startup'), '.2f')} / {fmt((s.get('warm') or {}).get('startup'), '.2f')}"
+                f"{fmt((s.get('cold') or {}).get('startup'), '.2f')} / "
+                f"{fmt((s.get('warm') or {}).get('startup'), '.2f')}"
                 f" | | |")
     tests = results["parts"].get("tests", {})
     counts = tests.get("result") or {}
@@ -241,8 +242,8 @@ def main():
     args.scratch = os.path.splitext(os.path.abspath(args.out))[0] + "_files"
     os.makedirs(args.scratch, exist_ok=True)
     deadline = time.monotonic() + args.budget
-    results = dict(machine=machine(args.arch), quick=args.quick, batches=[1 << 10] if args.quick else [1 << 18, 1 << 20],
-                   parts={})
+    results = dict(machine=machine(args.arch), quick=args.quick, parts={},
+                   batches=[1 << 10] if args.quick else [1 << 18, 1 << 20])
     for part in parts(args):
         if args.only and not any(part.name.startswith(o) for o in args.only):
             continue

@@ -9,9 +9,9 @@ counts the global ``atomic_add`` calls (one per entry and feature):
   block, then each entry the block touched gets one add per feature; blocks take tiles of ``T`` samples,
   ``block, block + n_blocks, ...``;
 * ``block + per sample`` (the kernels before ``run_scatter``): the other levels per sample;
-* ``block + runs`` (``_grid_kernels.py``'s ``run_scatter``, the other levels): a thread takes ``RUN`` consecutive samples of one level
-  and keeps each corner's sum in registers while the next sample touches the same entry: an entry gets one
-  add per feature when a sample stops touching it (and at the end of the thread's samples);
+* ``block + runs`` (``_grid_kernels.py``'s ``run_scatter``, the other levels): a thread takes ``RUN``
+  consecutive samples of one level and keeps each corner's sum in registers while the next sample touches the
+  same entry: an entry gets one add per feature when a sample stops touching it (and at the end of the run);
 * ``warp bound`` (not a kernel of tinn, a bound for comparison): the adds left if a warp of 32 consecutive
   samples merged every duplicate entry (CUDA's ``match_any``), per level.
 

@@ -19,7 +19,8 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PRELUDE = "import taichi as ti\nimport tinn\ntinn.init(arch=ti.vulkan, print_ir=True, log_level=ti.INFO, offline_cache=False)\n"
+PRELUDE = ("import taichi as ti\nimport tinn\n"
+           "tinn.init(arch=ti.vulkan, print_ir=True, log_level=ti.INFO, offline_cache=False)\n")
 HEADER = re.compile(r"\[ir_printer\.cpp:operator\(\)@\d+\] \[([^\]]+)\] (.*):\s*$")
 ALLOCA = re.compile(r"<\*\[Tensor \((\d+)(?:, (\d+))?\) \w+\]> \$\d+ = alloca\s*$")
 KERNEL_SUFFIX = re.compile(r"_c\d+_\d+$")
