@@ -181,9 +181,16 @@ def markdown(results):
         h = get(results, f"image_{batch}_float16", "train_samples_per_s")
         rows.append(f"| the same in float16: M samples/s, PSNR | {fmt(h and h / 1e6)}, "
                     f"{fmt(get(results, f'image_{batch}_float16', 'psnr'), '.2f')} dB | | {ratio(h, p)} |")
-        rows.append(f"| inference after it, batch {batch}: M samples/s | "
-                    f"{fmt((get(results, f'image_{batch}_float32', 'infer_samples_per_s') or 0) / 1e6 or None)} | "
-                    f"{fmt((get(results, f'torch_image_{batch}', 'infer_samples_per_s') or 0) / 1e6 or None)} | |")
+        rows.append(f"| then the image's inference: M samples/s (PSNR dB) | "
+                    f"{fmt((get(results, f'image_{batch}_float32', 'infer_samples_per_s') or 0) / 1e6 or None)} "
+                    f"({fmt(get(results, f'image_{batch}_float32', 'psnr'), '.2f')}) | "
+                    f"{fmt((get(results, f'torch_image_{batch}', 'infer_samples_per_s') or 0) / 1e6 or None)} "
+                    f"({fmt(get(results, f'torch_image_{batch}', 'psnr'), '.2f')}) | |")
+    first = f"image_{results['batches'][0]}_float32"
+    counts = [get(results, first, k) for k in ("launches_per_step", "read_backs_per_step", "infer_launches_per_call",
+                                               "infer_read_backs_per_call")]
+    rows.append("| launches / read-backs: a training step; an inference call | "
+                f"{' / '.join(map(str, counts[:2]))}; {' / '.join(map(str, counts[2:]))} | | |")
     arrays = (results["parts"].get("arrays") or {}).get("result") or {}
     for key, value in sorted(arrays.items()):
         if key.startswith("tinn@"):
