@@ -202,6 +202,7 @@ def add_arguments(ap):
     ap.add_argument("--turntable", type=positive, default=24, help="frames of the turntable GIF")
     ap.add_argument("--seed", type=int, default=0, help="random seed of the training run")
     ap.add_argument("--out", default="out", help="directory for the held-out renders and the turntable GIF")
+    ap.add_argument("--json", action="store_true", help="print the results as one JSON line last")
 
 
 def check_arguments(ap, args):
@@ -282,8 +283,13 @@ def report(args, prefix, log, test, render_images):
     print(f"held-out PSNR {score:.2f} dB over {test.n} views (mean-colour baseline "
           f"{psnr(test.images.mean((0, 1, 2)), test.images):.2f} dB); training {train_seconds:.1f} s "
           f"({log.summary()}), rendering {time.perf_counter() - start:.1f} s")
+    render_seconds = time.perf_counter() - start
     for path in save_results(args.out, prefix, test.images, predictions, render_images(orbit(args.turntable))):
         print(f"wrote {path}")
+    if args.json:
+        print(json.dumps(dict(psnr=score, baseline_psnr=psnr(test.images.mean((0, 1, 2)), test.images),
+                              train_s=train_seconds, render_s=render_seconds,
+                              psnr_reached_at_s={str(m): t for m, t in log.reached.items()})))
     return score
 
 

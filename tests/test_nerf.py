@@ -182,14 +182,6 @@ def test_nerf_example_refuses_bad_arguments(tmp_path):
         assert result.returncode == 2 and message in result.stderr, result.stderr
 
 
-def test_progress_writes_whole_lines_when_the_output_is_not_a_terminal(capsys):
-    for done in (25, 50):
-        nerf_data.progress("training", done, 50)
-    err = capsys.readouterr().err
-    assert "\r" not in err and err.splitlines() == ["training: [###############               ] 25/50",
-                                                    "training: [##############################] 50/50"]
-
-
 def test_the_training_log_spreads_a_mean_loss_over_the_steps_it_covers():
     log = nerf_data.TrainingLog(50)
     log.add(25, 0.01, 1.0)

@@ -47,7 +47,6 @@ def block_scatter(D: int, F: int, interp: str, fn, geometry, runs, sizes):
     C = 1 if interp == "Nearest" else 1 << D
     n_sums = max(sizes) * F
     n_claims = shared_words(max(sizes), F) - n_sums          # the last one counts the tile's rounds
-    corners = fn.corners()
 
     @ti.func
     def zero(a: ti.template(), n, s):
@@ -88,15 +87,10 @@ def block_scatter(D: int, F: int, interp: str, fn, geometry, runs, sizes):
                         values = ti.Matrix.zero(ti.f32, C, F)
                         if ti.static(not second or interp != "Nearest"):
                             if b < B:
-                                dy_l, gs = fn.row(dy, b, F, l * F), fn.gs_row(second, g, b)
-                                p, w, dw, _ = fn.locate(fn.row(x, b, D, 0), lv)
+                                keys, values = fn.corner_terms(fn.row(x, b, D, 0), lv, mode, fn.row(dy, b, F, l * F),
+                                                               second, fn.gs_row(second, g, b))
                                 for c in ti.static(range(C)):
-                                    bits = ti.static(corners[c])
-                                    key = ti.cast(fn.grid_index(lv, mode, p + ti.Vector(bits, ti.u32)), ti.i32)
-                                    keys[c], slots[c] = key, claim(claims, key)
-                                    coefficient = fn.corner_coefficient(w, dw, bits, lv.scale, second, gs)
-                                    for f in ti.static(range(F)):
-                                        values[c, f] = coefficient * dy_l[f]
+                                    slots[c] = claim(claims, keys[c])
                         ti.simt.block.sync()
                         n_rounds = claims[n_claims - 1]
                         ti.simt.block.sync()                       # read by all before it is reset

@@ -178,6 +178,20 @@ def level_funcs(D: int, F: int, interp: str, entry_mask: int, any_input: bool = 
         return coefficient
 
     @ti.func
+    def corner_terms(xs, lv, mode: ti.template(), dy, second: ti.template(), gs):
+        """The sample's corners on level ``lv``: their indices in the level's table (a vector of 2^D i32, one
+        for Nearest) and what they add to their entries (2^D x F: ``corner_coefficient`` times dL/dy_f)."""
+        p, w, dw, _ = locate(xs, lv)
+        keys, values = ti.Vector.zero(ti.i32, n_corners), ti.Matrix.zero(ti.f32, n_corners, F)
+        for c in ti.static(range(n_corners)):
+            bits = ti.static(corners()[c])
+            keys[c] = ti.cast(grid_index(lv, mode, p + ti.Vector(bits, ti.u32)), ti.i32)
+            coefficient = corner_coefficient(w, dw, bits, lv.scale, second, gs)
+            for f in ti.static(range(F)):
+                values[c, f] = coefficient * dy[f]
+        return keys, values
+
+    @ti.func
     def level_scatter(add: ti.template(), G: ti.template(), base, slot, k, xs, lv, mode: ti.template(), dy,
                       second: ti.template(), gs):
         """add(G, base, slot, k, i, coefficient * dL/dy_f) for every corner entry i (relative to the
@@ -248,6 +262,6 @@ def level_funcs(D: int, F: int, interp: str, entry_mask: int, any_input: bool = 
         return v
 
     return types.SimpleNamespace(
-        grid_index=grid_index, bounded=bounded, locate=locate, corners=corners, corner_coefficient=corner_coefficient, at=at,
+        grid_index=grid_index, bounded=bounded, locate=locate, corners=corners, corner_terms=corner_terms, at=at,
         level_features=level_features, level_scatter=level_scatter, level_input_gradient=level_input_gradient,
         level_second_order=level_second_order, row=row, gs_row=gs_row)

@@ -15,6 +15,8 @@ from ._grid_funcs import DENSE, HASHED, MODULO, level_funcs
 # shorter range runs on one thread, whatever ti.loop_config says), so per-thread work is spread
 # one iteration per chunk.
 CPU_CHUNK = 512
+RUN = 8
+"""Off the CPU, consecutive samples a thread of the first-order scatter takes on one level (``run_scatter``)."""
 
 
 @specialised
@@ -179,6 +181,58 @@ class _GridKernels:
 
         scatter = scatter_kernel(runs)
 
+        C = 1 if interp == "Nearest" else 1 << D
+
+        @ti.func
+        def flush(G: ti.template(), base, k, lv, key, sums: ti.template(), c: ti.template()):
+            """Add corner c's sums to entry ``key`` of level ``lv`` (none if key < 0): F global atomic adds."""
+            if key >= 0:
+                e = ti.cast((lv.offset & entry_mask) + (ti.cast(key, ti.u32) & entry_mask), ti.i32) * F
+                for f in ti.static(range(F)):
+                    ti.atomic_add(G[k, at(base, e + f)], sums[c, f])
+
+        def run_scatter_kernel(runs):
+            """The first-order scatter off the CPU of the levels of ``runs``, level after level (the threads
+            running at a time share one level's table in the cache), a thread taking ``RUN`` consecutive samples
+            of its level: it holds each corner's sum in registers while the next sample touches the same entry
+            (of the same network) and adds it to the gradients once the samples move on. Neighbours in the batch
+            that are neighbours in space (an image's pixels, samples along a ray) share corners on the coarser
+            levels: their adds are summed before they reach global memory (``benchmarks/grid_atomics_model.py``)."""
+
+            @arena_kernel
+            def run_scatter(G: ARENA, base: ti.i32, x: F32_2D, inst: I32_1D, dy: F32_2D, routed: ti.template(),
+                            zero_n: ti.i32):
+                for k, i in ti.ndrange(K, zero_n):             # overwrite: zeros under the adds
+                    G[k, at(base, i)] = 0.0
+                B = x.shape[0]
+                n_runs = (B + RUN - 1) // RUN
+                for mode, first, stop in ti.static(runs):
+                    # an ndrange: a flat loop with l = first + i // n_runs stopped Taichi 1.7's SPIR-V codegen
+                    # ("Not supported") in some configs
+                    for l, r in ti.ndrange((first, stop), n_runs):
+                        start = r * RUN
+                        lv = geometry[l]
+                        keys, sums, held = ti.Vector([-1] * C, ti.i32), ti.Matrix.zero(ti.f32, C, F), 0
+                        for b in range(start, ti.min(start + RUN, B)):
+                            k = inst[b] if ti.static(routed) else 0
+                            new_keys, values = fn.corner_terms(row(x, b, D, 0), lv, mode, row(dy, b, F, l * F),
+                                                               False, ti.Vector.zero(ti.f32, D))
+                            same_network = ti.select(k == held, 1, 0)
+                            for h in ti.static(range(C)):             # the held sums: kept or added
+                                kept = 0
+                                for c in ti.static(range(C)):
+                                    if ti.select(new_keys[c] == keys[h], same_network, 0) > kept:
+                                        for f in ti.static(range(F)):
+                                            values[c, f] = values[c, f] + sums[h, f]
+                                        kept = 1
+                                if kept == 0:
+                                    flush(G, base, held, lv, keys[h], sums, h)
+                            keys, sums, held = new_keys, values, k
+                        for h in ti.static(range(C)):
+                            flush(G, base, held, lv, keys[h], sums, h)
+
+            return run_scatter
+
         @arena_kernel
         def reduce_private(G: ARENA, base: ti.i32, overwrite: ti.template()):
             for k, i in ti.ndrange(K, n):
@@ -263,17 +317,26 @@ class _GridKernels:
                     reduce_private(G, base, overwrite)
             elif cpu:
                 scatter_levels(G, base, x, inst, dy, routed, overwrite, second, g)
-            elif block_scatter is None or routed:
+            elif block_scatter is not None and not routed:
+                block_scatter(G, base, x, dy, block.n_blocks(x.shape[0]), second, g, zero_n)
+                if second:
+                    scatter_atomic(add_atomic, G, base, x, inst, dy, routed, second, g, 0)
+                elif atomic_runs:
+                    run_scatter_atomic(G, base, x, inst, dy, routed, 0)
+            elif second or run_scatter is None:
                 scatter(add_atomic, G, base, x, inst, dy, routed, second, g, zero_n)
             else:
-                block_scatter(G, base, x, dy, block.n_blocks(x.shape[0]), second, g, zero_n)
-                scatter_atomic(add_atomic, G, base, x, inst, dy, routed, second, g, 0)
+                run_scatter(G, base, x, inst, dy, routed, zero_n)
 
-        block_scatter, scatter_atomic = None, None
-        if block_runs:              # the levels of small tables per block, the others per sample
-            block_scatter = block.block_scatter(D, F, interp, fn, geometry, block_runs,
-                                                [levels[l][2] for _, first, stop in block_runs for l in range(first, stop)])
-            scatter_atomic = scatter_kernel(atomic_runs)
+        block_scatter, scatter_atomic, run_scatter, run_scatter_atomic = None, None, None, None
+        if not cpu and funcs is level_funcs:    # the grid's corners (the permutohedral encoding's: per sample)
+            run_scatter = run_scatter_kernel(runs)
+            if block_runs:          # the levels of small tables per block, the others in runs of samples
+                block_scatter = block.block_scatter(D, F, interp, fn, geometry, block_runs,
+                                                    [levels[l][2] for _, first, stop in block_runs
+                                                     for l in range(first, stop)])
+                scatter_atomic = scatter_kernel(atomic_runs)
+                run_scatter_atomic = run_scatter_kernel(atomic_runs)
 
         # -- one sample inside a user's kernel --------------------------------------
         def sample_funcs(weights, grads, base: int):

@@ -22,8 +22,10 @@ The backward pass on the CPU scatters ``weight * dL/dy`` into per-thread private
 count. Those tables take threads x instances x n_params floats, so they are used only while that
 stays within ``SCRATCH_BUDGET_BYTES``; beyond it each level's gradients are owned by one thread,
 which adds the whole batch into them in sample order (no tables, no atomics; up to L threads busy;
-bit-identical whatever the thread count). Other archs add atomically, per sample, except on levels whose
-table fits a block's shared memory: those are summed per block first (``_grid_block.py``). The input gradient is analytic,
+bit-identical whatever the thread count). Other archs add atomically: levels whose table fits a block's
+shared memory are summed per block first (``_grid_block.py``), the others level after level, a thread summing
+the corners its consecutive samples share before adding them (``_grid_kernels.RUN``; the second order adds
+per sample). The input gradient is analytic,
 and so is the second order (``backward_backward_input``, tcnn's non-JIT formulas): for
 ``L2 = sum_b <G_b, dL/dx_b>`` and a corner c of level l with slopes
 ``s_{c,d} = d weight_c / dx_d = ±scale_l w'_d prod_{d' != d}(...)``::
