@@ -118,6 +118,9 @@ def parts(args):
         ["--k", "4096", "--samples", "64", "256", "--impls", "tinn", "torch"]
     out.append(Part("arrays", [os.path.join("benchmarks", "bench_network_array.py"), "--arch", arch, "--reps", "1",
                                "--json", *arrays], 150, last_json_block))
+    if not quick:                                          # the fused MLP's tilings (S, T, blocks), timed
+        out.append(Part("fused_sweep", [os.path.join("benchmarks", "fused_mlp.py"), "sweep", "--arch", arch,
+                                        "--reps", "20", "--json"], 90, last_json_line))
     scene = ["--data", args.nerf_data] if args.nerf_data else []
     small = ["--steps", "4", "--rays", "64", "--samples", "8", "--occupancy", "8", "--turntable", "1",
              "--test-views", "1", "--downscale", "1"] if quick else []

@@ -99,3 +99,38 @@ def test_grid_kernels_keep_no_per_thread_array_in_memory():
     grid = kernels_in(*GRID_SOURCES)
     assert any(k.startswith("run_scatter") for k in found) and any(k.startswith("forward") for k in found)
     assert kept_arrays(found, grid) == {}
+
+
+MLP_SOURCES = ("tinn/networks/_fused_mlp.py",)
+
+MLP_SCRIPT = """
+import numpy as np
+from tinn import _buffers
+config = {"encoding": {"otype": "HashGrid", "n_levels": 4, "log2_hashmap_size": 12},
+          "network": {"otype": "FullyFusedMLP", "n_neurons": 64, "n_hidden_layers": 2},
+          "loss": {"otype": "RelativeL2"}, "optimizer": {"otype": "Adam", "learning_rate": 1e-2}}
+rng = np.random.default_rng(0)
+x, y = rng.random((1024, 2), dtype=np.float32), rng.random((1024, 3), dtype=np.float32)
+single = tinn.create_from_config(2, 3, config)                       # a training step and an inference
+single.trainer.training_step(x, y)
+single.network.inference(x)
+array = tinn.create_from_config(2, 3, config, n_instances=4)          # a routed and a dense array step
+array.trainer.training_step(_buffers.put(x), _buffers.put(y), _buffers.put((np.arange(1024) % 4).astype(np.int32), ti.i32))
+array.trainer.training_step(_buffers.put(x.reshape(4, 256, 2)), _buffers.put(y.reshape(4, 256, 3)))
+tanh = tinn.create_network(2, 3, {"otype": "FullyFusedMLP", "n_neurons": 32, "n_hidden_layers": 2, "activation": "Tanh"})
+out, ctx = tanh.forward(x)                                            # kept pre-activations, dL/dx
+tanh.backward(ctx, rng.random((1024, 3), dtype=np.float32))
+ti.sync()
+"""
+
+
+@needs_vulkan
+def test_no_fused_mlp_kernel_keeps_a_per_thread_array():
+    """The fused MLP's forward and backward (a single network's training step and inference, a routed and a dense
+    array's step, an MLP that keeps pre-activations and returns dL/dx): every register tile is indexed statically,
+    so no kernel of ``_fused_mlp.py`` keeps a per-thread array of 16+ values."""
+    found = scan(MLP_SCRIPT)
+    names = kernels_in(*MLP_SOURCES)
+    scanned = {k: v for k, v in found.items() if python_name(k) in names}
+    assert {python_name(k) for k in scanned} == {"forward", "backward"}
+    assert not {k: v for k, v in scanned.items() if v}
