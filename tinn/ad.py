@@ -83,8 +83,10 @@ def _not_finite(x, flat: int):
 
 class _Call:
     """What one forward call keeps for its reverse pass: the elements it took (``taken``), the moves that took
-    them and the forward context."""
+    them and the forward context; ``done`` once the forward has finished (a reverse pass of a forward that an
+    exception cut short, as ``ti.ad.Tape``'s exit runs while that exception unwinds, does nothing)."""
     ctx = taken = moves = None
+    done = False
 
 
 class _Taken:
@@ -357,9 +359,17 @@ class _Stage:
             _check_field("mask", mask, 1, x.shape, vector=False)
         self.network, self.x, self.out, self.instance, self.mask = network, x, out, instance, mask
         self._active, self._x_grad = None, _has_grad(x)
-        launch = ti.ad.grad_replaced(self._forward)
-        ti.ad.grad_for(launch)(self._backward)
+        launch = ti.ad.grad_replaced(self._forward_call)
+        ti.ad.grad_for(launch)(self._backward_call)
         self._launch = launch
+
+    def _forward_call(self, call):
+        self._forward(call)
+        call.done = True
+
+    def _backward_call(self, call):
+        if call.done:
+            self._backward(call)
 
     def __call__(self):
         self._launch(_Call())
