@@ -17,6 +17,10 @@ The loss kernel then checks ``target`` and ``pdf`` as it reads them (``facts[TAR
 step of a trainer, records what was wrong in the trainer's fault record (:class:`Faults`). The loss
 value (:class:`LossValue`) and the trainer's reads settle them: the ``ValueError`` comes when the step's
 loss is read, or at the trainer's next call that reads from the device, whichever is first.
+
+An inference of a device batch has no loss kernel after its census: its census (``final``) writes the
+object's own fault record itself, and sorts no tiles unless asked (the per-layer MLP kernels read each
+sample's network directly; ``Census.tiles`` sorts on first use, with one more launch and no read-back).
 """
 
 import numpy as np
@@ -83,11 +87,15 @@ def bad(facts: ti.template(), n_instances) -> ti.i32:
 
 
 @ti.kernel
-def _census_kernel(x: F32_2D, ids: I32_1D, routed: ti.template(), n_dims: ti.i32, facts: I32_1D, values: F32_1D,
-                   counts: I32_1D, mask: I32_1D, inv: F32_1D, safe: I32_1D, offsets: I32_2D, cursor: I32_1D,
-                   totals: I32_2D, order: I32_1D, tiles: I32_2D):
+def _census_kernel(x: F32_2D, ids: I32_1D, routed: ti.template(), sort: ti.template(), n_dims: ti.i32,
+                   facts: I32_1D, values: F32_1D, counts: I32_1D, mask: I32_1D, inv: F32_1D, safe: I32_1D,
+                   offsets: I32_2D, cursor: I32_1D, totals: I32_2D, order: I32_1D, tiles: I32_2D,
+                   final: ti.template(), record: I32_1D, recorded: F32_1D, call: ti.i32):
     """The census of a batch ``x`` ``(B, n)`` with, if ``routed``, network ids ``ids`` ``(B,)`` of ``K`` networks
-    (the module docstring). Top-level loops run in order, each finished before the next starts."""
+    (the module docstring); the routed samples are sorted into tiles if ``sort``. If ``final`` (no loss kernel
+    follows), a bad batch is written into the fault record ``record`` / ``recorded`` (:class:`Faults`) as call
+    number ``call``, unless the record holds an earlier one. Top-level loops run in order, each finished before
+    the next starts."""
     B, K = x.shape[0], counts.shape[0]
     for k in range(K):
         counts[k] = 0
@@ -106,7 +114,7 @@ def _census_kernel(x: F32_2D, ids: I32_1D, routed: ti.template(), n_dims: ti.i32
             safe[b] = ti.select(inside, k, 0)
             if inside:
                 ti.atomic_add(counts[k], 1)
-    if ti.static(routed):
+    if ti.static(routed and sort):
         for c in range(totals.shape[0] - 1):               # prefix sums of samples and tiles within a task
             samples, n_tiles = 0, 0
             for k in range(c * SCAN, ti.min(c * SCAN + SCAN, K)):
@@ -154,6 +162,12 @@ def _census_kernel(x: F32_2D, ids: I32_1D, routed: ti.template(), n_dims: ti.i32
         inv[k] = ti.select(count > 0, 1.0 / ti.cast(count * n_dims, ti.f32), 0.0)
         if count > 0:
             ti.atomic_add(facts[N_ACTIVE], 1)
+    if ti.static(final):
+        for _ in range(1):
+            if bad(facts, K) and record[0] == 0:
+                record[0], record[1] = 1, call
+                for i in range(N_FACTS):
+                    record[2 + i], recorded[i] = facts[i], values[i]
 
 
 def unused(shape: tuple, dtype=ti.i32):
@@ -171,28 +185,43 @@ class Census:
     after this step's kernels have read them); ``facts`` and ``values`` are this census's own, for a loss
     read later."""
 
-    def __init__(self, x, ids, n_instances: int, n_dims: int, faults=None, reuse: bool = False):
+    def __init__(self, x, ids, n_instances: int, n_dims: int, faults=None, reuse: bool = False, *,
+                 sort: bool = True, final: bool = False):
         B, K = x.shape[0], n_instances
         routed = ids is not None
         self.batch, self.n_instances, self.routed, self.faults = B, K, routed, faults
-        self.facts, self.values = _buffers.buffer((N_FACTS,), ti.i32), _buffers.buffer((N_FACTS,))
 
         def buffer(name, shape, dtype=ti.f32):
             return faults.kept(name, shape, dtype) if reuse and faults is not None else _buffers.buffer(shape, dtype)
 
+        # an inference's census (final) is read by no loss later: its facts are scratch too
+        self.facts = buffer("facts", (N_FACTS,), ti.i32) if final else _buffers.buffer((N_FACTS,), ti.i32)
+        self.values = buffer("values", (N_FACTS,)) if final else _buffers.buffer((N_FACTS,))
         self.counts, self.mask, self.inv = buffer("counts", (K,), ti.i32), buffer("mask", (K,), ti.i32), buffer("inv", (K,))
         if routed:
             self.ids, self.order = buffer("ids", (B,), ti.i32), buffer("order", (B,), ti.i32)
-            self.tiles = buffer("tiles", (-(-B // TILE) + min(K, B), 3), ti.i32)   # at most one part-tile per network
-            offsets, cursor = buffer("offsets", (2, K + 1), ti.i32), buffer("cursor", (K,), ti.i32)
-            totals = buffer("totals", (-(-K // SCAN) + 1, 2), ti.i32)
+            self._tiles = buffer("tiles", (-(-B // TILE) + min(K, B), 3), ti.i32)   # at most one part-tile per network
+            sorting = (buffer("offsets", (2, K + 1), ti.i32), buffer("cursor", (K,), ti.i32),
+                       buffer("totals", (-(-K // SCAN) + 1, 2), ti.i32), self.order, self._tiles)
         else:
-            self.ids = self.order = self.tiles = None
-            offsets, cursor, totals = unused((1, 1)), unused((1,)), unused((1, 1))
-        _census_kernel(x, ids if routed else unused((1,)), routed, n_dims, self.facts, self.values, self.counts,
-                       self.mask, self.inv, self.ids if routed else unused((1,)), offsets, cursor, totals,
-                       self.order if routed else unused((1,)), self.tiles if routed else unused((1, 3)))
+            self.ids = self.order = self._tiles = None
+            sorting = (unused((1, 1)), unused((1,)), unused((1, 1)), unused((1,)), unused((1, 3)))
+        record = (faults.record, faults.values, faults.next_step()) if final else (unused((1,)), unused((1,), ti.f32), 0)
+        self._args = (x, n_dims, self.facts, self.values, self.counts, self.mask, self.inv,
+                      self.ids if routed else unused((1,)), *sorting)
+        _census_kernel(x, ids if routed else unused((1,)), routed, sort, *self._args[1:], final, *record)
+        self._sorted = sort or not routed
         self._read = None
+
+    @property
+    def tiles(self):
+        """A routed batch's tile table (see ``Routing.tiles``): sorted by this census's kernel, or (a census that
+        did not sort) now, by its kernel run again over the ids it clamped (one launch, nothing read back)."""
+        if not self._sorted:
+            _census_kernel(self._args[0], self.ids, True, True, *self._args[1:], False, unused((1,)),
+                           unused((1,), ti.f32), 0)
+            self._sorted = True
+        return self._tiles
 
     def read(self) -> tuple:
         """``(facts, values)`` read back once (a wait for the device)."""
@@ -217,14 +246,19 @@ def raise_for(facts: np.ndarray, values: np.ndarray, n_instances: int, when: str
         raise ValueError(f"instance ids must lie in [0, {n_instances}), got values in [{lo}, {hi}]{when}")
 
 
-class Faults:
-    """A trainer's record of the first training step whose device batch was bad (a census found NaN or +-Inf,
-    a ``pdf`` <= 0, or an id out of range): written by the loss kernel of that step, on the device, read by
-    :meth:`settle`. ``step`` counts the trainer's deferred steps (the kernels are told each one's number)."""
+TRAINING_STEP = "training step {} of this trainer's device batches, whose update was skipped"
+"""How a trainer's :class:`Faults` name the bad step in the ``ValueError``."""
 
-    def __init__(self):
+
+class Faults:
+    """A record of the first deferred call whose device batch was bad (a census found NaN or +-Inf, a ``pdf`` <= 0,
+    or an id out of range): a trainer's, written by the loss kernel of a bad training step, or an object's, written by
+    the census of a bad inference (``final``); on the device, read by :meth:`settle`. ``step`` counts the deferred
+    calls (the kernels are told each one's number); ``event`` names one in the ``ValueError`` (``{}``: its number)."""
+
+    def __init__(self, event: str = TRAINING_STEP):
         self.record, self.values = _buffers.buffer((2 + N_FACTS,), ti.i32), _buffers.buffer((N_FACTS,))
-        self.step, self._settled = 0, 0
+        self.step, self._settled, self.event = 0, 0, event
         self._kept = {}
 
     def kept(self, name: str, shape: tuple, dtype):
@@ -241,8 +275,8 @@ class Faults:
         return self.step
 
     def settle(self, n_instances: int):
-        """``ValueError`` for the first bad step since the last settle, if any (a read-back only when deferred
-        steps ran since then); the record is then cleared, so each fault is raised once here."""
+        """``ValueError`` for the first bad call since the last settle, if any (a read-back only when deferred
+        calls ran since then); the record is then cleared, so each fault is raised once here."""
         if self._settled == self.step:
             return
         self._settled = self.step
@@ -250,9 +284,7 @@ class Faults:
         if record[0]:
             values = self.values.to_numpy()
             self.record.fill(0)
-            raise_for(record[2:], values, n_instances,
-                      f" (in training step {int(record[1])} of this trainer's device batches, whose update was "
-                      "skipped)")
+            raise_for(record[2:], values, n_instances, f" (in {self.event.format(int(record[1]))})")
 
 
 def loss_checks(census: "Census | None", ops) -> tuple:

@@ -144,7 +144,9 @@ class Routing:
         ``n_instances=None`` (a loss's routed batch): the largest id + 1.
 
         ``census=(n_target_dims, faults, reuse)``: a training step's device batch, described by a census on the
-        device (device ids are then checked there too, not here; ``reuse``: see :class:`~tinn._census.Census`)."""
+        device (device ids are then checked there too, not here; ``reuse``: see :class:`~tinn._census.Census`);
+        ``census=(1, faults, True, True)``: an inference's, whose census writes ``faults`` itself and sorts no
+        tiles until asked (``final``)."""
         ops = ops_of(x)                         # the batch's kind, told here once and carried as routing.ops
         if census is not None and ops is DEVICE:
             return cls._described(x, instance, n_instances, *census)
@@ -161,7 +163,7 @@ class Routing:
         return ops.flatten(x), cls(k * b, k, ops.dense_ids(k, b), (k, b), ops=ops)
 
     @classmethod
-    def _described(cls, x, instance, n_instances: int, n_dims: int, faults, reuse: bool) -> tuple:
+    def _described(cls, x, instance, n_instances: int, n_dims: int, faults, reuse: bool, final: bool = False) -> tuple:
         """:meth:`of` for a device batch whose values and ids a census checks on the device."""
         dense = None
         if len(x.shape) == 3:
@@ -176,7 +178,7 @@ class Routing:
             ids = check_device_ids(instance, x.shape[0])
         else:
             ids = DEVICE.put_ids(as_instances(instance, x.shape[0], n_instances))
-        census = Census(x, ids, n_instances, n_dims, faults, reuse)
+        census = Census(x, ids, n_instances, n_dims, faults, reuse, sort=not final, final=final)
         return x, cls(x.shape[0], n_instances, census.ids, dense, census=census, ops=DEVICE)
 
     @property

@@ -123,8 +123,10 @@ class Trainer(RuntimeBound):
         return self.model.n_params
 
     def _settle(self):
-        """Raise the ``ValueError`` of a bad step of device batches not yet reported (module docstring)."""
+        """Raise the ``ValueError`` of a bad step of device batches not yet reported (module docstring), then that of
+        an inference of the model's not yet reported."""
         self._faults.settle(self.model.n_instances)
+        self.model._settle()
 
     def params(self) -> np.ndarray:
         """The training parameters (tcnn's ``params()``), as ``model.params()``."""
