@@ -27,7 +27,7 @@ import numpy as np
 import taichi as ti
 
 from . import _buffers
-from ._types import F32_1D, F32_2D, I32_1D, I32_2D
+from ._types import F32_1D, F32_2D, F32_ANY, I32_1D, I32_2D
 
 X_ROW, TARGET_ROW, PDF_ROW, ID_LO, ID_HI, N_ACTIVE = range(6)
 """Slots of a census's ``facts`` (int32): the first bad row of each array, the ids' range, the networks with samples."""
@@ -87,16 +87,22 @@ def bad(facts: ti.template(), n_instances) -> ti.i32:
 
 
 @ti.kernel
-def _census_kernel(x: F32_2D, ids: I32_1D, routed: ti.template(), sort: ti.template(), n_dims: ti.i32,
+def _census_kernel(source: F32_ANY, dense: ti.template(), x: F32_2D, ids: I32_1D, routed: ti.template(),
+                   sort: ti.template(), n_dims: ti.i32,
                    facts: I32_1D, values: F32_1D, counts: I32_1D, mask: I32_1D, inv: F32_1D, safe: I32_1D,
                    offsets: I32_2D, cursor: I32_1D, totals: I32_2D, order: I32_1D, tiles: I32_2D,
                    final: ti.template(), record: I32_1D, recorded: F32_1D, call: ti.i32):
     """The census of a batch ``x`` ``(B, n)`` with, if ``routed``, network ids ``ids`` ``(B,)`` of ``K`` networks
-    (the module docstring); the routed samples are sorted into tiles if ``sort``. If ``final`` (no loss kernel
+    (the module docstring); if ``dense``, ``x`` is first written from the dense ``source`` ``(K, B_k, n)`` (row
+    ``k * B_k + b`` from ``source[k, b]``; else ``source`` is ``x``). The routed samples are sorted into tiles if
+    ``sort``. If ``final`` (no loss kernel
     follows), a bad batch is written into the fault record ``record`` / ``recorded`` (:class:`Faults`) as call
     number ``call``, unless the record holds an earlier one. Top-level loops run in order, each finished before
     the next starts."""
     B, K = x.shape[0], counts.shape[0]
+    if ti.static(dense):
+        for k, b, j in ti.ndrange(source.shape[0], source.shape[1], source.shape[2]):
+            x[k * source.shape[1] + b, j] = source[k, b, j]
     for k in range(K):
         counts[k] = 0
         cursor[k] = 0
@@ -177,16 +183,22 @@ def unused(shape: tuple, dtype=ti.i32):
 
 class Census:
     """What :func:`_census_kernel` found in one step's batch ``x`` (module docstring); every array stays on
-    the device. ``ids``: a routed batch's ``(B,)`` int32 device ids (``None``: one network, or ``dense``
-    ``(K, B_k)`` when the ids are a dense batch's). ``n_dims``: the target's width (the normaliser's ``D``);
-    ``faults``: the trainer's record the loss kernel writes a bad step into; ``reuse``: the arrays that only
-    the step's own kernels read (mask, counts, ids, tiles, ...) are the trainer's, kept from step to step
-    (a training step's: the device runs its kernels in order, so the next step's census overwrites them
-    after this step's kernels have read them); ``facts`` and ``values`` are this census's own, for a loss
-    read later."""
+    the device. ``x``: ``(B, n)``, or a dense ``(K, B_k, n)`` batch, which the kernel flattens into ``self.x``
+    ``(K * B_k, n)`` (the batch the model reads). ``ids``: a routed batch's ``(B,)`` int32 device ids (``None``:
+    one network; a dense batch's are ``k`` repeated ``B_k`` times). ``n_dims``: the target's width (the
+    normaliser's ``D``); ``faults``: the trainer's record the loss kernel writes a bad step into, or with
+    ``final`` (an inference: no loss kernel follows) the object's record that the census writes itself;
+    ``sort``: whether the kernel sorts a routed batch into tiles now (else :attr:`tiles` does, when asked);
+    ``reuse``: the arrays that only the step's own kernels read (mask, counts, ids, tiles, ...) are the
+    ``faults``' own, kept from step to step (a training step's: the device runs its kernels in order, so the
+    next step's census overwrites them after this step's kernels have read them); ``facts`` and ``values`` are
+    this census's own, for a loss read later (kept too for an inference, which no loss reads)."""
 
     def __init__(self, x, ids, n_instances: int, n_dims: int, faults=None, reuse: bool = False, *,
                  sort: bool = True, final: bool = False):
+        source, dense = x, len(x.shape) == 3
+        if dense:                                   # flattened by the census kernel
+            x = _buffers.buffer((x.shape[0] * x.shape[1], x.shape[2]))
         B, K = x.shape[0], n_instances
         routed = ids is not None
         self.batch, self.n_instances, self.routed, self.faults = B, K, routed, faults
@@ -207,9 +219,9 @@ class Census:
             self.ids = self.order = self._tiles = None
             sorting = (unused((1, 1)), unused((1,)), unused((1, 1)), unused((1,)), unused((1, 3)))
         record = (faults.record, faults.values, faults.next_step()) if final else (unused((1,)), unused((1,), ti.f32), 0)
-        self._args = (x, n_dims, self.facts, self.values, self.counts, self.mask, self.inv,
-                      self.ids if routed else unused((1,)), *sorting)
-        _census_kernel(x, ids if routed else unused((1,)), routed, sort, *self._args[1:], final, *record)
+        self.x, self._args = x, (n_dims, self.facts, self.values, self.counts, self.mask, self.inv,
+                                 self.ids if routed else unused((1,)), *sorting)
+        _census_kernel(source, dense, x, ids if routed else unused((1,)), routed, sort, *self._args, final, *record)
         self._sorted = sort or not routed
         self._read = None
 
@@ -218,7 +230,7 @@ class Census:
         """A routed batch's tile table (see ``Routing.tiles``): sorted by this census's kernel, or (a census that
         did not sort) now, by its kernel run again over the ids it clamped (one launch, nothing read back)."""
         if not self._sorted:
-            _census_kernel(self._args[0], self.ids, True, True, *self._args[1:], False, unused((1,)),
+            _census_kernel(self.x, False, self.x, self.ids, True, True, *self._args, False, unused((1,)),
                            unused((1,), ti.f32), 0)
             self._sorted = True
         return self._tiles

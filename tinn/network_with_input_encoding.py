@@ -81,6 +81,9 @@ class NetworkWithInputEncoding(DifferentiableObject):
     def _floats_per_sample(self, training):
         return self.encoding._floats_per_sample(training) + self.network._floats_per_sample(training)
 
+    def _sorts_routed(self):
+        return self.network._sorts_routed()
+
     def _inference(self, x, routing):
         return self.network._inference(self.encoding._inference(x, routing), routing)
 

@@ -224,7 +224,7 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
 
     def _route(self, arr, instance, deferred: bool):
         """``(flat batch, routing)`` of a checked batch (:meth:`_prepare`)."""
-        census = (1, self._faults, True, True) if deferred else None
+        census = (1, self._faults, True, True, self._sorts_routed()) if deferred else None
         return Routing.of(arr, instance, self.n_instances, census=census)
 
     @functools.cached_property
@@ -337,6 +337,11 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         """A per-sample result in the batch's own layout (``(n_instances, batch, n)`` for a dense batch)."""
         dense = ctx.routing.dense
         return unflatten(a, dense) if dense else a
+
+    def _sorts_routed(self) -> bool:
+        """Whether this object's device inference of a routed batch reads the samples sorted into tiles of one
+        network (``Routing.tiles``: the fused MLP kernels); its census then sorts them in the same launch."""
+        return False
 
     # -- implemented by components (numpy in, numpy out) --
     def _floats_per_sample(self, training: bool) -> int:
