@@ -239,7 +239,8 @@ def test_a_device_inference_reads_nothing_back_and_launches_few_kernels(rng, dev
 def test_a_bad_device_inference_raises_at_the_next_call_that_reads(rng, device_path, routing, what, message):
     """A device batch holding NaN (or an id out of range) is found by the inference's census: the call returns
     without waiting, the other samples' outputs are right, and the ``ValueError`` (naming the call) comes at the
-    model's next call that reads from the device (here ``params()``), once; a trainer's reads report it too."""
+    model's next call that reads from the device (``params()``, an inference of a host batch, a trainer's reads),
+    once."""
     K = 1 if routing == "single" else 4
     model = tinn.create_from_config(2, 3, config_hash(), n_instances=K)
     net = model.network
@@ -254,33 +255,35 @@ def test_a_bad_device_inference_raises_at_the_next_call_that_reads(rng, device_p
     else:
         bad_ids[9] = K
     shaped = bad_x.reshape(x.shape)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(_device, "FORCE", False)
+        expected = net.inference(host_x, host_ids)
     with counting() as seen:
         y = net.inference(_buffers.put(shaped), None if bad_ids is None or routing == "dense" else _buffers.put(bad_ids, ti.i32))
     assert seen.read_backs == 0
     good = np.ones(len(host_x), bool)
     good[5 if what == "x" else 9] = False
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(_device, "FORCE", False)
-        expected = net.inference(host_x, host_ids)
     np.testing.assert_allclose(y.to_numpy().reshape(-1, 3)[good], expected[good], rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match=message + r" \(in inference call 2 of this NetworkWithInputEncoding's "
                                                    r"device batches\)"):
         net.params()
     net.params()                                                  # reported once
-    net.inference(_buffers.put(shaped), None if bad_ids is None or routing == "dense" else _buffers.put(bad_ids, ti.i32))
-    with pytest.raises(ValueError, match=message):
-        model.trainer.params()
-    model.trainer.params()
+    for read in (model.trainer.params, lambda: net.inference(host_x, host_ids)):     # other reads report it too
+        net.inference(_buffers.put(shaped), None if bad_ids is None or routing == "dense" else _buffers.put(bad_ids, ti.i32))
+        with pytest.raises(ValueError, match=message):
+            read()
+        read()
 
 
 def test_inference_arguments_checkable_on_the_host_fail_before_any_kernel(rng, device_path):
     """Shapes, dtypes, a wrong ``out`` and numpy ids out of range: a ``ValueError`` / ``TypeError`` at once, no kernel."""
     net = tinn.create_from_config(2, 3, config_hash(), n_instances=4).network
-    x = _buffers.put(rng.random((64, 2), dtype=np.float32))
+    x, wide = _buffers.put(rng.random((64, 2), dtype=np.float32)), _buffers.put(np.zeros((64, 3), np.float32))
+    short = _buffers.put(np.zeros(63, np.int32), ti.i32)
     calls = [(lambda: net.inference(x, np.full(64, 4, np.int32)), ValueError, r"instance ids must lie in \[0, 4\)"),
              (lambda: net.inference(x, np.zeros(64, np.int64)), TypeError, "instance must have dtype int32"),
-             (lambda: net.inference(x, _buffers.put(np.zeros(63, np.int32), ti.i32)), ValueError, "instance must have shape"),
-             (lambda: net.inference(_buffers.put(np.zeros((64, 3), np.float32)), x), ValueError, "x must have shape"),
+             (lambda: net.inference(x, short), ValueError, "instance must have shape"),
+             (lambda: net.inference(wide, np.zeros(64, np.int32)), ValueError, "x must have shape"),
              (lambda: net.inference(x), ValueError, "pass instance="),
              (lambda: net.inference(x, np.zeros(64, np.int32), out=_buffers.buffer((64, 2))), ValueError, "out must")]
     for call, error, message in calls:
