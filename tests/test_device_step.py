@@ -18,6 +18,7 @@ from tinn._census import LossValue
 from tinn._probe import counting
 from tinn.networks import _kernel_mlp
 from tinn.registry import load_config
+from test_device_path import use_mlp_kernels
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 
@@ -209,11 +210,15 @@ def inference_launches(model, routing) -> int:
     return 2 + mlp + (routing == "numpy ids")
 
 
+@pytest.mark.parametrize("mlp_kernels", ["kernels", "fused"])
 @pytest.mark.parametrize("routing", ROUTINGS)
-def test_a_device_inference_reads_nothing_back_and_launches_few_kernels(rng, device_path, routing):
+def test_a_device_inference_reads_nothing_back_and_launches_few_kernels(rng, monkeypatch, device_path, routing,
+                                                                        mlp_kernels):
     """An inference of device batches launches the census, the encoding and the MLP (a dense batch is flattened by
     the census; its outputs take one more launch, into the caller's ``(K, B_k, n)`` layout), reads nothing back,
-    and gives the host path's outputs."""
+    and gives the host path's outputs; on the per-layer MLP kernels and on the fused ones (which read an array's
+    samples sorted into tiles: the census sorts them in its launch)."""
+    use_mlp_kernels(monkeypatch, mlp_kernels)
     K = 1 if routing == "single" else 16
     model = tinn.create_from_config(2, 3, config_hash(), n_instances=K).network
     x, ids = inference_batch(rng, routing, K)
