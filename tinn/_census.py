@@ -95,10 +95,9 @@ def _census_kernel(source: F32_ANY, dense: ti.template(), x: F32_2D, ids: I32_1D
     """The census of a batch ``x`` ``(B, n)`` with, if ``routed``, network ids ``ids`` ``(B,)`` of ``K`` networks
     (the module docstring); if ``dense``, ``x`` is first written from the dense ``source`` ``(K, B_k, n)`` (row
     ``k * B_k + b`` from ``source[k, b]``; else ``source`` is ``x``). The routed samples are sorted into tiles if
-    ``sort``. If ``final`` (no loss kernel
-    follows), a bad batch is written into the fault record ``record`` / ``recorded`` (:class:`Faults`) as call
-    number ``call``, unless the record holds an earlier one. Top-level loops run in order, each finished before
-    the next starts."""
+    ``sort``. If ``final`` (no loss kernel follows), a bad batch is written into the fault record ``record`` /
+    ``recorded`` (:class:`Faults`) as call number ``call``, unless the record holds an earlier one. Top-level
+    loops run in order, each finished before the next starts."""
     B, K = x.shape[0], counts.shape[0]
     if ti.static(dense):
         for k, b, j in ti.ndrange(source.shape[0], source.shape[1], source.shape[2]):
