@@ -4,6 +4,9 @@ trainer's next call that reads from the device (DESIGN: "Non-finite device batch
 
 On the CPU the device path is forced (``tinn._device.FORCE``); there the MLP runs layer by layer, so a step of
 ``config_hash`` may launch at most 16 kernels (a routed array's 24), and none of them reads back.
+
+An inference of device batches never waits either: the census, the encoding and the MLP (one fused kernel, or a
+kernel per layer), nothing read back; a bad batch is reported by the object's next call that reads.
 """
 import os
 
