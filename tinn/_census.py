@@ -102,12 +102,15 @@ def _census_kernel(source: F32_ANY, dense: ti.template(), x: F32_2D, ids: I32_1D
     if ti.static(dense):
         for k, b, j in ti.ndrange(source.shape[0], source.shape[1], source.shape[2]):
             x[k * source.shape[1] + b, j] = source[k, b, j]
-    for k in range(K):
-        counts[k] = 0
-        cursor[k] = 0
-    for i in range(N_FACTS):
-        facts[i] = NONE
-    facts[ID_HI], facts[N_ACTIVE] = -NONE - 1, 0
+    counted = ti.static(routed and (sort or not final))       # an unsorted inference needs no counts
+    if ti.static(counted):
+        for k in range(K):
+            counts[k] = 0
+            cursor[k] = 0
+    for _ in range(1):
+        for i in range(N_FACTS):
+            facts[i] = NONE
+        facts[ID_HI], facts[N_ACTIVE] = -NONE - 1, 0
     for b in range(B):
         if row_is_bad(x, b, False):
             ti.atomic_min(facts[X_ROW], b)
@@ -117,8 +120,9 @@ def _census_kernel(source: F32_ANY, dense: ti.template(), x: F32_2D, ids: I32_1D
             ti.atomic_max(facts[ID_HI], k)
             inside = 0 <= k < K
             safe[b] = ti.select(inside, k, 0)
-            if inside:
-                ti.atomic_add(counts[k], 1)
+            if ti.static(counted):
+                if inside:
+                    ti.atomic_add(counts[k], 1)
     if ti.static(routed and sort):
         for c in range(totals.shape[0] - 1):               # prefix sums of samples and tiles within a task
             samples, n_tiles = 0, 0
@@ -156,23 +160,23 @@ def _census_kernel(source: F32_ANY, dense: ti.template(), x: F32_2D, ids: I32_1D
             tiles[t, 0], tiles[t, 1], tiles[t, 2] = start, end, network
     for _ in range(1):
         record_bad_value(x, facts[X_ROW], False, values, X_ROW)
-    for k in range(K):
-        count = B // K
-        if ti.static(routed):
-            count = counts[k]
-        ok = facts[X_ROW] == NONE
-        if ti.static(routed):
-            ok = ok and facts[ID_LO] >= 0 and facts[ID_HI] < K
-        mask[k] = ti.select(ok and count > 0, 1, 0)
-        inv[k] = ti.select(count > 0, 1.0 / ti.cast(count * n_dims, ti.f32), 0.0)
-        if count > 0:
-            ti.atomic_add(facts[N_ACTIVE], 1)
-    if ti.static(final):
-        for _ in range(1):
+        if ti.static(final):
             if bad(facts, K) and record[0] == 0:
                 record[0], record[1] = 1, call
                 for i in range(N_FACTS):
                     record[2 + i], recorded[i] = facts[i], values[i]
+    if ti.static(not final):                                # a step's mask and normalisers
+        for k in range(K):
+            count = B // K
+            if ti.static(routed):
+                count = counts[k]
+            ok = facts[X_ROW] == NONE
+            if ti.static(routed):
+                ok = ok and facts[ID_LO] >= 0 and facts[ID_HI] < K
+            mask[k] = ti.select(ok and count > 0, 1, 0)
+            inv[k] = ti.select(count > 0, 1.0 / ti.cast(count * n_dims, ti.f32), 0.0)
+            if count > 0:
+                ti.atomic_add(facts[N_ACTIVE], 1)
 
 
 def unused(shape: tuple, dtype=ti.i32):
