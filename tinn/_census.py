@@ -191,7 +191,8 @@ class Census:
     one network; a dense batch's are ``k`` repeated ``B_k`` times). ``n_dims``: the target's width (the
     normaliser's ``D``); ``faults``: the trainer's record the loss kernel writes a bad step into, or with
     ``final`` (an inference: no loss kernel follows) the object's record that the census writes itself;
-    ``sort``: whether the kernel sorts a routed batch into tiles now (else :attr:`tiles` does, when asked);
+    ``sort``: whether the kernel sorts a routed batch into tiles now (else :attr:`tiles` does, when asked; an
+    inference's census writes no mask or normalisers, and no counts unless it sorts);
     ``reuse``: the arrays that only the step's own kernels read (mask, counts, ids, tiles, ...) are the
     ``faults``' own, kept from step to step (a training step's: the device runs its kernels in order, so the
     next step's census overwrites them after this step's kernels have read them); ``facts`` and ``values`` are
