@@ -4,6 +4,9 @@ trainer's next call that reads from the device (DESIGN: "Non-finite device batch
 
 On the CPU the device path is forced (``tinn._device.FORCE``); there the MLP runs layer by layer, so a step of
 ``config_hash`` may launch at most 16 kernels (a routed array's 24), and none of them reads back.
+
+An inference of device batches never waits either: the census, the encoding and the MLP (one fused kernel, or a
+kernel per layer), nothing read back; a bad batch is reported by the object's next call that reads.
 """
 import os
 
@@ -16,7 +19,9 @@ import tinn
 from tinn import _buffers, _device
 from tinn._census import LossValue
 from tinn._probe import counting
+from tinn.networks import _kernel_mlp
 from tinn.registry import load_config
+from test_device_path import use_mlp_kernels
 
 
 SINGLE_LAUNCHES, ARRAY_LAUNCHES = 16, 24
@@ -180,3 +185,117 @@ def test_inference_refuses_a_wrong_output_buffer(rng, device_path):
                        (_buffers.buffer((64, 3), ti.i32), TypeError)]:
         with pytest.raises(error, match="out must"):
             model.inference(x, out=out)
+
+
+# -- inference: no read-back, the census, the encoding and the MLP ------------------------------------------------
+ROUTINGS = ("single", "routed", "numpy ids", "dense")
+FORBIDDEN = ("_count_bad", "_id_census", "_sort_ids", "_tile_table")
+"""The kernels an inference used to launch and needs no more: a count of non-finite values (read back), a
+census of the ids (read back), the host-planned tile sort."""
+
+
+def inference_batch(rng, routing, K, B=256):
+    """``(x, instance)`` of a routing kind: ``x`` a ti.ndarray ``(B, 2)`` (dense: ``(K, B // K, 2)``), the ids a
+    ti.ndarray, numpy ids, or none."""
+    if routing == "dense":
+        return _buffers.put(rng.random((K, B // K, 2), dtype=np.float32)), None
+    x = _buffers.put(rng.random((B, 2), dtype=np.float32))
+    ids = rng.integers(0, K, B).astype(np.int32)
+    return x, {"single": None, "routed": _buffers.put(ids, ti.i32), "numpy ids": ids}[routing]
+
+
+def inference_launches(model, routing) -> int:
+    """The bound: the census, the encoding's forward, the MLP (one fused kernel, or a kernel per layer), plus the
+    upload of numpy ids."""
+    plan = model.network.plan
+    mlp = 1 if _kernel_mlp.takes_fused(plan) else len(plan.layers)
+    return 2 + mlp + (routing == "numpy ids")
+
+
+@pytest.mark.parametrize("mlp_kernels", ["kernels", "fused"])
+@pytest.mark.parametrize("routing", ROUTINGS)
+def test_a_device_inference_reads_nothing_back_and_launches_few_kernels(rng, monkeypatch, device_path, routing,
+                                                                        mlp_kernels):
+    """An inference of device batches launches the census, the encoding and the MLP (a dense batch is flattened by
+    the census; its outputs take one more launch, into the caller's ``(K, B_k, n)`` layout), reads nothing back,
+    and gives the host path's outputs; on the per-layer MLP kernels and on the fused ones (which read an array's
+    samples sorted into tiles: the census sorts them in its launch)."""
+    use_mlp_kernels(monkeypatch, mlp_kernels)
+    K = 1 if routing == "single" else 16
+    model = tinn.create_from_config(2, 3, config_hash(), n_instances=K).network
+    x, ids = inference_batch(rng, routing, K)
+    for _ in range(2):                                            # compiles outside the counted call
+        model.inference(x, ids)
+    with counting() as seen:
+        y = model.inference(x, ids)
+    assert seen.read_backs == 0 and seen.numpy_arguments == []
+    assert not set(FORBIDDEN) & set(seen.kernels), seen.kernels
+    assert seen.launches <= inference_launches(model, routing) + (routing == "dense"), seen.kernels
+    host_x, host_ids = x.to_numpy(), ids.to_numpy() if isinstance(ids, ti.Ndarray) else ids
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(_device, "FORCE", False)
+        expected = model.inference(host_x, host_ids)
+    np.testing.assert_allclose(y.to_numpy(), expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("routing, what, message", [
+    ("single", "x", r"x must be finite: row 5 holds nan"),
+    ("routed", "x", r"x must be finite: row 5 holds nan"),
+    ("dense", "x", r"x must be finite: row 5 holds nan"),
+    ("routed", "instance", r"instance ids must lie in \[0, 4\), got values in \[0, 4\]")])
+def test_a_bad_device_inference_raises_at_the_next_call_that_reads(rng, device_path, routing, what, message):
+    """A device batch holding NaN (or an id out of range) is found by the inference's census: the call returns
+    without waiting, the other samples' outputs are right, and the ``ValueError`` (naming the call) comes at the
+    model's next call that reads from the device (``params()``, an inference of a host batch, a trainer's reads),
+    once."""
+    K = 1 if routing == "single" else 4
+    model = tinn.create_from_config(2, 3, config_hash(), n_instances=K)
+    net = model.network
+    x, ids = inference_batch(rng, routing, K)
+    net.inference(x, ids)                                         # a good call first
+    host_x = x.to_numpy().reshape(-1, 2)
+    host_ids = np.repeat(np.arange(K), 256 // K).astype(np.int32) if routing == "dense" else \
+        None if ids is None else ids.to_numpy()
+    bad_x, bad_ids = host_x.copy(), None if host_ids is None else host_ids.copy()
+    if what == "x":
+        bad_x[5, 1] = np.nan
+    else:
+        bad_ids[9] = K
+    shaped = bad_x.reshape(x.shape)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(_device, "FORCE", False)
+        expected = net.inference(host_x, host_ids)               # off the CPU a device inference too: call 2
+    bad_call = 2 if _device.is_cpu() else 3
+    with counting() as seen:
+        y = net.inference(_buffers.put(shaped), None if bad_ids is None or routing == "dense" else _buffers.put(bad_ids, ti.i32))
+    assert seen.read_backs == 0
+    good = np.ones(len(host_x), bool)
+    good[5 if what == "x" else 9] = False
+    np.testing.assert_allclose(y.to_numpy().reshape(-1, 3)[good], expected[good], rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match=message + rf" \(in inference call {bad_call} of this "
+                                                   r"NetworkWithInputEncoding's device batches\)"):
+        net.params()
+    net.params()                                                  # reported once
+    for read in (model.trainer.params, lambda: net.inference(host_x, host_ids)):     # other reads report it too
+        net.inference(_buffers.put(shaped), None if bad_ids is None or routing == "dense" else _buffers.put(bad_ids, ti.i32))
+        with pytest.raises(ValueError, match=message):
+            read()
+        read()
+
+
+def test_inference_arguments_checkable_on_the_host_fail_before_any_kernel(rng, device_path):
+    """Shapes, dtypes, a wrong ``out`` and numpy ids out of range: a ``ValueError`` / ``TypeError`` at once, no kernel."""
+    net = tinn.create_from_config(2, 3, config_hash(), n_instances=4).network
+    x, wide = _buffers.put(rng.random((64, 2), dtype=np.float32)), _buffers.put(np.zeros((64, 3), np.float32))
+    short = _buffers.put(np.zeros(63, np.int32), ti.i32)
+    calls = [(lambda: net.inference(x, np.full(64, 4, np.int32)), ValueError, r"instance ids must lie in \[0, 4\)"),
+             (lambda: net.inference(x, np.zeros(64, np.int64)), TypeError, "instance must have dtype int32"),
+             (lambda: net.inference(x, short), ValueError, "instance must have shape"),
+             (lambda: net.inference(wide, np.zeros(64, np.int32)), ValueError, "x must have shape"),
+             (lambda: net.inference(x), ValueError, "pass instance="),
+             (lambda: net.inference(x, np.zeros(64, np.int32), out=_buffers.buffer((64, 2))), ValueError, "out must")]
+    for call, error, message in calls:
+        with counting() as seen:
+            with pytest.raises(error, match=message):
+                call()
+        assert seen.launches == 0, (message, seen.kernels)

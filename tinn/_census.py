@@ -17,13 +17,17 @@ The loss kernel then checks ``target`` and ``pdf`` as it reads them (``facts[TAR
 step of a trainer, records what was wrong in the trainer's fault record (:class:`Faults`). The loss
 value (:class:`LossValue`) and the trainer's reads settle them: the ``ValueError`` comes when the step's
 loss is read, or at the trainer's next call that reads from the device, whichever is first.
+
+An inference of a device batch has no loss kernel after its census: its census (``final``) writes the
+object's own fault record itself, and sorts no tiles unless asked (the per-layer MLP kernels read each
+sample's network directly; ``Census.tiles`` sorts on first use, with one more launch and no read-back).
 """
 
 import numpy as np
 import taichi as ti
 
 from . import _buffers
-from ._types import F32_1D, F32_2D, I32_1D, I32_2D
+from ._types import F32_1D, F32_2D, F32_ANY, I32_1D, I32_2D
 
 X_ROW, TARGET_ROW, PDF_ROW, ID_LO, ID_HI, N_ACTIVE = range(6)
 """Slots of a census's ``facts`` (int32): the first bad row of each array, the ids' range, the networks with samples."""
@@ -83,18 +87,30 @@ def bad(facts: ti.template(), n_instances) -> ti.i32:
 
 
 @ti.kernel
-def _census_kernel(x: F32_2D, ids: I32_1D, routed: ti.template(), n_dims: ti.i32, facts: I32_1D, values: F32_1D,
-                   counts: I32_1D, mask: I32_1D, inv: F32_1D, safe: I32_1D, offsets: I32_2D, cursor: I32_1D,
-                   totals: I32_2D, order: I32_1D, tiles: I32_2D):
+def _census_kernel(source: F32_ANY, dense: ti.template(), x: F32_2D, ids: I32_1D, routed: ti.template(),
+                   sort: ti.template(), n_dims: ti.i32,
+                   facts: I32_1D, values: F32_1D, counts: I32_1D, mask: I32_1D, inv: F32_1D, safe: I32_1D,
+                   offsets: I32_2D, cursor: I32_1D, totals: I32_2D, order: I32_1D, tiles: I32_2D,
+                   final: ti.template(), record: I32_1D, recorded: F32_1D, call: ti.i32):
     """The census of a batch ``x`` ``(B, n)`` with, if ``routed``, network ids ``ids`` ``(B,)`` of ``K`` networks
-    (the module docstring). Top-level loops run in order, each finished before the next starts."""
+    (the module docstring); if ``dense``, ``x`` is first written from the dense ``source`` ``(K, B_k, n)`` (row
+    ``k * B_k + b`` from ``source[k, b]``; else ``source`` is ``x``). The routed samples are sorted into tiles if
+    ``sort``. If ``final`` (no loss kernel follows), a bad batch is written into the fault record ``record`` /
+    ``recorded`` (:class:`Faults`) as call number ``call``, unless the record holds an earlier one. Top-level
+    loops run in order, each finished before the next starts."""
     B, K = x.shape[0], counts.shape[0]
-    for k in range(K):
-        counts[k] = 0
-        cursor[k] = 0
-    for i in range(N_FACTS):
-        facts[i] = NONE
-    facts[ID_HI], facts[N_ACTIVE] = -NONE - 1, 0
+    if ti.static(dense):
+        for k, b, j in ti.ndrange(source.shape[0], source.shape[1], source.shape[2]):
+            x[k * source.shape[1] + b, j] = source[k, b, j]
+    counted = ti.static(routed and (sort or not final))       # an unsorted inference needs no counts
+    if ti.static(counted):
+        for k in range(K):
+            counts[k] = 0
+            cursor[k] = 0
+    for _ in range(1):
+        for i in range(N_FACTS):
+            facts[i] = NONE
+        facts[ID_HI], facts[N_ACTIVE] = -NONE - 1, 0
     for b in range(B):
         if row_is_bad(x, b, False):
             ti.atomic_min(facts[X_ROW], b)
@@ -104,9 +120,10 @@ def _census_kernel(x: F32_2D, ids: I32_1D, routed: ti.template(), n_dims: ti.i32
             ti.atomic_max(facts[ID_HI], k)
             inside = 0 <= k < K
             safe[b] = ti.select(inside, k, 0)
-            if inside:
-                ti.atomic_add(counts[k], 1)
-    if ti.static(routed):
+            if ti.static(counted):
+                if inside:
+                    ti.atomic_add(counts[k], 1)
+    if ti.static(routed and sort):
         for c in range(totals.shape[0] - 1):               # prefix sums of samples and tiles within a task
             samples, n_tiles = 0, 0
             for k in range(c * SCAN, ti.min(c * SCAN + SCAN, K)):
@@ -143,17 +160,23 @@ def _census_kernel(x: F32_2D, ids: I32_1D, routed: ti.template(), n_dims: ti.i32
             tiles[t, 0], tiles[t, 1], tiles[t, 2] = start, end, network
     for _ in range(1):
         record_bad_value(x, facts[X_ROW], False, values, X_ROW)
-    for k in range(K):
-        count = B // K
-        if ti.static(routed):
-            count = counts[k]
-        ok = facts[X_ROW] == NONE
-        if ti.static(routed):
-            ok = ok and facts[ID_LO] >= 0 and facts[ID_HI] < K
-        mask[k] = ti.select(ok and count > 0, 1, 0)
-        inv[k] = ti.select(count > 0, 1.0 / ti.cast(count * n_dims, ti.f32), 0.0)
-        if count > 0:
-            ti.atomic_add(facts[N_ACTIVE], 1)
+        if ti.static(final):
+            if bad(facts, K) and record[0] == 0:
+                record[0], record[1] = 1, call
+                for i in range(N_FACTS):
+                    record[2 + i], recorded[i] = facts[i], values[i]
+    if ti.static(not final):                                # a step's mask and normalisers
+        for k in range(K):
+            count = B // K
+            if ti.static(routed):
+                count = counts[k]
+            ok = facts[X_ROW] == NONE
+            if ti.static(routed):
+                ok = ok and facts[ID_LO] >= 0 and facts[ID_HI] < K
+            mask[k] = ti.select(ok and count > 0, 1, 0)
+            inv[k] = ti.select(count > 0, 1.0 / ti.cast(count * n_dims, ti.f32), 0.0)
+            if count > 0:
+                ti.atomic_add(facts[N_ACTIVE], 1)
 
 
 def unused(shape: tuple, dtype=ti.i32):
@@ -163,37 +186,65 @@ def unused(shape: tuple, dtype=ti.i32):
 
 class Census:
     """What :func:`_census_kernel` found in one step's batch ``x`` (module docstring); every array stays on
-    the device. ``ids``: a routed batch's ``(B,)`` int32 device ids (``None``: one network, or ``dense``
-    ``(K, B_k)`` when the ids are a dense batch's). ``n_dims``: the target's width (the normaliser's ``D``);
-    ``faults``: the trainer's record the loss kernel writes a bad step into; ``reuse``: the arrays that only
-    the step's own kernels read (mask, counts, ids, tiles, ...) are the trainer's, kept from step to step
-    (a training step's: the device runs its kernels in order, so the next step's census overwrites them
-    after this step's kernels have read them); ``facts`` and ``values`` are this census's own, for a loss
-    read later."""
+    the device. ``x``: ``(B, n)``, or a dense ``(K, B_k, n)`` batch, which the kernel flattens into ``self.x``
+    ``(K * B_k, n)`` (the batch the model reads). ``ids``: a routed batch's ``(B,)`` int32 device ids (``None``:
+    one network; a dense batch's are ``k`` repeated ``B_k`` times). ``n_dims``: the target's width (the
+    normaliser's ``D``); ``faults``: the trainer's record the loss kernel writes a bad step into, or with
+    ``final`` (an inference: no loss kernel follows) the object's record that the census writes itself;
+    ``sort``: whether the kernel sorts a routed batch into tiles now (else :attr:`tiles` does, when asked; an
+    inference's census writes no mask or normalisers, and no counts unless it sorts);
+    ``reuse``: the arrays that only the step's own kernels read (mask, counts, ids, tiles, ...) are the
+    ``faults``' own, kept from step to step (a training step's: the device runs its kernels in order, so the
+    next step's census overwrites them after this step's kernels have read them); ``facts`` and ``values`` are
+    this census's own, for a loss read later (kept too for an inference, which no loss reads)."""
 
-    def __init__(self, x, ids, n_instances: int, n_dims: int, faults=None, reuse: bool = False):
+    def __init__(self, x, ids, n_instances: int, n_dims: int, faults=None, reuse: bool = False, *,
+                 sort: bool = True, final: bool = False):
+        source, dense = x, len(x.shape) == 3
+        if dense:                                   # flattened by the census kernel
+            x = _buffers.buffer((x.shape[0] * x.shape[1], x.shape[2]))
         B, K = x.shape[0], n_instances
         routed = ids is not None
         self.batch, self.n_instances, self.routed, self.faults = B, K, routed, faults
-        self.facts, self.values = _buffers.buffer((N_FACTS,), ti.i32), _buffers.buffer((N_FACTS,))
 
         def buffer(name, shape, dtype=ti.f32):
             return faults.kept(name, shape, dtype) if reuse and faults is not None else _buffers.buffer(shape, dtype)
 
+        # an inference's census (final) is read by no loss later: its facts are scratch too
+        self.facts = buffer("facts", (N_FACTS,), ti.i32) if final else _buffers.buffer((N_FACTS,), ti.i32)
+        self.values = buffer("values", (N_FACTS,)) if final else _buffers.buffer((N_FACTS,))
         self.counts, self.mask, self.inv = buffer("counts", (K,), ti.i32), buffer("mask", (K,), ti.i32), buffer("inv", (K,))
         if routed:
             self.ids, self.order = buffer("ids", (B,), ti.i32), buffer("order", (B,), ti.i32)
-            self.tiles = buffer("tiles", (-(-B // TILE) + min(K, B), 3), ti.i32)   # at most one part-tile per network
-            self.offsets, cursor = buffer("offsets", (2, K + 1), ti.i32), buffer("cursor", (K,), ti.i32)
-            offsets = self.offsets
-            totals = buffer("totals", (-(-K // SCAN) + 1, 2), ti.i32)
+            self._tiles = buffer("tiles", (-(-B // TILE) + min(K, B), 3), ti.i32)   # at most one part-tile per network
+            self._offsets = buffer("offsets", (2, K + 1), ti.i32)
+            sorting = (self._offsets, buffer("cursor", (K,), ti.i32),
+                       buffer("totals", (-(-K // SCAN) + 1, 2), ti.i32), self.order, self._tiles)
         else:
-            self.ids = self.order = self.tiles = self.offsets = None
-            offsets, cursor, totals = unused((1, 1)), unused((1,)), unused((1, 1))
-        _census_kernel(x, ids if routed else unused((1,)), routed, n_dims, self.facts, self.values, self.counts,
-                       self.mask, self.inv, self.ids if routed else unused((1,)), offsets, cursor, totals,
-                       self.order if routed else unused((1,)), self.tiles if routed else unused((1, 3)))
+            self.ids = self.order = self._tiles = self._offsets = None
+            sorting = (unused((1, 1)), unused((1,)), unused((1, 1)), unused((1,)), unused((1, 3)))
+        record = (faults.record, faults.values, faults.next_step()) if final else (unused((1,)), unused((1,), ti.f32), 0)
+        self.x, self._args = x, (n_dims, self.facts, self.values, self.counts, self.mask, self.inv,
+                                 self.ids if routed else unused((1,)), *sorting)
+        _census_kernel(source, dense, x, ids if routed else unused((1,)), routed, sort, *self._args, final, *record)
+        self._sorted = sort or not routed
         self._read = None
+
+    @property
+    def tiles(self):
+        """A routed batch's tile table (see ``Routing.tiles``): sorted by this census's kernel, or (a census that
+        did not sort) now, by its kernel run again over the ids it clamped (one launch, nothing read back)."""
+        if not self._sorted:
+            _census_kernel(self.x, False, self.x, self.ids, True, True, *self._args, False, unused((1,)),
+                           unused((1,), ti.f32), 0)
+            self._sorted = True
+        return self._tiles
+
+    @property
+    def offsets(self):
+        """A routed batch's ``(2, n_instances + 1)`` offsets (see ``Routing.runs``), sorted as :attr:`tiles` is."""
+        self.tiles
+        return self._offsets
 
     def read(self) -> tuple:
         """``(facts, values)`` read back once (a wait for the device)."""
@@ -218,14 +269,19 @@ def raise_for(facts: np.ndarray, values: np.ndarray, n_instances: int, when: str
         raise ValueError(f"instance ids must lie in [0, {n_instances}), got values in [{lo}, {hi}]{when}")
 
 
-class Faults:
-    """A trainer's record of the first training step whose device batch was bad (a census found NaN or +-Inf,
-    a ``pdf`` <= 0, or an id out of range): written by the loss kernel of that step, on the device, read by
-    :meth:`settle`. ``step`` counts the trainer's deferred steps (the kernels are told each one's number)."""
+TRAINING_STEP = "training step {} of this trainer's device batches, whose update was skipped"
+"""How a trainer's :class:`Faults` name the bad step in the ``ValueError``."""
 
-    def __init__(self):
+
+class Faults:
+    """A record of the first deferred call whose device batch was bad (a census found NaN or +-Inf, a ``pdf`` <= 0,
+    or an id out of range): a trainer's, written by the loss kernel of a bad training step, or an object's, written by
+    the census of a bad inference (``final``); on the device, read by :meth:`settle`. ``step`` counts the deferred
+    calls (the kernels are told each one's number); ``event`` names one in the ``ValueError`` (``{}``: its number)."""
+
+    def __init__(self, event: str = TRAINING_STEP):
         self.record, self.values = _buffers.buffer((2 + N_FACTS,), ti.i32), _buffers.buffer((N_FACTS,))
-        self.step, self._settled = 0, 0
+        self.step, self._settled, self.event = 0, 0, event
         self._kept = {}
 
     def kept(self, name: str, shape: tuple, dtype):
@@ -242,8 +298,8 @@ class Faults:
         return self.step
 
     def settle(self, n_instances: int):
-        """``ValueError`` for the first bad step since the last settle, if any (a read-back only when deferred
-        steps ran since then); the record is then cleared, so each fault is raised once here."""
+        """``ValueError`` for the first bad call since the last settle, if any (a read-back only when deferred
+        calls ran since then); the record is then cleared, so each fault is raised once here."""
         if self._settled == self.step:
             return
         self._settled = self.step
@@ -251,9 +307,7 @@ class Faults:
         if record[0]:
             values = self.values.to_numpy()
             self.record.fill(0)
-            raise_for(record[2:], values, n_instances,
-                      f" (in training step {int(record[1])} of this trainer's device batches, whose update was "
-                      "skipped)")
+            raise_for(record[2:], values, n_instances, f" (in {self.event.format(int(record[1]))})")
 
 
 def loss_checks(census: "Census | None", ops) -> tuple:

@@ -50,9 +50,10 @@ def callers_kind(a, caller):
 def callers_output(y, n_cols: int, dense, caller):
     """The first ``n_cols`` columns of a batch's result ``y`` (``(batch, width)``, a component's output) in the
     layout of a ``dense`` ``(K, B_k)`` batch (``None``: flat), of the caller's kind: a device result for a
-    ``ti.ndarray`` caller stays on the device when it has those columns only; anything else is read on the
-    host once, then has the caller's kind (:func:`callers_kind`)."""
-    if is_device(y) and is_device(caller) and y.shape[1] == n_cols:
+    ``ti.ndarray`` caller stays on the device (a wider one's first columns copied there); anything else is read
+    on the host once, then has the caller's kind (:func:`callers_kind`)."""
+    if is_device(y) and is_device(caller) and n_cols:
+        y = y if y.shape[1] == n_cols else DEVICE.columns(y, 0, n_cols)
         return DEVICE.unflatten(y, dense) if dense else y
     y = np.ascontiguousarray(host(y)[:, :n_cols])
     return callers_kind(y.reshape(dense + (-1,)) if dense else y, caller)

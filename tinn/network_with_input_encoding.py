@@ -81,6 +81,12 @@ class NetworkWithInputEncoding(DifferentiableObject):
     def _floats_per_sample(self, training):
         return self.encoding._floats_per_sample(training) + self.network._floats_per_sample(training)
 
+    def _sorts_routed(self):
+        return self.network._sorts_routed()
+
+    def _dense_needs_sort(self):
+        return self.network._dense_needs_sort()
+
     def _inference(self, x, routing):
         return self.network._inference(self.encoding._inference(x, routing), routing)
 

@@ -17,12 +17,16 @@ Parameter gradients follow tcnn's ``GradientMode``: ``mode="overwrite"``
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import taichi as ti
 
 from ._kernels import fill_columns
 from ._batch import as_batch, check_out
-from ._kind import callers_kind, callers_output, copy_into, full_like, host, unflatten
+from ._census import Faults
+from ._device import active
+from ._kind import callers_kind, callers_output, copy_into, full_like, host, is_device, unflatten
 from ._program import RuntimeBound
 from ._rng import Pcg32
 from ._sample import SampleFuncs
@@ -133,6 +137,15 @@ class ParametricObject(Object, RuntimeBound):
                               f"float32 ({K * self.n_params * 4 / 2 ** 20:.0f} MiB)") from None
         self.store.set(self._offset, values)
 
+    def _settle(self):
+        """Raise the ``ValueError`` of an inference of a bad device batch not yet reported (a read-back only if
+        device inferences ran since the last settle, ``DifferentiableObject._faults``): the calls that read from
+        the device call it (``params()``, ``gradients()``, ``forward``, an inference of a host batch, and the
+        trainer's reads)."""
+        faults = self.__dict__.get("_faults")
+        if faults is not None:
+            faults.settle(self.n_instances)
+
     def _shape(self, a: np.ndarray) -> np.ndarray:
         return a[0] if self.n_instances == 1 else a
 
@@ -140,6 +153,7 @@ class ParametricObject(Object, RuntimeBound):
         """A float32 copy of the training parameters θ, in tcnn's order (network matrices, then the encoding):
         shape ``(n_params,)``, or ``(n_instances, n_params)`` for a network array."""
         self._check_runtime()
+        self._settle()
         if not self.n_params:                       # no store to read (a Taichi field cannot have size 0)
             return self._shape(np.zeros((self.n_instances, 0), np.float32))
         return self._shape(self.store.read(self.store.params, self._offset, self.n_params))
@@ -147,6 +161,7 @@ class ParametricObject(Object, RuntimeBound):
     def gradients(self) -> np.ndarray:
         """A float32 copy of the accumulated gradients dL/dθ, shaped as :meth:`params`."""
         self._check_runtime()
+        self._settle()
         if not self.n_params:
             return self._shape(np.zeros((self.n_instances, 0), np.float32))
         return self._shape(self.store.read(self.store.grads, self._offset, self.n_params))
@@ -186,10 +201,12 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
     n_output_dims: int
     padded_output_width: int
 
-    def _prepare(self, x, instance):
+    def _prepare(self, x, instance, deferred: bool = False):
         """Validate a batch and describe its routing once; a dense ``(K, B_k, n)`` batch is flattened. ``instance``
         may be the batch's own :class:`Routing` (a trainer's: ``x`` is then the flat batch it describes, not checked
-        again where the routing says it was)."""
+        again where the routing says it was). ``deferred`` (an inference): a device batch's values and ids are
+        checked on the device by a census that writes this object's fault record (:meth:`_settle`), nothing read
+        back; shapes, dtypes and host ids are checked here."""
         self._check_runtime()
         if isinstance(instance, Routing):
             arr = x if instance.has_checked(x) else as_batch(x, self.n_input_dims, finite=True)
@@ -197,8 +214,24 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
                 raise ValueError(f"the routing describes {instance.batch} samples of {instance.n_instances} networks, "
                                  f"not this batch of {arr.shape[0]} for {self.n_instances}")
             return arr, instance
-        arr = as_batch(x, self.n_input_dims, allow_dense=self.n_instances > 1 and instance is None, finite=True)
-        return Routing.of(arr, instance, self.n_instances)
+        return self._route(self._input(x, instance, deferred), instance, deferred)
+
+    def _input(self, x, instance, deferred: bool):
+        """The batch ``x`` checked (:func:`~tinn._batch.as_batch`; a device batch's values left to the census if
+        ``deferred``), of the path's kind, not yet flattened."""
+        return as_batch(x, self.n_input_dims, allow_dense=self.n_instances > 1 and instance is None, finite=True,
+                        deferred=deferred)
+
+    def _route(self, arr, instance, deferred: bool):
+        """``(flat batch, routing)`` of a checked batch (:meth:`_prepare`)."""
+        sort = self._sorts_routed() and len(arr.shape) == 2          # a dense batch's networks need no sort
+        census = (1, self._faults, True, True, sort) if deferred else None
+        return Routing.of(arr, instance, self.n_instances, census=census)
+
+    @functools.cached_property
+    def _faults(self) -> Faults:
+        """The record of this object's first inference of a bad device batch since it was last reported."""
+        return Faults(f"inference call {{}} of this {type(self).__name__}'s device batches")
 
     def _finish(self, y: np.ndarray, routing: Routing, caller, flat: bool = False):
         """The output ``(batch, n_output_dims)`` of the ``caller``'s kind, in a dense batch's layout unless ``flat``."""
@@ -213,12 +246,17 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         ``out``: a float32 array of the result's shape and of ``x``'s kind to write the outputs into (and
         return); on the device path the network's last kernel writes there, with no copy."""
         caller = x
-        x, routing = self._prepare(x, instance)
-        shape = (routing.dense or (routing.batch,)) + (self.n_output_dims,)
-        device_out = out is not None and check_out(out, caller, shape)
+        self._check_runtime()
+        if not is_device(caller):
+            self._settle()                            # (the call reads its outputs back anyway)
+        arr = self._input(x, instance, deferred=active())
+        device_out = out is not None and check_out(out, caller, tuple(arr.shape[:-1]) + (self.n_output_dims,))
+        x, routing = self._route(arr, instance, deferred=active())
         chunk = chunk_samples(self, training=False)
-        if device_out and routing.on_device and routing.dense is None:
-            return self._inference_into(x, routing, out)
+        if device_out and routing.on_device:
+            if routing.dense is None:
+                return self._inference_into(x, routing, out)
+            return copy_into(out, self._inference(x, routing))         # flat outputs regrouped into out
         if routing.batch <= chunk or routing.on_device:       # a device batch is not cut
             y = self._finish(self._inference(x, routing), routing, caller)
             return y if out is None else copy_into(out, y)
@@ -241,6 +279,7 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         passes a batch's routing as ``instance``)."""
         caller = x
         x, routing = self._prepare(x, instance)
+        self._settle()
         y, ctx = self._forward(x, routing)
         if isinstance(instance, Routing):       # a trainer's flat batch: its output stays flat (no copy)
             return self._finish(y, routing, caller, flat=True), ctx
@@ -299,6 +338,17 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         """A per-sample result in the batch's own layout (``(n_instances, batch, n)`` for a dense batch)."""
         dense = ctx.routing.dense
         return unflatten(a, dense) if dense else a
+
+    def _dense_needs_sort(self) -> bool:
+        """Whether this object's device training step of a dense ``(K, B_k, dims)`` batch reads the samples sorted
+        into tiles (``Routing.tiles``: the per-layer MLP kernels' weight gradients; not the fused kernels, whose
+        block k owns network k's samples)."""
+        return True
+
+    def _sorts_routed(self) -> bool:
+        """Whether this object's device inference of a routed batch reads the samples sorted into tiles of one
+        network (``Routing.tiles``: the fused MLP kernels); its census then sorts them in the same launch."""
+        return False
 
     # -- implemented by components (numpy in, numpy out) --
     def _floats_per_sample(self, training: bool) -> int:

@@ -144,7 +144,9 @@ class Routing:
         ``n_instances=None`` (a loss's routed batch): the largest id + 1.
 
         ``census=(n_target_dims, faults, reuse)``: a training step's device batch, described by a census on the
-        device (device ids are then checked there too, not here; ``reuse``: see :class:`~tinn._census.Census`)."""
+        device (device ids are then checked there too, not here; ``reuse``: see :class:`~tinn._census.Census`);
+        ``census=(1, faults, True, True, sort)``: an inference's, whose census writes ``faults`` itself (``final``)
+        and sorts the samples into tiles only if ``sort`` (else when ``tiles`` is first asked for)."""
         ops = ops_of(x)                         # the batch's kind, told here once and carried as routing.ops
         if census is not None and ops is DEVICE:
             return cls._described(x, instance, n_instances, *census)
@@ -161,13 +163,14 @@ class Routing:
         return ops.flatten(x), cls(k * b, k, ops.dense_ids(k, b), (k, b), ops=ops)
 
     @classmethod
-    def _described(cls, x, instance, n_instances: int, n_dims: int, faults, reuse: bool) -> tuple:
+    def _described(cls, x, instance, n_instances: int, n_dims: int, faults, reuse: bool, final: bool = False,
+                   sort: bool = True) -> tuple:
         """:meth:`of` for a device batch whose values and ids a census checks on the device."""
         dense = None
         if len(x.shape) == 3:
             if x.shape[0] != n_instances:
                 raise ValueError(f"a dense batch needs shape ({n_instances}, batch, {x.shape[-1]}), got {tuple(x.shape)}")
-            dense, ids, x = tuple(x.shape[:2]), DEVICE.dense_ids(*x.shape[:2]), DEVICE.flatten(x)
+            dense, ids = tuple(x.shape[:2]), DEVICE.dense_ids(*x.shape[:2])
         elif instance is None:
             ids = None
             if n_instances != 1:
@@ -176,8 +179,8 @@ class Routing:
             ids = check_device_ids(instance, x.shape[0])
         else:
             ids = DEVICE.put_ids(as_instances(instance, x.shape[0], n_instances))
-        census = Census(x, ids, n_instances, n_dims, faults, reuse)
-        return x, cls(x.shape[0], n_instances, census.ids, dense, census=census, ops=DEVICE)
+        census = Census(x, ids, n_instances, n_dims, faults, reuse, sort=sort, final=final)
+        return census.x, cls(census.x.shape[0], n_instances, census.ids, dense, census=census, ops=DEVICE)
 
     @property
     def reaches_all(self) -> bool:

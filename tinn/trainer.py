@@ -123,8 +123,10 @@ class Trainer(RuntimeBound):
         return self.model.n_params
 
     def _settle(self):
-        """Raise the ``ValueError`` of a bad step of device batches not yet reported (module docstring)."""
+        """Raise the ``ValueError`` of a bad step of device batches not yet reported (module docstring), then that of
+        an inference of the model's not yet reported."""
         self._faults.settle(self.model.n_instances)
+        self.model._settle()
 
     def params(self) -> np.ndarray:
         """The training parameters (tcnn's ``params()``), as ``model.params()``."""
@@ -217,7 +219,8 @@ class Trainer(RuntimeBound):
             pdf = checked(pdf, model.n_output_dims, "pdf", positive=True)
             if pdf.shape != target.shape:
                 raise ValueError(f"pdf must have the target's shape {tuple(target.shape)}, got {tuple(pdf.shape)}")
-        census = (model.n_output_dims, self._faults, reuse)            # (for device batches only)
+        sort = len(x.shape) == 2 or model._dense_needs_sort()           # (for device batches only)
+        census = (model.n_output_dims, self._faults, reuse, False, sort)
         x, routing = Routing.of(x, instance, model.n_instances, census=census)
         routing.checked = (x, target, pdf)
         return x, target, pdf, routing

@@ -146,6 +146,14 @@ def _weight_grad(G: ARENA, off: ti.i32, delta: _f32_2d, h: ANY_2D, tiles: _i32_2
             ti.atomic_add(G[tiles[t, 2], off + r * cols + c], acc)
 
 
+def takes_fused(plan) -> bool:
+    """Whether device batches of an MLP of ``plan`` run on the fused kernels here (a fused arch with a tiling, the
+    plan within it)."""
+    arch = impl.current_cfg().arch
+    tiling = FUSED_TILINGS.get(arch.name)
+    return arch in FUSED_ARCHS and tiling is not None and _fused_mlp.fits(plan, tiling)
+
+
 class _Zeroing:
     """The gradient zeroing of an overwrite pass, done by the pass's first ``_weight_grad`` launch: the
     arguments ``(zero, zero_off, zero_n, zero_tasks)`` of each launch, zeroing on the first only."""
@@ -186,12 +194,10 @@ class KernelMLP:
 
     def _fused_kernels(self, routing):
         """The fused kernels where they apply (on a fused arch, a routed batch or a single network's), else ``None``."""
-        arch = impl.current_cfg().arch
-        plan, tiling = self.mlp.plan, FUSED_TILINGS.get(arch.name)
-        if arch not in FUSED_ARCHS or tiling is None or not _fused_mlp.fits(plan, tiling) or \
-                not (routing.routed or self.mlp.n_instances == 1):
+        plan = self.mlp.plan
+        if not takes_fused(plan) or not (routing.routed or self.mlp.n_instances == 1):
             return None
-        return _fused_mlp.fused_kernels(plan, tiling, self.kept == ti.f16)
+        return _fused_mlp.fused_kernels(plan, FUSED_TILINGS[impl.current_cfg().arch.name], self.kept == ti.f16)
 
     def run(self, x, routing, keep: bool, out=None):
         """``(y, ctx)``: outputs ``(batch, n_output_dims)`` (a ``ti.ndarray``: ``out`` if given, written by the

@@ -30,7 +30,7 @@ from ..registry import networks
 from ..keys import POSITIVE_INT, Key, Options, between, reported
 from . import activations
 from ._mlp_funcs import sample_funcs
-from ._kernel_mlp import KernelMLP
+from ._kernel_mlp import KernelMLP, takes_fused
 from ._mlp_host import HostMLP
 from ._mlp_plan import MLPPlan
 from .network import Network
@@ -113,6 +113,13 @@ class MLP(Network):
         if on_device not in paths:
             paths[on_device] = KernelMLP(self) if on_device else HostMLP(self)
         return paths[on_device]
+
+    def _dense_needs_sort(self):
+        return not takes_fused(self.plan)
+
+    def _sorts_routed(self):
+        """An array's device inference on the fused kernels reads the routing's tiles."""
+        return self.n_instances > 1 and takes_fused(self.plan)
 
     def _inference(self, x, routing):
         return self._batch_path(routing).run(x, routing, keep=False)[0]
