@@ -72,9 +72,10 @@ class _Layout:
     def __init__(self, plan, tiling, tiles: int, resident: bool):
         layers, S, T = plan.layers, tiling.samples, tiling.threads
         self.CP = _round_up(plan.width, 32)
-        self.fwd_tile = [thread_tile(layer.rows, S, T) for layer in layers]       # rows x samples
-        self.dx_tile = [thread_tile(layer.cols, S, T) for layer in layers]        # cols x samples
-        self.dw_tile = [thread_tile(layer.rows, layer.cols, T, DW_PASSES) for layer in layers]   # rows x cols
+        most = tiling.register
+        self.fwd_tile = [thread_tile(layer.rows, S, T, most=most) for layer in layers]       # rows x samples
+        self.dx_tile = [thread_tile(layer.cols, S, T, most=most) for layer in layers]        # cols x samples
+        self.dw_tile = [thread_tile(layer.rows, layer.cols, T, DW_PASSES, most) for layer in layers]   # rows x cols
         self.RP = [_round_up(max(layer.rows, g * p), 32) for layer, (g, p, _, _) in zip(layers, self.fwd_tile)]
         sizes = [layer.cols * rp for layer, rp in zip(layers, self.RP)]
         if resident:
@@ -110,9 +111,10 @@ def shared_loads_per_fma(plan, tiling) -> dict:
     S = tiling.samples
     out, loads, fmas = {}, 0.0, 0.0
     for i, layer in enumerate(plan.layers):
-        for name, (ga, pa, gb, pb), work in (("forward", thread_tile(layer.rows, S, tiling.threads), 1),
-                                             ("dW", thread_tile(layer.rows, layer.cols, tiling.threads, DW_PASSES), 1),
-                                             ("dx", thread_tile(layer.cols, S, tiling.threads), int(i > 0))):
+        T, most = tiling.threads, tiling.register
+        for name, (ga, pa, gb, pb), work in (("forward", thread_tile(layer.rows, S, T, most=most), 1),
+                                             ("dW", thread_tile(layer.rows, layer.cols, T, DW_PASSES, most), 1),
+                                             ("dx", thread_tile(layer.cols, S, T, most=most), int(i > 0))):
             ratio = (pa + pb) / (pa * pb)
             out[f"{name}[{i}]"] = ratio
             macs = layer.rows * layer.cols * work
