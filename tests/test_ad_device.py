@@ -113,3 +113,27 @@ def test_a_non_finite_input_or_a_bad_id_raises_before_the_network_runs():
     with pytest.raises(ValueError, match=r"instance ids must lie in \[0, 4\)"):
         prog.stage()
     assert np.all(prog.out.to_numpy() == 7.0)
+
+
+@pytest.mark.parametrize("gradient", [False, True], ids=["stage", "gradient_stage"])
+def test_a_stage_over_many_scan_blocks_equals_the_batch_api(gradient):
+    """64 x 128 elements (32 blocks of the survey's prefix sum), a third masked out: the stage's output is the
+    batch API's on the taken elements (``inference``, or ``J^T 1`` by ``backward`` with ``dL/dy = 1``), 0 for
+    the others; the reverse pass gives ``x.grad`` and the networks' gradients of ``Σ w·out``."""
+    prog = Program(64, 128, gradient, np.random.default_rng(3))
+    prog.net.zero_grad()
+    with ti.ad.Tape(loss=prog.loss):
+        prog.stage()
+        prog.total()
+    x, inst = prog.x.to_numpy().reshape(-1, 2), prog.instance.to_numpy().reshape(-1)
+    taken = prog.mask.to_numpy().reshape(-1) != 0
+    out = prog.out.to_numpy().reshape(len(x), -1)
+    xt, it = np.ascontiguousarray(x[taken]), np.ascontiguousarray(inst[taken])
+    if gradient:
+        _, ctx = prog.net.forward(xt, it)
+        expected = prog.net.backward(ctx, np.ones((len(xt), 1), np.float32), input_gradient=True, mode="overwrite")
+    else:
+        expected = prog.net.inference(xt, it)
+    expected = np.asarray(expected.to_numpy() if hasattr(expected, "to_numpy") else expected)
+    np.testing.assert_allclose(out[taken], expected, rtol=1e-4, atol=1e-6)
+    assert (out[~taken] == 0).all()

@@ -155,14 +155,15 @@ def test_device_mlp_equals_the_reference(rng, monkeypatch, device_path, mlp_kern
     assert kind == {"kernels": "kernels", "fused": "FusedKernels"}[mlp_kernels]
 
 
+@pytest.mark.parametrize("K", [7, 700], ids=["K7", "K700"])         # 700: the census's scan over several blocks
 @pytest.mark.parametrize("ids_on_device", [False, True])
-def test_tiles_cover_each_network_once(rng, ids_on_device):
+def test_tiles_cover_each_network_once(rng, ids_on_device, K):
     """Routing.tiles: every sample in exactly one tile, tiles of at most TILE samples of one network,
     a network's tiles consecutive; and the counts."""
-    inst = np.concatenate([np.full(300, 3), np.full(5, 0), rng.integers(0, 6, 400)]).astype(np.int32)
+    inst = np.concatenate([np.full(300, 3), np.full(5, 0), rng.integers(0, K - 1, 400)]).astype(np.int32)
     rng.shuffle(inst)
-    routing = Routing(len(inst), 7, _buffers.put(inst, ti.i32) if ids_on_device else inst)
-    np.testing.assert_array_equal(routing.counts, np.bincount(inst, minlength=7))
+    routing = Routing(len(inst), K, _buffers.put(inst, ti.i32) if ids_on_device else inst)
+    np.testing.assert_array_equal(routing.counts, np.bincount(inst, minlength=K))
     table, order = (a.to_numpy() for a in routing.tiles)
     assert sorted(order.tolist()) == list(range(len(inst)))
     seen = np.zeros(len(inst), int)

@@ -131,11 +131,13 @@ def _census_kernel(source: F32_ANY, dense: ti.template(), x: F32_2D, ids: I32_1D
                 n_tiles += (counts[k] + TILE - 1) // TILE
                 offsets[0, k + 1], offsets[1, k + 1] = samples, n_tiles
             totals[c + 1, 0], totals[c + 1, 1] = samples, n_tiles
-        for _ in range(1):                                  # the tasks' totals, one after the other
-            totals[0, 0], totals[0, 1] = 0, 0
+        for _ in range(1):                                  # the tasks' totals, one after the other (a running
+            samples, n_tiles = 0, 0                         # sum in registers: on Vulkan, a read of an entry
+            totals[0, 0], totals[0, 1] = 0, 0               # just updated in place saw the old value)
             for c in range(1, totals.shape[0]):
-                totals[c, 0] += totals[c - 1, 0]
-                totals[c, 1] += totals[c - 1, 1]
+                samples += totals[c, 0]
+                n_tiles += totals[c, 1]
+                totals[c, 0], totals[c, 1] = samples, n_tiles
         for k in range(K):
             c = k // SCAN
             offsets[0, k + 1] += totals[c, 0]

@@ -211,10 +211,12 @@ def _survey(x: ti.template(), mask: ti.template(), instance: ti.template(), mask
         for r in range(c * SCAN, ti.min(c * SCAN + SCAN, pos.shape[0])):
             count += _taken(mask, masked, _element(x, r))
         totals[c + 1] = count
-    for _ in range(1):
+    for _ in range(1):                             # (a running sum in registers: on Vulkan, a read of an entry
+        total = 0                                  # just updated in place saw the old value)
         totals[0] = 0
         for c in range(1, totals.shape[0]):
-            totals[c] += totals[c - 1]
+            total += totals[c]
+            totals[c] = total
     for _ in range(1):                             # (a task of its own: read in the loop above, Vulkan saw 0)
         facts[N_TAKEN] = totals[totals.shape[0] - 1]
     for c in range(totals.shape[0] - 1):
