@@ -1,6 +1,7 @@
 """Small models for the reliability tests, their state, and Ctrl-C injected at a chosen line of tinn's code."""
 import os
 import sys
+import weakref
 
 import numpy as np
 
@@ -34,8 +35,20 @@ def same(a, b):
     return len(a) == len(b) and all(np.array_equal(p, q) for p, q in zip(a, b))
 
 
+def _in_finalizer(frame) -> bool:
+    """Whether the frame runs for the garbage collector (a ``__del__`` or a ``weakref.finalize`` callback): where
+    and whether that happens during a call is the collector's choice, and Python swallows an exception raised
+    there ("Exception ignored in ..."), so those lines are not lines of the call."""
+    while frame is not None:
+        if frame.f_code.co_name == "__del__" or frame.f_code.co_filename == weakref.__file__:
+            return True
+        frame = frame.f_back
+    return False
+
+
 class Interrupt:
-    """Counts the line events in tinn's code during a call, or raises ``KeyboardInterrupt`` at the ``at``-th."""
+    """Counts the line events in tinn's code during a call, or raises ``KeyboardInterrupt`` at the ``at``-th
+    (lines run for the garbage collector are neither counted nor interrupted)."""
 
     def __init__(self, at=None):
         self.at, self.events = at, 0
@@ -48,7 +61,7 @@ class Interrupt:
         return self._line
 
     def _call(self, frame, event, arg):
-        if frame.f_code.co_filename.startswith(TINN_DIR):
+        if frame.f_code.co_filename.startswith(TINN_DIR) and not _in_finalizer(frame):
             return self._line
         return None
 

@@ -5,6 +5,7 @@ Creating a ``ti.ndarray`` costs about a quarter of a millisecond of Python, so t
 needs are made once per Taichi program (:func:`kept`), and a forward pass's activations come back to a
 :class:`Pool` when its context dies.
 """
+import collections
 import weakref
 
 import numpy as np
@@ -32,6 +33,10 @@ class _Buffer(ScalarNdarray):
         self.arr = impl.get_runtime().prog.create_ndarray(self.dtype, shape, layout=Layout.NULL, zero_fill=True,
                                                           dbg_info=_ti_core.DebugInfo(""))
         self.shape = tuple(self.arr.shape)
+
+    def __del__(self):
+        if hasattr(self, "arr"):                    # (not so for a construction that an interrupt cut short)
+            super().__del__()
 
 
 def buffer(shape, dtype=ti.f32):
@@ -109,19 +114,15 @@ class Pool:
         self._free = {}
 
     def take(self, shape, owner, dtype=ti.f32):
-        shape = (tuple(shape), dtype)
-        free = self._free.get(shape) or []
-        out = free.pop() if free else buffer(*shape)
-        weakref.finalize(owner, self._give_back, shape, out)
-        return out
-
-    def _give_back(self, shape, buf):
-        if shape not in self._free:
+        key = (tuple(shape), dtype)
+        free = self._free.get(key)
+        if free is None:
             if len(self._free) >= 4:                # a new batch size: forget the oldest shape
                 del self._free[next(iter(self._free))]
-            self._free[shape] = []
-        if len(self._free[shape]) < 2:
-            self._free[shape].append(buf)
+            free = self._free[key] = collections.deque(maxlen=2)
+        out = free.pop() if free else buffer(*key)
+        weakref.finalize(owner, free.append, out)  # (a builtin: the give-back runs no line of Python that a
+        return out                                  # Ctrl-C during garbage collection could cut short)
 
 
 class Mirror:

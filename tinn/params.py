@@ -88,16 +88,14 @@ class _Chunk:
 
     def give(self, start: int, n: int):
         end = start + -(-max(n, 1) // ALIGN) * ALIGN
-        self.free.append((start, end))
-        self.free.sort()
-        merged = [self.free[0]]
-        for s, e in self.free[1:]:
+        ranges = sorted(self.free + [(start, end)])
+        merged = [ranges[0]]
+        for s, e in ranges[1:]:
             if s == merged[-1][1]:
                 merged[-1] = (merged[-1][0], e)
             else:
                 merged.append((s, e))
-        self.free = merged
-        self.n_stores -= 1
+        self.free, self.n_stores = merged, self.n_stores - 1        # (both in one line: given back, or not)
 
     def view(self, field):
         """The field's memory as a float32 numpy array (x64 only; a chunk with a float16 array has none), else
