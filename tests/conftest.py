@@ -6,9 +6,11 @@ so a run meant for Vulkan never quietly tests the CPU. Tests that only make sens
 carry ``@pytest.mark.x64_only(reason)`` and are skipped elsewhere, with that reason. Tests whose kernels
 take minutes to compile through Mesa's software Vulkan driver carry ``@pytest.mark.long_compile(reason)``
 and are skipped on Vulkan unless ``TINN_LONG_COMPILES=1`` (CI's time; the same code paths stay covered
-there by smaller tests).
+there by smaller tests). ``TINN_SHARD=i/n`` runs the i-th of n parts of the suite (whole test files, picked
+by a hash of their names), so that CI can run one arch's pass as n processes side by side.
 """
 import os
+import zlib
 
 import numpy as np
 import pytest
@@ -35,7 +37,29 @@ def pytest_report_header(config):
     return f"taichi arch: {impl.current_cfg().arch.name}"
 
 
+def _shard():
+    """``(i, n)`` from ``TINN_SHARD=i/n`` (1 <= i <= n), or ``None``."""
+    value = os.environ.get("TINN_SHARD")
+    if not value:
+        return None
+    try:
+        i, n = (int(v) for v in value.split("/"))
+    except ValueError:
+        i = n = 0
+    if not 1 <= i <= n:
+        raise pytest.UsageError(f"TINN_SHARD={value!r}: expected i/n with 1 <= i <= n")
+    return i, n
+
+
 def pytest_collection_modifyitems(config, items):
+    shard = _shard()
+    if shard is not None:
+        i, n = shard
+        mine, others = [], []
+        for item in items:
+            (mine if zlib.crc32(item.nodeid.split("::")[0].encode()) % n == i - 1 else others).append(item)
+        config.hook.pytest_deselected(items=others)
+        items[:] = mine
     if impl.current_cfg().arch == ti.x64:
         return
     long_compiles = impl.current_cfg().arch == ti.vulkan and os.environ.get("TINN_LONG_COMPILES") != "1"
