@@ -75,7 +75,7 @@ def run_tinn(k, s, steps, loop_models, arch="cpu"):
         x = rng.random((k, s, 2), dtype=np.float32)
         y = rng.random((k, s, N_OUT), dtype=np.float32)
         if arch != "cpu":                      # on a GPU the batches live there, as the PyTorch peer's do
-            x, y = tinn._buffers.put(x), tinn._buffers.put(y)
+            x, y = tinn.batch.buffers.put(x), tinn.batch.buffers.put(y)
         train = timed(lambda: (model.trainer.training_step(x, y), ti.sync()), steps)   # as the peer, which syncs
         infer = timed(lambda: (model.network.inference(x), ti.sync()), steps)
         n = k * s

@@ -40,7 +40,7 @@ def _model(arch: str):
     import taichi as ti
     sys.path.insert(0, ROOT)
     import tinn
-    from tinn import _device
+    from tinn.runtime import device as _device
     from tinn.networks import _kernel_mlp
     tinn.init(arch=getattr(ti, arch))
     _device.FORCE = True
@@ -70,7 +70,7 @@ def sweep(arch: str, batch: int, reps: int) -> list:
     tinn, np, ti, net = _model(arch)
     from tinn.networks import _mlp_plan
     rng = np.random.default_rng(0)
-    from tinn import _buffers
+    from tinn.batch import buffers as _buffers
     x, dy = _buffers.put(rng.random((batch, 32), np.float32)), _buffers.put(rng.random((batch, 3), np.float32))
     base, rows = _mlp_plan.FUSED_TILINGS[arch], []
     for samples, threads, blocks in SWEEP:

@@ -2,7 +2,7 @@
 """What a device-path training step costs the host, against bare launches of the same kernels.
 
 Model: a tiny ``Frequency`` encoding (4 frequencies) + a 16-wide MLP (one hidden layer, 3 outputs), L2,
-Adam, on the device path (``tinn._device.FORCE = True``) with ``ti.ndarray`` batches of ``--batch``
+Adam, on the device path (``tinn.runtime.device.FORCE = True``) with ``ti.ndarray`` batches of ``--batch``
 samples: at 256 samples the kernels do almost nothing, so a step's time is what the host spends launching.
 
 One step is recorded (every kernel launch with its arguments), then five loops are timed, alternating in
@@ -41,7 +41,9 @@ from taichi.lang.kernel_impl import Kernel
 from taichi.types.annotations import Template
 
 import tinn
-from tinn import _buffers, _device, _probe
+from tinn.batch import buffers as _buffers
+from tinn.runtime import device as _device
+from tinn.runtime import probe as _probe
 
 CONFIG = {"loss": {"otype": "L2"}, "optimizer": {"otype": "Adam", "learning_rate": 1e-2},
           "encoding": {"otype": "Frequency", "n_frequencies": 4},

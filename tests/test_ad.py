@@ -9,7 +9,7 @@ import pytest
 import taichi as ti
 
 import tinn
-from tinn import _device
+from tinn.runtime import device as _device
 
 R, S, DT = 24, 8, 0.05
 NET = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 2, "activation": "Tanh",
@@ -20,7 +20,7 @@ SMOOTH = {"otype": "Frequency", "n_frequencies": 2}
 @pytest.fixture(autouse=True, params=["host", "device"])
 def path(request, monkeypatch):
     """Every test runs on the CPU's own path and on the device path (kernels between the fields and tinn's
-    batches, ``tinn._device.FORCE``)."""
+    batches, ``tinn.runtime.device.FORCE``)."""
     monkeypatch.setattr(_device, "FORCE", request.param == "device")
     return request.param
 

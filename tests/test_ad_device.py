@@ -1,4 +1,4 @@
-"""tinn.ad stages on the device path (``tinn._device.FORCE``): the batch stays on the device.
+"""tinn.ad stages on the device path (``tinn.runtime.device.FORCE``): the batch stays on the device.
 
 A stage step (the Tape's forward and reverse through a stage, then the optimizer) moves only the survey's
 four counters between host and device, whatever the batch size; each stage call launches a fixed set of
@@ -9,7 +9,8 @@ import pytest
 import taichi as ti
 
 import tinn
-from tinn import _device, _probe
+from tinn.runtime import device as _device
+from tinn.runtime import probe as _probe
 
 NET = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1, "activation": "Softplus",
        "output_activation": "None"}

@@ -1,6 +1,6 @@
-"""The device path (``tinn._device``): the MLP as Taichi kernels on ``ti.ndarray`` buffers.
+"""The device path (``tinn.runtime.device``): the MLP as Taichi kernels on ``ti.ndarray`` buffers.
 
-On the CPU it is forced (``tinn._device.FORCE``) and checked against the host BLAS path for every
+On the CPU it is forced (``tinn.runtime.device.FORCE``) and checked against the host BLAS path for every
 activation, width and depth the suite uses, forward, backward and second order, network arrays
 included, and against the host path of every encoding, second order included; on any other arch it is
 what runs, and a training step (a single network with a grid, per-dim or Composite encoding, or a
@@ -17,10 +17,12 @@ from taichi.lang._ndarray import Ndarray
 from taichi.lang.kernel_impl import Kernel
 
 import tinn
-from tinn import _buffers, _device, _kind
-from tinn._memory import HostView
+from tinn.batch import buffers as _buffers
+from tinn.runtime import device as _device
+from tinn.batch import kind as _kind
+from tinn.runtime.memory import HostView
 from tinn.networks import _kernel_mlp, _mlp_plan
-from tinn.routing import TILE, Routing
+from tinn.batch.routing import TILE, Routing
 from reference import (assert_close, mlp_backward_ref, mlp_forward_ref, mlp_second_order_ref, mlp_shapes,
                        mlp_unflatten, padded, random_weights)
 from tinn.networks.activations import NAMES

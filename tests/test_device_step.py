@@ -2,7 +2,7 @@
 the device, skips the update of a bad batch there and raises its ``ValueError`` when the loss is read or at the
 trainer's next call that reads from the device (DESIGN: "Non-finite device batches skip the update on the device").
 
-On the CPU the device path is forced (``tinn._device.FORCE``); there the MLP runs layer by layer, so a step of
+On the CPU the device path is forced (``tinn.runtime.device.FORCE``); there the MLP runs layer by layer, so a step of
 ``config_hash`` may launch at most 16 kernels (a routed array's 24), and none of them reads back.
 
 An inference of device batches never waits either: the census, the encoding and the MLP (one fused kernel, or a
@@ -16,9 +16,10 @@ import taichi as ti
 from taichi.lang import impl
 
 import tinn
-from tinn import _buffers, _device
-from tinn._census import LossValue
-from tinn._probe import counting
+from tinn.batch import buffers as _buffers
+from tinn.runtime import device as _device
+from tinn.batch.census import LossValue
+from tinn.runtime.probe import counting
 from tinn.networks import _kernel_mlp
 from tinn.registry import load_config
 from test_device_path import use_mlp_kernels

@@ -7,8 +7,8 @@ import pytest
 import taichi as ti
 
 import tinn
-from tinn import _buffers
-from tinn._probe import counting
+from tinn.batch import buffers as _buffers
+from tinn.runtime.probe import counting
 from tinn.networks import _fused_mlp
 from tinn.networks._mlp_plan import FUSED_TILINGS, MLPPlan, thread_tile
 from reference import assert_close

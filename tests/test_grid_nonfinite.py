@@ -31,8 +31,8 @@ import sys, numpy as np, taichi as ti
 sys.path.insert(0, {tests!r})
 ti.init(arch=getattr(ti, {arch!r}), log_level=ti.ERROR, enable_fallback=False)
 import tinn
-from tinn import _device
-from tinn.routing import Routing
+from tinn.runtime import device as _device
+from tinn.batch.routing import Routing
 import test_grid_nonfinite as t
 _device.FORCE = True
 for case in t.CASES:
@@ -83,7 +83,7 @@ def check(tinn, ti, Routing, case):
     enc.set_params(theta)
     x, n_finite = batch(D, rng)
     B, width = x.shape[0], enc.padded_output_width
-    y, ctx = enc._forward(nd(ti, x), Routing(B, ops=tinn._kind.DEVICE))     # a device batch: values unchecked
+    y, ctx = enc._forward(nd(ti, x), Routing(B, ops=tinn.batch.kind.DEVICE))     # a device batch: values unchecked
     y = y.to_numpy()
     np.testing.assert_allclose(y[:n_finite, :N_LEVELS * F], grid_ref(x[:n_finite], theta, levels, F, interp),
                                rtol=1e-4, atol=1e-5)

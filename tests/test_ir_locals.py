@@ -105,7 +105,7 @@ MLP_SOURCES = ("tinn/networks/_fused_mlp.py",)
 
 MLP_SCRIPT = """
 import numpy as np
-from tinn import _buffers
+from tinn.batch import buffers as _buffers
 config = {"encoding": {"otype": "HashGrid", "n_levels": 4, "log2_hashmap_size": 12},
           "network": {"otype": "FullyFusedMLP", "n_neurons": 64, "n_hidden_layers": 2},
           "loss": {"otype": "RelativeL2"}, "optimizer": {"otype": "Adam", "learning_rate": 1e-2}}

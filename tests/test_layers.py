@@ -93,7 +93,7 @@ def test_no_import_circle():
 
 def test_every_module_is_on_exactly_one_floor_of_the_documented_table():
     floors = doc_floors()
-    assert len(floors) >= 6 and floors[0][0] == "plumbing" and floors[-1][0] == "top"
+    assert len(floors) >= 6 and [f for f, _ in floors[:2]] == ["runtime", "batch"] and floors[-1][0] == "top"
     misplaced = {m: [floors[i][0] for i in floor_of(m, floors)] for m in import_graph()}
     assert {m: f for m, f in misplaced.items() if len(f) != 1} == {}
 
@@ -103,10 +103,19 @@ def test_each_floor_imports_only_from_its_own_floor_or_below():
 
 
 def test_an_import_that_climbs_a_floor_is_caught():
-    """The check itself can fail: a plumbing module importing a component is reported."""
-    floors = [("plumbing", ["_types.py"]), ("components", ["encodings/"])]
-    graph = {"tinn._types": {"tinn.encodings.grid"}, "tinn.encodings.grid": {"tinn._types"}}
-    assert climbing_imports(graph, floors) == [("tinn._types", "plumbing", "tinn.encodings.grid", "components")]
+    """The check itself can fail: a runtime module importing a component is reported."""
+    floors = [("runtime", ["runtime/"]), ("components", ["encodings/"])]
+    graph = {"tinn.runtime.types": {"tinn.encodings.grid"}, "tinn.encodings.grid": {"tinn.runtime.types"}}
+    assert climbing_imports(graph, floors) == [("tinn.runtime.types", "runtime", "tinn.encodings.grid", "components")]
+
+
+def test_the_plumbing_lives_in_its_two_folders():
+    """At most two private modules stay at the package's root: the rest of the plumbing is ``runtime/`` and
+    ``batch/``, the two floors below everything else."""
+    private = sorted(f for f in os.listdir(ROOT) if f.startswith("_") and f.endswith(".py") and f != "__init__.py")
+    assert len(private) <= 2, private
+    for package in ("runtime", "batch"):
+        assert os.path.isfile(os.path.join(ROOT, package, "__init__.py"))
 
 
 def test_the_registry_is_on_the_ground_floor():

@@ -53,7 +53,7 @@ def test_impossible_sizes_are_refused_and_the_process_stays_healthy():
             "memory": {"encoding": {"otype": "Identity"}, "network": {"otype": "FullyFusedMLP", "n_neurons": 11000,
                                                                      "n_hidden_layers": 2}},
         }
-        tinn._memory.available_memory = lambda: 2 ** 30      # the 1.4 GiB model does not fit
+        tinn.runtime.memory.available_memory = lambda: 2 ** 30      # the 1.4 GiB model does not fit
         result = {}
         for name, cfg in cases.items():
             try:
@@ -77,7 +77,7 @@ def test_impossible_sizes_are_refused_and_the_process_stays_healthy():
 
 
 def test_field_tree_size_check_leaves_no_half_built_tree():
-    from tinn._memory import FieldTree
+    from tinn.runtime.memory import FieldTree
 
     def place(builder):
         builder.dense(ti.i, 16).place(ti.field(ti.f32))

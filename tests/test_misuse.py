@@ -11,7 +11,7 @@ from reference import Pcg32Ref
 from taichi.lang.exception import TaichiCompilationError
 
 import tinn
-from tinn import _rng
+from tinn.runtime import rng as _rng
 from tinn.torch._tensors import instances
 
 NET = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1, "activation": "Tanh",

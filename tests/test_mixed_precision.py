@@ -8,7 +8,7 @@ import taichi as ti
 from taichi.lang import impl
 
 import tinn
-from tinn._device import HALF_ARCHS
+from tinn.runtime.device import HALF_ARCHS
 from tinn.mixed_precision import LossScale
 from tinn.params import FLOAT16_MAX
 from reference import (EncodingRef, assert_close, mlp_backward_ref, mlp_forward_ref, mlp_shapes,
@@ -44,7 +44,7 @@ def test_float16_is_refused_before_any_field_where_the_arch_lacks_it(monkeypatch
     ValueError naming the arch, nothing allocated."""
     arch = impl.current_cfg().arch.name
     if HALF:
-        monkeypatch.setattr(tinn._device, "HALF_ARCHS", tuple(a for a in HALF_ARCHS if a != arch))
+        monkeypatch.setattr(tinn.runtime.device, "HALF_ARCHS", tuple(a for a in HALF_ARCHS if a != arch))
     arenas = set(tinn.params._ARENAS)
     with pytest.raises(ValueError, match=f"float16.*runs on {arch}"):
         tinn.create_from_config(2, 1, {"encoding": {"otype": "HashGrid", "n_levels": 2, "log2_hashmap_size": 4},
@@ -99,7 +99,7 @@ def test_network_in_half_precision(device, monkeypatch):
     before the next layer reads it, each pre-activation rounded where the backward differentiates at it) and
     writes float32 gradients: forward and gradients against §2.2's reference at the rounded weights and
     activations, which the unrounded reference misses."""
-    monkeypatch.setattr(tinn._device, "FORCE", device)
+    monkeypatch.setattr(tinn.runtime.device, "FORCE", device)
     cfg = {"otype": "FullyFusedMLP", "activation": "Tanh", "output_activation": "Sigmoid", "n_neurons": 16,
            "n_hidden_layers": 2}
     net = tinn.create_network(5, 3, cfg, precision="float16")
@@ -111,10 +111,10 @@ def test_network_in_half_precision(device, monkeypatch):
     x = rng.uniform(-1, 1, (37, 5)).astype(np.float32)
     Ws = mlp_unflatten(theta, shapes)
     y_ref, zs, hs = mlp_forward_ref(x, Ws, "Tanh", "Sigmoid", kept=f16)
-    y, ctx = net.forward(tinn._buffers.put(x) if device else x)
+    y, ctx = net.forward(tinn.batch.buffers.put(x) if device else x)
     y = host(y)
     assert_rounded_close(y[:, :3], y_ref[:, :3], rtol=1e-5)
-    assert_close(host(net.inference(tinn._buffers.put(x) if device else x)), y, rtol=0, atol=0)
+    assert_close(host(net.inference(tinn.batch.buffers.put(x) if device else x)), y, rtol=0, atol=0)
     y_exact = mlp_forward_ref(x, Ws, "Tanh", "Sigmoid")[0]
     assert np.abs(y[:, :3] - y_exact[:, :3]).max() > 10 * np.abs(y[:, :3] - y_ref[:, :3]).max()
     kept = [host(a) for a in kept_activations(ctx)]
@@ -122,7 +122,7 @@ def test_network_in_half_precision(device, monkeypatch):
     if device:
         assert all(str(a.dtype) == "f16" for a in kept_activations(ctx))            # in float16 buffers
     dL_dy = rng.normal(size=(37, 3)).astype(np.float32)
-    dx = host(net.backward(ctx, tinn._buffers.put(dL_dy) if device else dL_dy))
+    dx = host(net.backward(ctx, tinn.batch.buffers.put(dL_dy) if device else dL_dy))
     dWs, dx_ref = mlp_backward_ref(Ws, zs, hs, padded(dL_dy, shapes[-1][0], 0.0), "Tanh", "Sigmoid")
     assert_rounded_close(net.gradients(), np.concatenate([d.ravel() for d in dWs]), rtol=1e-5)
     assert_rounded_close(dx, dx_ref, rtol=1e-5)
@@ -146,10 +146,10 @@ def test_fused_kernels_in_half_precision(n_instances, monkeypatch, device_path):
     x = rng.uniform(-1, 1, (B, 5)).astype(np.float32)
     dy = rng.normal(size=(B, 3)).astype(np.float32)
     ids = rng.integers(0, n_instances, B).astype(np.int32)
-    args = (tinn._buffers.put(x),) if n_instances == 1 else (tinn._buffers.put(x), tinn._buffers.put(ids, ti.i32))
+    args = (tinn.batch.buffers.put(x),) if n_instances == 1 else (tinn.batch.buffers.put(x), tinn.batch.buffers.put(ids, ti.i32))
     y, ctx = net.forward(*args)
     assert ctx.fused is not None and all(str(a.dtype) == "f16" for a in kept_activations(ctx))
-    dx = host(net.backward(ctx, tinn._buffers.put(dy)))
+    dx = host(net.backward(ctx, tinn.batch.buffers.put(dy)))
     y, grads = host(y), net.gradients().reshape(n_instances, -1)
     for k in range(n_instances):
         rows = ids == k
@@ -179,11 +179,11 @@ def test_half_activations_agree_on_host_and_device(n_instances, monkeypatch):
     theta = f16(rng.normal(0, 0.7, (n_instances, tinn.create_network(4, 2, cfg).n_params)))
     results = []
     for device in (False, True):
-        monkeypatch.setattr(tinn._device, "FORCE", device)
+        monkeypatch.setattr(tinn.runtime.device, "FORCE", device)
         net = tinn.create_network(4, 2, cfg, n_instances=n_instances, precision="float16")
         net.set_params(theta if n_instances > 1 else theta[0])
-        put = tinn._buffers.put if device else (lambda a: a)
-        args = (put(x),) if n_instances == 1 else (put(x), tinn._buffers.put(ids, ti.i32) if device else ids)
+        put = tinn.batch.buffers.put if device else (lambda a: a)
+        args = (put(x),) if n_instances == 1 else (put(x), tinn.batch.buffers.put(ids, ti.i32) if device else ids)
         y, ctx = net.forward(*args)
         dx = net.backward(ctx, put(dy))
         grads = net.gradients()
@@ -275,7 +275,7 @@ def test_half_gradients_are_float32_sums(which, device, monkeypatch):
     """A float16 store's gradients are float32 (its weights float16), and a gradient summed from thousands of
     small per-sample contributions (per-block partial sums and atomics on the device path) matches a float64
     NumPy reference within float32 rounding: tighter than float16's rounding of the exact sums (checked)."""
-    monkeypatch.setattr(tinn._device, "FORCE", device)
+    monkeypatch.setattr(tinn.runtime.device, "FORCE", device)
     rng = np.random.default_rng(8)
     B = 1 << 14
     if which == "HashGrid":
@@ -291,8 +291,8 @@ def test_half_gradients_are_float32_sums(which, device, monkeypatch):
     obj.set_params(theta)
     x = rng.random((B, obj.n_input_dims), dtype=np.float32)
     dy = rng.uniform(0.5, 1.0, (B, obj.n_output_dims)).astype(np.float32)        # no cancellation in the sums
-    _, ctx = obj.forward(tinn._buffers.put(x) if device else x)
-    obj.backward(ctx, tinn._buffers.put(dy) if device else dy)
+    _, ctx = obj.forward(tinn.batch.buffers.put(x) if device else x)
+    obj.backward(ctx, tinn.batch.buffers.put(dy) if device else dy)
     if which == "HashGrid":
         exact = ref.param_grad(x, theta, dy.astype(np.float64))
     else:
@@ -391,9 +391,9 @@ def test_device_path_in_half_precision(monkeypatch):
     x, t = batch(5)
     host = model()
     losses = [host.trainer.training_step(x, t) for _ in range(3)]
-    monkeypatch.setattr(tinn._device, "FORCE", True)
+    monkeypatch.setattr(tinn.runtime.device, "FORCE", True)
     dev = model()
-    xd, td = tinn._buffers.put(x), tinn._buffers.put(t)
+    xd, td = tinn.batch.buffers.put(x), tinn.batch.buffers.put(t)
     dev_losses = [float(dev.trainer.training_step(xd, td)) for _ in range(3)]
     np.testing.assert_allclose(dev_losses, losses, rtol=1e-2)
     assert dev.trainer.loss_scaler.good_steps == 3

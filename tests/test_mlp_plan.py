@@ -10,8 +10,9 @@ import pytest
 import taichi as ti
 
 import tinn
-from tinn import _buffers, _kernels
-from tinn._probe import counting
+from tinn.batch import buffers as _buffers
+from tinn.runtime import kernels as _kernels
+from tinn.runtime.probe import counting
 from tinn.networks import _kernel_mlp
 from compiles import compilations
 from reference import assert_close, mlp_backward_ref, mlp_forward_ref, mlp_shapes, mlp_unflatten, padded, random_weights

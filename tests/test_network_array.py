@@ -109,7 +109,7 @@ def test_skewed_routing_is_cut_into_row_blocks_and_matches_single_networks(rng):
     """One network with far more samples than the others: the grouped stack stays a small multiple of
     the batch (its samples are cut into several row blocks), and outputs, input gradients and summed
     weight gradients still equal those of each network alone."""
-    from tinn.routing import Routing
+    from tinn.batch.routing import Routing
     cfg = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 2}
     n = 300
     counts = np.full(n, 3)
@@ -273,4 +273,4 @@ def test_a_routed_step_counts_the_samples_per_network_once(data, monkeypatch):
         return real(a, weights, minlength)
     monkeypatch.setattr(np, "bincount", counting)
     model.trainer.training_step(x.reshape(-1, 2), y.reshape(-1, 3), ids)
-    assert calls == ([] if tinn._device.active() else [len(ids)])
+    assert calls == ([] if tinn.runtime.device.active() else [len(ids)])

@@ -12,8 +12,9 @@ import pytest
 import taichi as ti
 
 import tinn
-from tinn import _buffers, _device
-from tinn._probe import counting
+from tinn.batch import buffers as _buffers
+from tinn.runtime import device as _device
+from tinn.runtime.probe import counting
 from tinn.registry import optimizers
 
 K = 3

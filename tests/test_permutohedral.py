@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import tinn
-from tinn import _device
+from tinn.runtime import device as _device
 from reference import EncodingRef, assert_close, fd_input_gradient, second_order_fd, smooth_points
 
 CFG = {"otype": "Permutohedral", "n_levels": 2, "n_features_per_level": 2, "base_resolution": 4,

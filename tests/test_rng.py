@@ -4,7 +4,7 @@ import pytest
 from reference import Pcg32Ref, mlp_init_ref, mlp_shapes
 
 import tinn
-from tinn._rng import Pcg32
+from tinn.runtime.rng import Pcg32
 
 
 def test_reference_values_of_the_spec():

@@ -12,7 +12,9 @@ import pytest
 import taichi as ti
 
 import tinn
-from tinn import _buffers, _device, _kind
+from tinn.batch import buffers as _buffers
+from tinn.runtime import device as _device
+from tinn.batch import kind as _kind
 from tinn.networks import activations
 from reference import (ACTIVATIONS, EncodingRef, act_grad_ref, act_ref, act_second_ref, assert_close,
                        fd_gradient, fd_input_gradient, mlp_backward_ref, mlp_forward_ref, mlp_second_order_ref,

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from tinn import _device
+from tinn.runtime import device as _device
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))

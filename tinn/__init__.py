@@ -9,7 +9,7 @@
 from importlib import metadata as _metadata
 
 from . import ad, encodings, losses, networks, optimizers
-from ._program import ForkedProcessError, RuntimeResetError, init
+from .runtime.program import ForkedProcessError, RuntimeResetError, init
 from .config import (TrainableModel, create_encoding, create_from_config, create_loss, create_network,
                      create_optimizer, load_config)
 from .encodings import Encoding

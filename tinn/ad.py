@@ -30,11 +30,11 @@ on the same fields): like Taichi's reverse of a kernel that stores a field, it c
 ``.grad`` and sets it to 0, and adds to ``x.grad``.
 
 Moving elements between the fields and tinn's batches (``_HostMoves``, ``_DeviceMoves``): on the CPU the
-fields are read into numpy batches and written back. On the device path (``tinn._device``) nothing
+fields are read into numpy batches and written back. On the device path (``tinn.runtime.device``) nothing
 batch-sized leaves the device: :func:`_survey` ranks the taken elements (an exclusive prefix sum of the mask
 in row-major order) and checks their values and ids, and its four counters are the call's one read-back;
 :func:`_gather` / :func:`_scatter` copy between the fields and ``ti.ndarray`` batches of the taken elements,
-the census of ``tinn._census`` routes them, and in the reverse :func:`_take_gradient` / :func:`_add_gradient`
+the census of ``tinn.batch.census`` routes them, and in the reverse :func:`_take_gradient` / :func:`_add_gradient`
 move ``y.grad`` and ``dL/dx``. ``active`` is then the survey's device mask of the networks reached.
 """
 
@@ -43,13 +43,14 @@ import taichi as ti
 from taichi.lang.field import ScalarField
 from taichi.lang.matrix import MatrixField
 
-from . import _buffers, _device
-from ._batch import check_id_range
-from ._census import NONE, SCAN
-from ._ndarray_ops import DEVICE
-from ._types import ANY_2D, I32_1D
+from .batch import buffers as _buffers
+from .runtime import device as _device
+from .batch.checks import check_id_range
+from .batch.census import NONE, SCAN
+from .batch.device_ops import DEVICE
+from .runtime.types import ANY_2D, I32_1D
 from .object import DifferentiableObject
-from .routing import Routing
+from .batch.routing import Routing
 
 N_TAKEN, ID_LO, ID_HI, BAD = range(4)
 """Slots of a device survey's ``facts`` (int32): elements taken, the ids' range, the first element whose x

@@ -23,18 +23,18 @@ network) is not an error: it gives a non-finite loss, as in tcnn.
 import numpy as np
 import taichi as ti
 
-from . import _census
-from ._census import ROWS_PER_TASK, loss_checks
-from ._kernels import specialised
-from ._types import F32_1D, F32_2D, I32_1D
-from ._batch import as_batch
-from ._device import is_cpu
-from ._kind import callers_kind, callers_loss
-from ._program import RuntimeBound
+from .batch import census as _census
+from .batch.census import ROWS_PER_TASK, loss_checks
+from .runtime.kernels import specialised
+from .runtime.types import F32_1D, F32_2D, I32_1D
+from .batch.checks import as_batch
+from .runtime.device import is_cpu
+from .batch.kind import callers_kind, callers_loss
+from .runtime.program import RuntimeBound
 from .registry import losses
 from .keys import Options
 from .object import Object
-from .routing import Routing
+from .batch.routing import Routing
 
 
 @specialised
@@ -70,7 +70,7 @@ def _kernel(cls, rows_per_task: int):
         """Per sample b of network k = ids[b]: the loss ``sum_d l(p, t) * inv[k] / q`` and its gradient. On the
         host every sample's loss goes to ``rows``; on the device (``on_device``) they are summed per network into
         ``sums`` (``rows_per_task`` samples per task, one atomic add per run of one network), and with a
-        census (``check``) ``target`` and ``pdf`` are checked as they are read (module ``tinn._census``)."""
+        census (``check``) ``target`` and ``pdf`` are checked as they are read (module ``tinn.batch.census``)."""
         B = pred.shape[0]
         if ti.static(not on_device):
             for b in range(B):
@@ -186,7 +186,7 @@ class Loss(Object, RuntimeBound):
 
     def _evaluate(self, p, t, q, routing: Routing, loss_scale, checked: bool = False):
         """``(loss, gradient, per-network losses)`` (on the device the per-network losses are read when
-        someone reads them: :class:`~tinn._census.PerNetwork`).
+        someone reads them: :class:`~tinn.batch.census.PerNetwork`).
 
         With a routed batch, each network's samples are normalised by that network's own
         ``N_k = B_k * D``, so a network in an array gets exactly the gradient it would get
@@ -197,7 +197,7 @@ class Loss(Object, RuntimeBound):
 
         One path for every batch: the routing says where the kernel leaves the losses and sums them per network
         (``routing.loss_sums``, ``routing.network_losses``: on the host per sample, then per network in float64;
-        on the device the kernel's own per-network sums, and the loss is a :class:`~tinn._census.LossValue`,
+        on the device the kernel's own per-network sums, and the loss is a :class:`~tinn.batch.census.LossValue`,
         read when someone reads it); with a census (a trainer's step of device batches, ``checked``) the kernel
         also checks ``target`` and ``pdf`` there.
         """

@@ -25,8 +25,8 @@ back from the device per step (the float32 path reads nothing).
 import numpy as np
 import taichi as ti
 
-from ._buffers import buffer
-from ._kernels import columns_per_task, copy_columns
+from .batch.buffers import buffer
+from .runtime.kernels import columns_per_task, copy_columns
 from .params import FLOAT16_MAX, ParamStore
 
 

@@ -22,17 +22,17 @@ import functools
 import numpy as np
 import taichi as ti
 
-from ._kernels import fill_columns
-from ._batch import as_batch, check_out
-from ._census import Faults
-from ._device import active
-from ._kind import callers_kind, callers_output, copy_into, full_like, host, is_device, unflatten
-from ._program import RuntimeBound
-from ._rng import Pcg32
-from ._sample import SampleFuncs
+from .runtime.kernels import fill_columns
+from .batch.checks import as_batch, check_out
+from .batch.census import Faults
+from .runtime.device import active
+from .batch.kind import callers_kind, callers_output, copy_into, full_like, host, is_device, unflatten
+from .runtime.program import RuntimeBound
+from .runtime.rng import Pcg32
+from .runtime.sample import SampleFuncs
 from .keys import check_int, check_seed
 from .params import ParamStore
-from .routing import Routing
+from .batch.routing import Routing
 
 GRADIENT_MODES = ("overwrite", "accumulate")
 
@@ -77,7 +77,7 @@ class Object:
 
 class Context:
     """What ``forward`` keeps for ``backward`` (tcnn's opaque ``Context``): the object that made it,
-    its input ``x``, the batch's :class:`~tinn.routing.Routing` and whatever the object saved."""
+    its input ``x``, the batch's :class:`~tinn.batch.routing.Routing` and whatever the object saved."""
 
     def __init__(self, owner, x, routing: Routing, **saved):
         self.owner, self.x, self.routing = owner, x, routing
@@ -195,7 +195,7 @@ class ParametricObject(Object, RuntimeBound):
 class DifferentiableObject(SampleFuncs, ParametricObject):
     """tcnn's ``DifferentiableObject``: batch inference, forward and hand-written backward; and the same
     model per sample in a user's kernel (``func``, ``forward_func``, ``backward_func``, ``jacobian_func``:
-    see ``tinn._sample``)."""
+    see ``tinn.runtime.sample``)."""
 
     n_input_dims: int
     n_output_dims: int
@@ -217,7 +217,7 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         return self._route(self._input(x, instance, deferred), instance, deferred)
 
     def _input(self, x, instance, deferred: bool):
-        """The batch ``x`` checked (:func:`~tinn._batch.as_batch`; a device batch's values left to the census if
+        """The batch ``x`` checked (:func:`~tinn.batch.checks.as_batch`; a device batch's values left to the census if
         ``deferred``), of the path's kind, not yet flattened."""
         return as_batch(x, self.n_input_dims, allow_dense=self.n_instances > 1 and instance is None, finite=True,
                         deferred=deferred)

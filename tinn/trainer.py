@@ -23,8 +23,8 @@ and ``pdf`` finite, ``pdf > 0``; a ``ValueError`` names the argument and the fir
 so a rejected step leaves the model and the optimizer exactly as they were.
 
 A step of device batches (``ti.ndarray``s on the device path) never waits for the device: its values and
-network ids are checked there, by a census kernel and the loss kernel (``tinn._census``), and the loss it
-returns is a :class:`~tinn._census.LossValue` read when someone reads it (``float(loss)``). A step whose
+network ids are checked there, by a census kernel and the loss kernel (``tinn.batch.census``), and the loss it
+returns is a :class:`~tinn.batch.census.LossValue` read when someone reads it (``float(loss)``). A step whose
 batch holds NaN or +-Inf (or a ``pdf`` <= 0, or an id out of range) skips its update on the device: every
 parameter and all optimizer state stay as they were (the gradients hold what the bad batch gave). Its
 ``ValueError`` comes when that step's loss is read, or at the trainer's next call that reads from the device
@@ -45,13 +45,13 @@ from __future__ import annotations
 import numpy as np
 
 from . import serialization
-from ._census import Faults
-from ._batch import as_batch
-from ._kind import callers_loss
-from ._program import RuntimeBound
+from .batch.census import Faults
+from .batch.checks import as_batch
+from .batch.kind import callers_loss
+from .runtime.program import RuntimeBound
 from .mixed_precision import LossScale, MasterWeights
 from .object import Context, DifferentiableObject, chunk_samples
-from .routing import Routing
+from .batch.routing import Routing
 
 
 class Trainer(RuntimeBound):

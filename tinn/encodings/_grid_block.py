@@ -16,7 +16,7 @@ claimed entry has claims.
 import taichi as ti
 from taichi.lang import impl
 
-from .._kernels import ARENA, F32_2D, arena_kernel
+from ..runtime.kernels import ARENA, F32_2D, arena_kernel
 
 T = 128                 # threads per block, one sample each
 MAX_BLOCKS = 256        # about two blocks per multiprocessor of a large GPU; fewer blocks, fewer global adds

@@ -4,10 +4,10 @@ import contextlib
 
 import taichi as ti
 
-from .._device import is_cpu
-from .._kernels import ARENA, arena_kernel, specialised
-from .._memory import FieldTree
-from .._types import F32_2D, I32_1D
+from ..runtime.device import is_cpu
+from ..runtime.kernels import ARENA, arena_kernel, specialised
+from ..runtime.memory import FieldTree
+from ..runtime.types import F32_2D, I32_1D
 from . import _grid_block as block
 from ._grid_funcs import DENSE, HASHED, MODULO, level_funcs
 

@@ -13,8 +13,8 @@ replace the batch forward where its formula allows a faster one (Frequency on th
 
 import taichi as ti
 
-from .._kernels import specialised
-from .._types import F32_2D
+from ..runtime.kernels import specialised
+from ..runtime.types import F32_2D
 from .encoding import KernelEncoding, Kernels
 
 

@@ -44,7 +44,7 @@ from math import lcm
 import numpy as np
 import taichi as ti
 
-from .._kernels import static_chunks
+from ..runtime.kernels import static_chunks
 from ..registry import build_encoding, encodings
 from ..keys import NON_NEGATIVE, REQUIRED, Key, between, reported
 from ..object import Context

@@ -10,7 +10,7 @@ from __future__ import annotations
 from math import lcm
 from typing import Any, NamedTuple
 
-from .._align import next_multiple
+from ..runtime.memory import next_multiple
 from ..keys import Options, reported
 from ..object import Context, DifferentiableObject
 
@@ -74,7 +74,7 @@ class Kernels(NamedTuple):
 
 class KernelEncoding(Encoding):
     """A parameter-free encoding run by the :class:`Kernels` from ``_kernels()``. Batches are numpy arrays
-    or ``ti.ndarray``s (the device path, ``tinn._device``); results are of the kind of the forward input."""
+    or ``ti.ndarray``s (the device path, ``tinn.runtime.device``); results are of the kind of the forward input."""
 
     def _kernels(self) -> Kernels:
         raise NotImplementedError

@@ -18,10 +18,10 @@ import math
 import numpy as np
 import taichi as ti
 
-from .._kernels import specialised
-from .. import _blas
-from .._device import is_cpu
-from .._types import F32_2D, F32_4D
+from ..runtime.kernels import specialised
+from ..runtime import blas as _blas
+from ..runtime.device import is_cpu
+from ..runtime.types import F32_2D, F32_4D
 from ..registry import encodings
 from ..keys import Key, between
 from ..object import Context

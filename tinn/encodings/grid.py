@@ -47,8 +47,8 @@ import math
 import numpy as np
 import taichi as ti
 
-from .. import _kind
-from .._device import is_cpu
+from ..batch import kind as _kind
+from ..runtime.device import is_cpu
 from ..registry import encodings
 from ..keys import OFF, POSITIVE_INT, Key, Options, above, between, one_of, reported
 from ..object import Context

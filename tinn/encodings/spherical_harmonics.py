@@ -28,8 +28,8 @@ import math
 import numpy as np
 import taichi as ti
 
-from .._kernels import specialised, static_chunks
-from .._types import F32_2D
+from ..runtime.kernels import specialised, static_chunks
+from ..runtime.types import F32_2D
 from ..registry import encodings
 from ..keys import Key, between
 from .encoding import KernelEncoding, Kernels

@@ -35,8 +35,8 @@ combination (:func:`fused_kernels`): models of one config share them.
 """
 import taichi as ti
 
-from .._kernels import ARENA, arena_kernel, cast_to, specialised
-from .._types import ANY_3D
+from ..runtime.kernels import ARENA, arena_kernel, cast_to, specialised
+from ..runtime.types import ANY_3D
 from . import activations
 from ._mlp_plan import thread_tile
 

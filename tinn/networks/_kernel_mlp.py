@@ -1,4 +1,4 @@
-"""The MLP of ``mlp.py`` as Taichi kernels on device buffers (the device path, ``tinn._device``).
+"""The MLP of ``mlp.py`` as Taichi kernels on device buffers (the device path, ``tinn.runtime.device``).
 
 Same math as the host path (no biases, activations differentiated from the pre-activation)::
 
@@ -36,12 +36,13 @@ import taichi as ti
 
 from taichi.lang import impl
 
-from .. import _buffers, _kind
-from .._kernels import ARENA, arena_kernel, cast_to, columns_per_task
-from .._types import ANY_2D
+from ..batch import buffers as _buffers
+from ..batch import kind as _kind
+from ..runtime.kernels import ARENA, arena_kernel, cast_to, columns_per_task
+from ..runtime.types import ANY_2D
 from ..params import KEPT_ACTIVATIONS
 from ..object import Context
-from ..routing import TILE
+from ..batch.routing import TILE
 from . import activations
 from . import _fused_mlp
 from ._mlp_plan import FUSED_TILINGS

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import _blas
+from ..runtime import blas as _blas
 from ..object import Context
-from .._groups import Groups
+from ..batch.groups import Groups
 from ..params import FLOAT16_MAX
-from ..routing import Routing
+from ..batch.routing import Routing
 from . import activations
 from .activations import Activation
 

@@ -9,7 +9,7 @@ gradients are zero, as in tcnn. A layer's computed weights are therefore the con
 ``[start, start + rows * cols)`` of the MLP's parameters, and the padding rows are ``[padding_start, n_params)``.
 
 The plan is a frozen, hashable value: models of one config have equal plans, and kernels specialised
-to a plan (``tinn._kernels.specialised``) are built once for all of them.
+to a plan (``tinn.runtime.kernels.specialised``) are built once for all of them.
 """
 from __future__ import annotations
 

@@ -106,7 +106,7 @@ class MLP(Network):
     # -- batch API ---------------------------------------------------------------
     def _batch_path(self, routing):
         """The backend that runs a batch of ``routing``'s kind (``routing.on_device``, told once per call by
-        ``tinn._batch.as_batch``): numpy's BLAS for host batches, Taichi kernels for device buffers. Each is
+        ``tinn.batch.checks.as_batch``): numpy's BLAS for host batches, Taichi kernels for device buffers. Each is
         made on first use and kept."""
         on_device = routing.on_device
         paths = self.__dict__.setdefault("_paths", {})

@@ -1,7 +1,7 @@
 """The network base class (tcnn ``network.h``)."""
 from __future__ import annotations
 
-from .._align import next_multiple
+from ..runtime.memory import next_multiple
 from ..object import DifferentiableObject
 
 OUTPUT_ALIGNMENT = 16

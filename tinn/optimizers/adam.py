@@ -18,8 +18,8 @@ import math
 import numpy as np
 import taichi as ti
 
-from .._kernels import FLAT, at, flat_args, set_at, specialised
-from .._device import is_cpu
+from ..runtime.kernels import FLAT, at, flat_args, set_at, specialised
+from ..runtime.device import is_cpu
 from .step import counted, one_minus_pow
 from ..registry import optimizers
 from ..keys import NON_NEGATIVE, Key
@@ -68,7 +68,7 @@ def _converged(beta1: float, beta2: float) -> int:
 def _adam_kernel(n_matrix: int, n: int, flags: tuple, flat: bool):
     """The update of one slot of ``n`` parameters, the first ``n_matrix`` of them matrix parameters.
 
-    ``P``, ``I``, ``G`` are parameter memory as :func:`~tinn._kernels.flat_rows` gives it: ``flat`` arrays with
+    ``P``, ``I``, ``G`` are parameter memory as :func:`~tinn.runtime.kernels.flat_rows` gives it: ``flat`` arrays with
     their row strides (x64), or fields.
 
     ``flags`` are the hyperparameters that switch code on or off (compile-time, so the common case

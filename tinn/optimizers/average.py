@@ -15,7 +15,7 @@ State: ``weights_samples`` ``(N, K, n)``, ``weights_average`` plus ``nested.*``.
 """
 import taichi as ti
 
-from .._kernels import ARENA, arena_kernel
+from ..runtime.kernels import ARENA, arena_kernel
 from ..registry import optimizers
 from ..keys import INT32_MAX, POSITIVE_INT, Key
 from ..params import Buffer

@@ -15,7 +15,7 @@ import dataclasses
 
 import taichi as ti
 
-from .._kernels import ARENA, arena_kernel
+from ..runtime.kernels import ARENA, arena_kernel
 from ..registry import optimizers
 from ..keys import POSITIVE_INT, Key
 from ..params import Buffer

@@ -26,7 +26,7 @@ import warnings
 
 import numpy as np
 
-from .._kernels import copy_columns
+from ..runtime.kernels import copy_columns
 from ..params import Buffer
 from ..registry import create_optimizer, optimizers
 from ..keys import NON_NEGATIVE, Key, Options

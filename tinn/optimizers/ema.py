@@ -21,7 +21,7 @@ import taichi as ti
 
 from ..registry import optimizers
 from ..keys import Key
-from .._kernels import ARENA, arena_kernel, copy_columns
+from ..runtime.kernels import ARENA, arena_kernel, copy_columns
 from ..params import Buffer
 from .optimizer import F32_2D, I32_1D, beta, zeros
 from .step import one_minus_pow

@@ -16,7 +16,7 @@ import taichi as ti
 
 from ..registry import optimizers
 from ..keys import CLOSED_UNIT, POSITIVE_INT, Key
-from .._kernels import ARENA, arena_kernel, copy_columns
+from ..runtime.kernels import ARENA, arena_kernel, copy_columns
 from ..params import Buffer
 from .optimizer import I32_1D
 from .wrapper import Wrapper

@@ -15,8 +15,8 @@ State: ``current_step``, ``first_moments``, ``per_layer_second_moments`` ``(K, n
 import numpy as np
 import taichi as ti
 
-from .. import _buffers
-from .._kernels import ARENA, arena_kernel
+from ..batch import buffers as _buffers
+from ..runtime.kernels import ARENA, arena_kernel
 from ..registry import optimizers
 from .optimizer import (ABSOLUTE_DECAY, EPSILON, F32_1D, F32_2D, I32_1D, LEARNING_RATE, RELATIVE_DECAY, Optimizer,
                         beta, zeros)

@@ -40,10 +40,10 @@ from __future__ import annotations
 import numpy as np
 import taichi as ti
 
-from .. import _buffers
-from .._batch import as_mask
-from .._types import F32_1D, F32_2D, F32_3D, I32_1D, I32_2D  # noqa: F401 (the optimizers' aliases)
-from .._program import RuntimeBound
+from ..batch import buffers as _buffers
+from ..batch.checks import as_mask
+from ..runtime.types import F32_1D, F32_2D, F32_3D, I32_1D, I32_2D  # noqa: F401 (the optimizers' aliases)
+from ..runtime.program import RuntimeBound
 from ..keys import NON_NEGATIVE, UNIT_INTERVAL, Key, Options
 from ..object import Object, ParametricObject
 from ..params import ParamStore
@@ -253,7 +253,7 @@ class Optimizer(Object, RuntimeBound):
 
     def kernel_array(self, name: str, values: np.ndarray):
         """``values``, a small host array that this optimizer's kernels only read, as their argument
-        (:class:`tinn._buffers.Mirror`: on the device path uploaded only when it changes)."""
+        (:class:`tinn.batch.buffers.Mirror`: on the device path uploaded only when it changes)."""
         if name not in self._mirrors:
             self._mirrors[name] = _buffers.Mirror()
         return self._mirrors[name](values)

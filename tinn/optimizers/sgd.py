@@ -5,7 +5,7 @@ State: ``current_step``.
 """
 import taichi as ti
 
-from .._kernels import FLAT, at, columns_per_task, flat_args, set_at, specialised
+from ..runtime.kernels import FLAT, at, columns_per_task, flat_args, set_at, specialised
 from ..registry import optimizers
 from .optimizer import F32_1D, I32_1D, LEARNING_RATE, Optimizer, l2_reg
 
@@ -14,7 +14,7 @@ from .optimizer import F32_1D, I32_1D, LEARNING_RATE, Optimizer, l2_reg
 def _sgd_kernel(n: int, flat: bool, mirror: bool):
     """The step of ``n`` parameters of every network ``k`` with ``active[k]``: ``w -= lr lr_scale[k] (g / loss_scale
     + l2_reg w)``, a task per network and run of ``columns_per_task()`` parameters (``P``, ``I``, ``G`` as
-    :func:`~tinn._kernels.flat_args` gives them); ``mirror``: each stepped weight also to ``I[k, io + i]``
+    :func:`~tinn.runtime.kernels.flat_args` gives them); ``mirror``: each stepped weight also to ``I[k, io + i]``
     (the model's inference weights, instead of a copy after the step)."""
     Rows = FLAT if flat else ti.template()
     C = columns_per_task()

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import taichi as ti
 
-from .. import _buffers
-from .._types import I32_1D
+from ..batch import buffers as _buffers
+from ..runtime.types import I32_1D
 
 
 @dataclass(frozen=True)

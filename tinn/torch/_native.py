@@ -17,7 +17,7 @@ import enum
 import numpy as np
 import torch
 
-from .._rng import Pcg32
+from ..runtime.rng import Pcg32
 
 
 class Precision(enum.Enum):

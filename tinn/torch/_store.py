@@ -11,7 +11,7 @@ training weights only when an inference call needs them (:func:`publish_inferenc
 import numpy as np
 import torch
 
-from .._kernels import rows_copy
+from ..runtime.kernels import rows_copy
 from ._tensors import DIRECT, route
 
 

@@ -3,14 +3,14 @@ and how it crosses.
 
 :func:`rule` names one of three routes, and the torch device tensors must be on for it:
 
-* ``HOST``, the CPU's own path (Taichi on x64/arm64, ``tinn._device`` not active): CPU tensors reach tinn
+* ``HOST``, the CPU's own path (Taichi on x64/arm64, ``tinn.runtime.device`` not active): CPU tensors reach tinn
   as numpy views of their memory (no copy) and tinn's numpy results come back as tensors over them.
 * ``DIRECT``, the device path on an arch whose memory torch holds (CUDA tensors on ``ti.cuda``; CPU
-  tensors on x64/arm64 with ``tinn._device.FORCE``): Taichi kernels take the tensor itself (a CUDA
+  tensors on x64/arm64 with ``tinn.runtime.device.FORCE``): Taichi kernels take the tensor itself (a CUDA
   tensor by its device pointer), so an input becomes a ``ti.ndarray`` by one copy kernel and a
   ``ti.ndarray`` result a tensor from ``torch.empty`` by another; nothing passes through the host.
 * ``UPLOAD``, the device path on an arch torch cannot hold (Vulkan, Metal, OpenGL; CUDA with a torch
-  built without it): CPU tensors, through numpy once per call (uploaded with ``tinn._buffers.put``,
+  built without it): CPU tensors, through numpy once per call (uploaded with ``tinn.batch.buffers.put``,
   results read back with ``to_numpy``).
 
 Parameters and their gradients cross with the same routes (:mod:`tinn.torch._store`).
@@ -20,8 +20,9 @@ import taichi as ti
 import torch
 from taichi.lang import impl
 
-from .. import _buffers, _device
-from .._types import ANY
+from ..batch import buffers as _buffers
+from ..runtime import device as _device
+from ..runtime.types import ANY
 
 HOST, DIRECT, UPLOAD = "host", "direct", "upload"
 
@@ -31,7 +32,7 @@ _TAICHI_TYPES = {torch.float32: ti.f32, torch.int32: ti.i32}
 
 def rule(arch, device_path: bool, torch_has_cuda: bool) -> tuple[str, torch.device]:
     """``(route, device)`` for Taichi's ``arch``: how tensors cross, and the torch device they must be on.
-    ``device_path``: whether ``tinn._device`` is active; ``torch_has_cuda``: whether torch can hold CUDA
+    ``device_path``: whether ``tinn.runtime.device`` is active; ``torch_has_cuda``: whether torch can hold CUDA
     tensors. Taichi's CUDA backend runs on the first visible GPU, ``cuda:0``."""
     if not device_path:
         return HOST, _CPU

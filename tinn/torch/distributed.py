@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .._rng import Pcg32
+from ..runtime.rng import Pcg32
 from .modules import Module
 
 

@@ -51,7 +51,7 @@ import torch
 from taichi.lang import impl
 
 from .. import NetworkWithInputEncoding as _NativeNetworkWithInputEncoding
-from .. import _program
+from ..runtime import program as _program
 from ..config import create_encoding
 from . import _tensors
 from ._autograd import _ModuleFunction

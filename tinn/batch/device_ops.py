@@ -1,16 +1,16 @@
 """The batch operations on the device path: ``ti.ndarray`` batches, each operation a small parallel kernel.
 
-:data:`DEVICE` has the methods of ``tinn._host_ops.HOST`` (same names, same results) for batches that stay
+:data:`DEVICE` has the methods of ``tinn.batch.host_ops.HOST`` (same names, same results) for batches that stay
 on the device: new buffers, column slices and concatenations, element-wise folds, the dense
 ``(K, B, n)`` <-> ``(K * B, n)`` regrouping, a count of non-finite values and a sum, each read back
-only where a number must reach the host. ``tinn._kind.ops_of`` picks it for a ``ti.ndarray`` batch.
+only where a number must reach the host. ``tinn.batch.kind.ops_of`` picks it for a ``ti.ndarray`` batch.
 """
 import numpy as np
 import taichi as ti
 
-from ._buffers import buffer, dense_ids, kept, put, zeros_i32
-from ._host_ops import BatchOps
-from ._types import F32_2D, F32_3D, F32_ANY, I32_1D
+from .buffers import buffer, dense_ids, kept, put, zeros_i32
+from .host_ops import BatchOps
+from ..runtime.types import F32_2D, F32_3D, F32_ANY, I32_1D
 
 _COPY, _ADD, _MULTIPLY = 0, 1, 2
 

@@ -9,9 +9,9 @@ is one of three kinds: for a single network (no ids), *routed* (a ``(B,)`` int32
 the k-th run of ``B_k`` samples; a dense ``ti.ndarray`` is flattened by a copy on the device).
 
 The host path sorts a routed batch by network into row blocks for the MLP's batched products
-(``tinn._groups.Groups``, made on first use: ``routing.groups``).
+(``tinn.batch.groups.Groups``, made on first use: ``routing.groups``).
 
-On the device path (``tinn._device``) a routed batch stays on the device: ``Routing.ids`` are the
+On the device path (``tinn.runtime.device``) a routed batch stays on the device: ``Routing.ids`` are the
 ids as an int32 ``ti.ndarray`` (the caller's own, or uploaded once), ``counts`` are counted there
 (``n_instances`` integers read back: the optimizer steps only networks that got samples), and
 ``Routing.tiles`` sorts the samples by network into *tiles* of at most ``TILE`` samples of one
@@ -26,14 +26,14 @@ import functools
 import numpy as np
 import taichi as ti
 
-from . import _buffers
-from ._census import TILE, Census, LossValue, PerNetwork
-from ._groups import Groups
-from ._types import I32_1D, I32_2D
-from ._batch import as_instances, check_id_range, check_ids
-from ._program import check_live
-from ._host_ops import to_numpy
-from ._kind import DEVICE, HOST, ops_of
+from . import buffers as _buffers
+from .census import TILE, Census, LossValue, PerNetwork
+from .groups import Groups
+from ..runtime.types import I32_1D, I32_2D
+from .checks import as_instances, check_id_range, check_ids
+from ..runtime.program import check_live
+from .host_ops import to_numpy
+from .kind import DEVICE, HOST, ops_of
 
 
 
@@ -80,7 +80,7 @@ def _tile_table(offsets: I32_2D, tiles: I32_2D):
 
 
 def check_device_ids(instance, batch: int):
-    """A device ``instance`` array's kind, dtype and shape, as :func:`~tinn._batch.as_instances` checks numpy ones
+    """A device ``instance`` array's kind, dtype and shape, as :func:`~tinn.batch.checks.as_instances` checks numpy ones
     (its values are checked on the device)."""
     check_live(instance, "instance")
     check_ids(instance, batch)
@@ -88,7 +88,7 @@ def check_device_ids(instance, batch: int):
 
 
 def device_ids(instance, batch: int, n_instances: int | None):
-    """A device batch's ``(batch,)`` int32 ``ti.ndarray`` of ids checked as :func:`~tinn._batch.as_instances`
+    """A device batch's ``(batch,)`` int32 ``ti.ndarray`` of ids checked as :func:`~tinn.batch.checks.as_instances`
     checks numpy ones, their range found on the device together with the samples of each network (one
     read-back of ``n_instances + 2`` integers); ``n_instances=None`` takes the largest id + 1 (the range is
     read first). Returns ``(ids, n_instances, counts)``, ``counts`` ``(n_instances,)`` int64."""
@@ -116,7 +116,7 @@ class Routing:
     ``whole`` is the batch this one is a chunk of (itself if none): a large batch is processed
     in chunks, and the loss normalises every chunk's samples by the whole batch's counts.
 
-    ``census``: a training step's device batch is described on the device only (:class:`~tinn._census.Census`:
+    ``census``: a training step's device batch is described on the device only (:class:`~tinn.batch.census.Census`:
     its values and ids checked there, counts, tiles and the step's mask of networks), and nothing is read
     back; then ``instance`` is the census's ids clamped into range. ``checked``: the arrays of the batch (x,
     target, pdf) whose values a trainer checked (on the host, or by the census and the loss kernel on the
@@ -144,7 +144,7 @@ class Routing:
         ``n_instances=None`` (a loss's routed batch): the largest id + 1.
 
         ``census=(n_target_dims, faults, reuse)``: a training step's device batch, described by a census on the
-        device (device ids are then checked there too, not here; ``reuse``: see :class:`~tinn._census.Census`);
+        device (device ids are then checked there too, not here; ``reuse``: see :class:`~tinn.batch.census.Census`);
         ``census=(1, faults, True, True, sort)``: an inference's, whose census writes ``faults`` itself (``final``)
         and sorts the samples into tiles only if ``sort`` (else when ``tiles`` is first asked for)."""
         ops = ops_of(x)                         # the batch's kind, told here once and carried as routing.ops
@@ -237,8 +237,8 @@ class Routing:
 
     def network_losses(self, rows, sums, census: Census | None = None) -> tuple:
         """``(loss, per-network losses)`` from what the loss kernel left in :meth:`loss_sums`: a float and a float64
-        ``(n_instances,)`` array on the host; on the device a :class:`~tinn._census.LossValue` (and its
-        :class:`~tinn._census.PerNetwork`), read when someone reads it (settling ``census`` first)."""
+        ``(n_instances,)`` array on the host; on the device a :class:`~tinn.batch.census.LossValue` (and its
+        :class:`~tinn.batch.census.PerNetwork`), read when someone reads it (settling ``census`` first)."""
         if self.on_device:
             loss = LossValue(sums, self, census)
             return loss, PerNetwork(loss)

@@ -22,10 +22,10 @@ from taichi.lang.any_array import AnyArray
 from taichi.lang.field import Field
 from taichi.types.annotations import Template
 
-from ._device import is_cpu
-from ._memory import view_of
-from ._program import current_program
-from ._types import F32_1D, F32_2D, I32_1D
+from .device import is_cpu
+from .memory import view_of
+from .program import current_program
+from .types import F32_1D, F32_2D, I32_1D
 
 
 CHUNK = 1024

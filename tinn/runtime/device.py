@@ -5,13 +5,13 @@ any other arch (CUDA, Vulkan, Metal, ...) that would move every activation acros
 step, so there batches live in ``ti.ndarray``s on the device and the MLP runs as Taichi kernels
 (``networks/_kernel_mlp.py``). :func:`active` is the one place that chooses; tests set :data:`FORCE`
 to run the device path on the CPU, where it is checked against the BLAS path. The operations on each
-kind of batch are ``tinn._host_ops`` and ``tinn._ndarray_ops``; ``tinn._kind`` picks them for a batch.
+kind of batch are ``tinn.batch.host_ops`` and ``tinn.batch.device_ops``; ``tinn.batch.kind`` picks them for a batch.
 """
 import taichi as ti
 from taichi.lang import impl
 
 FORCE = False
-"""Use the device path on the CPU too (read at every call, by ``tinn._batch.as_batch``: the kind of the call's
+"""Use the device path on the CPU too (read at every call, by ``tinn.batch.checks.as_batch``: the kind of the call's
 batches then picks every backend)."""
 
 

@@ -1,4 +1,4 @@
-"""A routed batch sorted by network on the host, for the MLP's batched products (``tinn.routing``'s
+"""A routed batch sorted by network on the host, for the MLP's batched products (``tinn.batch.routing``'s
 ``Routing.groups``).
 
 ``Groups`` is a counting sort of the per-sample ``instance`` ids. It gathers a
@@ -16,7 +16,7 @@ times faster than numpy's stable argsort and fancy indexing.
 import numpy as np
 import taichi as ti
 
-from ._types import F32_2D, I32_1D, I64_1D
+from ..runtime.types import F32_2D, I32_1D, I64_1D
 
 BLOCK_COST = 32
 """The fixed cost of one more row block (a product call per layer, a copy of its weights), counted in
@@ -62,7 +62,7 @@ def _block_size(counts: np.ndarray) -> int:
 
 
 class Groups:
-    """A routed batch (its :class:`~tinn.routing.Routing`) sorted by network into a zero-padded ``(R, S, n)``
+    """A routed batch (its :class:`~tinn.batch.routing.Routing`) sorted by network into a zero-padded ``(R, S, n)``
     stack of row blocks."""
 
     def __init__(self, routing):

@@ -19,8 +19,8 @@ try:
 except ImportError:                             # Windows
     resource = None
 
-from ._program import current_program
-from ._types import U64_1D
+from .program import current_program
+from .types import U64_1D
 
 MAX_ELEMENTS = 2 ** 31 - 1
 """The most values one Taichi array can address (its indices are 32-bit)."""
@@ -209,3 +209,8 @@ def view_of(field) -> np.ndarray | None:
         register_views([field], views)
         return views[0]
     return None
+
+
+def next_multiple(value: int, multiple: int) -> int:
+    """The least multiple of ``multiple`` that is >= ``value``."""
+    return -(-value // multiple) * multiple

@@ -1,7 +1,7 @@
 """The kind of a batch, told once: :func:`ops_of` gives the operations of a batch's kind (``HOST`` for
 numpy, ``DEVICE`` for ``ti.ndarray``), and the few seams where a result changes kind for its caller.
 
-A call's batches get their kind once (``tinn._batch.as_batch``) and its routing carries the operations
+A call's batches get their kind once (``tinn.batch.checks.as_batch``) and its routing carries the operations
 (``routing.ops``): components call ``routing.ops.empty_like(x)``, ``routing.ops.columns(...)`` and so on;
 none asks what kind an array is. Results go back to the caller's kind here (:func:`callers_kind`,
 :func:`callers_output`, :func:`callers_loss`). Taichi has no empty ndarray, so a ``(batch, 0)`` result is
@@ -10,9 +10,9 @@ numpy whatever the path.
 import numpy as np
 import taichi as ti
 
-from ._buffers import buffer
-from ._host_ops import HOST, ndarray_view
-from ._ndarray_ops import DEVICE
+from .buffers import buffer
+from .host_ops import HOST, ndarray_view
+from .device_ops import DEVICE
 
 __all__ = ["DEVICE", "HOST", "add", "callers_kind", "callers_loss", "callers_output",
            "contiguous", "copy_into", "empty_like", "flatten", "full_like", "host",
@@ -62,7 +62,7 @@ def callers_output(y, n_cols: int, dense, caller):
 def callers_loss(loss, per_network, caller):
     """A loss and its per-network losses as the caller of a loss or a step gets them: numbers (a float and a
     numpy array) for a host ``caller``; for a ``ti.ndarray`` caller as they are (on the device path read
-    when someone reads them, ``tinn._census.LossValue``)."""
+    when someone reads them, ``tinn.batch.census.LossValue``)."""
     if is_device(caller):
         return loss, per_network
     return float(loss), np.asarray(per_network)

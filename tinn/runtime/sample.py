@@ -21,7 +21,7 @@ points should do the same (see docs/differentiable_programming.md).
 """
 import taichi as ti
 
-from ._program import guarded
+from .program import guarded
 
 
 def jacobian_of(forward, vjp, n_in: int, n_out: int):

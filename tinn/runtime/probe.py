@@ -24,7 +24,7 @@ import numpy as np
 from taichi.lang._ndarray import Ndarray
 from taichi.lang.kernel_impl import Kernel
 
-from ._memory import HostView
+from .memory import HostView
 
 COPY_KERNELS = ("ndarray_to_ext_arr", "ext_arr_to_ndarray")
 """Taichi's own ``to_numpy`` / ``from_numpy`` kernels."""

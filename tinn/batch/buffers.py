@@ -16,8 +16,8 @@ from taichi.lang._ndarray import Ndarray, ScalarNdarray
 from taichi.lang.enums import Layout
 from taichi.lang.util import cook_dtype
 
-from ._device import active
-from ._types import I32_1D
+from ..runtime.device import active
+from ..runtime.types import I32_1D
 
 _NUMPY_TYPES = {ti.f32: np.float32, ti.f16: np.float16, ti.i32: np.int32}
 

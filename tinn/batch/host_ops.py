@@ -1,7 +1,7 @@
 """The batch operations on the host path: numpy batches, each operation numpy's own.
 
-:data:`HOST` has the methods of ``tinn._ndarray_ops.DEVICE`` (same names, same results) for numpy
-batches; ``tinn._kind.ops_of`` picks it for anything that is not a ``ti.ndarray``. Arrays that arrive as
+:data:`HOST` has the methods of ``tinn.batch.device_ops.DEVICE`` (same names, same results) for numpy
+batches; ``tinn.batch.kind.ops_of`` picks it for anything that is not a ``ti.ndarray``. Arrays that arrive as
 ``ti.ndarray``s or torch tensors on the host path become numpy here (:func:`to_numpy`), in place where
 their memory is the host's (:func:`ndarray_view`).
 """
@@ -11,7 +11,7 @@ import numpy as np
 import taichi as ti
 from taichi.lang import impl
 
-from ._program import check_live, current_program
+from ..runtime.program import check_live, current_program
 
 _HOST_TYPES = {"f32": (ctypes.c_float, np.float32), "i32": (ctypes.c_int32, np.int32)}
 

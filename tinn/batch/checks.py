@@ -1,7 +1,7 @@
 """What a batch looks like, checked once before any kernel runs: shape, dtype, finite values, ids.
 
 Batches cross the public API as row-major ``(batch, dims)`` float32 arrays: numpy arrays, ``ti.ndarray``s
-or torch tensors. :func:`as_batch` checks one against its kind's operations (``tinn._kind.ops_of``) and
+or torch tensors. :func:`as_batch` checks one against its kind's operations (``tinn.batch.kind.ops_of``) and
 returns it ready for the components: a ``ti.ndarray`` as it is on the device path, a contiguous numpy
 array on the host path. :func:`check_ids` is the one rule for a network array's per-sample ids,
 :func:`as_mask` for an optimizer step's networks, :func:`check_out` for an ``out`` argument. A public call
@@ -10,10 +10,10 @@ checks each argument once: the calls it composes are told what was checked (``Ro
 import numpy as np
 import taichi as ti
 
-from ._device import active
-from ._host_ops import HOST, to_numpy
-from ._kind import DEVICE, is_device, ops_of
-from ._program import check_live
+from ..runtime.device import active
+from .host_ops import HOST, to_numpy
+from .kind import DEVICE, is_device, ops_of
+from ..runtime.program import check_live
 
 def _dtype_name(a) -> str:
     return {ti.f32: "float32", ti.i32: "int32"}.get(a.dtype, str(a.dtype)) if is_device(a) \
