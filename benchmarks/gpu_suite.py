@@ -29,9 +29,10 @@ import subprocess
 import sys
 import time
 
+import _doc
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-BEGIN, END = "<!-- gpu_suite:begin -->", "<!-- gpu_suite:end -->"
 DEVICE_TESTS = ["tests/test_device_step.py", "tests/test_fused_arrays.py", "tests/test_torch_device.py",
                 "tests/test_mixed_precision.py", "tests/test_optimizer_device.py", "tests/test_grid_block.py"]
 QUICK_TESTS = ["tests/test_grid_block.py::test_block_budget"]
@@ -222,15 +223,8 @@ def markdown(results):
 
 
 def render(results, doc):
-    """Rewrite the lines between ``doc``'s markers with ``markdown(results)``."""
-    with open(doc) as f:
-        text = f.read()
-    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
-        raise ValueError(f"{doc}: needs one '{BEGIN}' line before one '{END}' line")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    with open(doc, "w") as f:
-        f.write(head + BEGIN + "\n" + markdown(results) + END + tail)
+    """Rewrite the lines between ``doc``'s ``gpu_suite`` markers with ``markdown(results)``."""
+    _doc.replace_between(doc, "gpu_suite", markdown(results))
 
 
 def main():
