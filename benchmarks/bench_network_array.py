@@ -17,6 +17,9 @@ read-backs per training step and per inference call (for ``tinn-loop``, of one o
 
     python benchmarks/bench_network_array.py --k 4096 --samples 64 256 --reps 3
     python benchmarks/bench_network_array.py --arch cuda --impls tinn torch   # tinn on CUDA, PyTorch on the GPU
+
+``--json`` prints the medians as JSON (with the run's date, commit, CPU and command); ``--render RUN.json``
+writes that run's table between the ``bench_network_array`` markers of ``docs/performance.md``.
 """
 import argparse
 import json
@@ -26,6 +29,8 @@ import statistics
 import subprocess
 import sys
 import time
+
+import _doc
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 N_FREQ, WIDTH, HIDDEN, N_OUT = 4, 32, 2, 3
@@ -155,8 +160,16 @@ def main():
     ap.add_argument("--peer-python", default=sys.executable)
     ap.add_argument("--impl", help=argparse.SUPPRESS)
     ap.add_argument("--arch", default="cpu", help="tinn's Taichi arch; with cuda PyTorch runs on the GPU too")
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json", action="store_true", help="print the medians as JSON (with date, commit, CPU, command)")
+    ap.add_argument("--render", metavar="JSON", help="write the table between the bench_network_array markers of "
+                                                     "--doc from a --json run's output, measure nothing")
+    ap.add_argument("--doc", default=_doc.PERFORMANCE, help="default: docs/performance.md")
     args = ap.parse_args()
+    if args.render:
+        with open(args.render) as f:
+            render(json.load(f), args.doc)
+        print(f"rewrote the bench_network_array table of {args.doc}")
+        return
     if args.impl:
         return worker(args)
 
@@ -178,19 +191,41 @@ def main():
     med = {key: {m: statistics.median(r[m] for r in rs) if m in rs[0] else None for m in COLUMNS}
            for key, rs in runs.items()}
     if args.json:
-        print(json.dumps({f"{i}@K={k},S={s}": v for (i, k, s), v in med.items()}, indent=1))
+        out = {f"{i}@K={k},S={s}": v for (i, k, s), v in med.items()}
+        out.update(reps=args.reps, steps=args.steps, threads=args.threads, arch=args.arch,
+                   machine=_doc.provenance(sys.argv))
+        print(json.dumps(out, indent=1))
         return
     print(f"\nmedians of {args.reps} runs ({args.steps} timed steps each after {WARMUP} untimed), "
           f"{args.threads} threads\n")
-    print("| impl | K | samples/network | train M samples/s | inference M samples/s | train ratio tinn/impl | "
-          "inference ratio | launches / read-backs per step | per inference |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(table(med))
+
+
+def table(med) -> str:
+    """The medians ``{(impl, K, S): {column: value}}`` and tinn's ratios, in markdown."""
+    rows = ["| impl | K | samples/network | train M samples/s | inference M samples/s | train ratio tinn/impl | "
+            "inference ratio | launches / read-backs per step | per inference |", "|---|---|---|---|---|---|---|---|---|"]
     for (impl, k, s), v in med.items():
         t = med.get(("tinn", k, s))
         ratio = lambda key: f"{t[key] / v[key]:.2f}×" if t else "–"  # noqa: E731
-        print(f"| {impl} | {k} | {s} | {v['train_samples_per_s'] / 1e6:.3f} | {v['infer_samples_per_s'] / 1e6:.3f} | "
-              f"{ratio('train_samples_per_s')} | {ratio('infer_samples_per_s')} | {counts(v, '{}_per_step')} | {counts(v, 'infer_{}_per_call')} |")
+        rows.append(f"| {impl} | {k} | {s} | {v['train_samples_per_s'] / 1e6:.3f} | {v['infer_samples_per_s'] / 1e6:.3f} | "
+                    f"{ratio('train_samples_per_s')} | {ratio('infer_samples_per_s')} | {counts(v, '{}_per_step')} | "
+                    f"{counts(v, 'infer_{}_per_call')} |")
+    return "\n".join(rows) + "\n"
 
+
+def render(results, doc):
+    """Rewrite the ``bench_network_array`` table of ``doc`` from a ``--json`` run's output."""
+    med = {}
+    for key, value in results.items():
+        if "@K=" in key:
+            impl, rest = key.split("@K=", 1)
+            k, s = rest.split(",S=")
+            med[impl, int(k), int(s)] = value
+    text = (_doc.heading(results["machine"]) + f" Medians of {results['reps']} runs of {results['steps']} timed "
+            f"steps after {WARMUP} untimed, {results['threads']} threads"
+            + (f", tinn on {results['arch']}" if results.get("arch", "cpu") != "cpu" else "") + ".\n\n" + table(med))
+    _doc.replace_between(doc, "bench_network_array", text)
 
 if __name__ == "__main__":
     main()

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Every GPU figure of the README in one run (<= 8 minutes on one GPU): one JSON file, one markdown table.
+"""Every GPU figure of docs/performance.md in one run (<= 8 minutes on one GPU): one JSON file, one markdown table.
 
     python benchmarks/gpu_suite.py [--arch cuda] [--out gpu_suite.json]       # measure
-    python benchmarks/gpu_suite.py --render gpu_suite.json [--readme README.md]  # rewrite the README's table
+    python benchmarks/gpu_suite.py --render gpu_suite.json [--doc docs/performance.md]  # rewrite its table
 
 Parts, each a subprocess with its own time limit (a part that fails or runs out of time is recorded as such
 and the others still run; all limits together stay within ``--budget`` seconds):
@@ -16,8 +16,8 @@ and the others still run; all limits together stay within ``--budget`` seconds):
 * ``tests``: the device test files under ``TINN_ARCH`` = the arch (pytest-xdist's ``-n 2`` if installed).
 
 ``--arch cpu --quick`` runs every part at toy sizes (the suite's own test: ``tests/test_gpu_suite.py``).
-``--render`` writes the table, with the date, commit, GPU and driver of the run, between the README's
-``<!-- gpu_suite:begin -->`` and ``<!-- gpu_suite:end -->`` lines.
+``--render`` writes the table, with the date, commit, GPU and driver of the run, between the
+``<!-- gpu_suite:begin -->`` and ``<!-- gpu_suite:end -->`` lines of ``docs/performance.md`` (or ``--doc FILE``).
 """
 import argparse
 import datetime
@@ -29,9 +29,10 @@ import subprocess
 import sys
 import time
 
+import _doc
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-BEGIN, END = "<!-- gpu_suite:begin -->", "<!-- gpu_suite:end -->"
 DEVICE_TESTS = ["tests/test_device_step.py", "tests/test_fused_arrays.py", "tests/test_torch_device.py",
                 "tests/test_mixed_precision.py", "tests/test_optimizer_device.py", "tests/test_grid_block.py"]
 QUICK_TESTS = ["tests/test_grid_block.py::test_block_budget"]
@@ -221,16 +222,9 @@ def markdown(results):
     return "\n".join(rows) + "\n"
 
 
-def render(results, readme):
-    """Rewrite the lines between the README's markers with ``markdown(results)``."""
-    with open(readme) as f:
-        text = f.read()
-    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
-        raise ValueError(f"{readme}: needs one '{BEGIN}' line before one '{END}' line")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    with open(readme, "w") as f:
-        f.write(head + BEGIN + "\n" + markdown(results) + END + tail)
+def render(results, doc):
+    """Rewrite the lines between ``doc``'s ``gpu_suite`` markers with ``markdown(results)``."""
+    _doc.replace_between(doc, "gpu_suite", markdown(results))
 
 
 def main():
@@ -241,13 +235,14 @@ def main():
     ap.add_argument("--budget", type=float, default=480, help="seconds for all parts together")
     ap.add_argument("--only", nargs="+", help="run only the parts whose names start with these")
     ap.add_argument("--nerf-data", help="a NeRF-synthetic folder for the NeRF parts (default: the examples' scene)")
-    ap.add_argument("--render", metavar="JSON", help="write the README's table from a run's JSON, measure nothing")
-    ap.add_argument("--readme", default=os.path.join(ROOT, "README.md"))
+    ap.add_argument("--render", metavar="JSON", help="write the table of --doc from a run's JSON, measure nothing")
+    ap.add_argument("--doc", default=os.path.join(ROOT, "docs", "performance.md"),
+                    help="the markdown file whose table --render rewrites (default: docs/performance.md)")
     args = ap.parse_args()
     if args.render:
         with open(args.render) as f:
-            render(json.load(f), args.readme)
-        print(f"rewrote the table of {args.readme}")
+            render(json.load(f), args.doc)
+        print(f"rewrote the table of {args.doc}")
         return
     args.scratch = os.path.splitext(os.path.abspath(args.out))[0] + "_files"
     os.makedirs(args.scratch, exist_ok=True)

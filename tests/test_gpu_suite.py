@@ -1,5 +1,5 @@
 """``benchmarks/gpu_suite.py`` end to end without a GPU: every part at toy sizes on the CPU, one JSON file and
-a markdown table, and the README's table rewritten between its markers and nowhere else."""
+a markdown table, and the table of ``docs/performance.md`` rewritten between its markers and nowhere else."""
 import json
 import os
 import subprocess
@@ -45,20 +45,20 @@ def test_every_part_runs_and_reports(run):
 
 
 @pytest.mark.x64_only("the suite's own check, at toy sizes on the CPU")
-def test_the_table_and_the_readme(run):
+def test_the_table_and_its_rewrite(run):
     tmp, out, results = run
     table = (tmp / "results.md").read_text()
     assert table.startswith(f"Measured on {results['machine']['date']} at commit `{results['machine']['commit']}`")
     rows = [line for line in table.splitlines() if line.startswith("|")]
     assert rows[0] == "| workload (`config_hash` unless said) | tinn | PyTorch | tinn / PyTorch |"
     assert all(row.count("|") == 5 for row in rows) and len(rows) >= 9
-    readme = tmp / "README.md"
-    readme.write_text("# title\nbefore\n<!-- gpu_suite:begin -->\nold table\n<!-- gpu_suite:end -->\nafter\n")
-    subprocess.run([sys.executable, SUITE, "--render", str(out), "--readme", str(readme)], check=True, cwd=ROOT,
+    doc = tmp / "performance.md"
+    doc.write_text("# title\nbefore\n<!-- gpu_suite:begin -->\nold table\n<!-- gpu_suite:end -->\nafter\n")
+    subprocess.run([sys.executable, SUITE, "--render", str(out), "--doc", str(doc)], check=True, cwd=ROOT,
                    capture_output=True, env=dict(os.environ, PYTHONPATH=ROOT))
-    assert readme.read_text() == ("# title\nbefore\n<!-- gpu_suite:begin -->\n" + table +
+    assert doc.read_text() == ("# title\nbefore\n<!-- gpu_suite:begin -->\n" + table +
                                   "<!-- gpu_suite:end -->\nafter\n")
-    readme.write_text("no markers\n")
-    bad = subprocess.run([sys.executable, SUITE, "--render", str(out), "--readme", str(readme)], cwd=ROOT,
+    doc.write_text("no markers\n")
+    bad = subprocess.run([sys.executable, SUITE, "--render", str(out), "--doc", str(doc)], cwd=ROOT,
                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
-    assert bad.returncode != 0 and "gpu_suite:begin" in bad.stderr and readme.read_text() == "no markers\n"
+    assert bad.returncode != 0 and "gpu_suite:begin" in bad.stderr and doc.read_text() == "no markers\n"

@@ -7,7 +7,8 @@
 * :class:`DifferentiableObject` — ``inference(x)``, ``forward(x) -> (y, ctx)``,
   ``backward(ctx, dL_dy) -> dL_dx`` and the second order
   ``backward_backward_input(ctx, dL_ddLdx, dL_dy) -> (dL_ddLdy, dL_dx)``. Public methods check their
-  arguments and hand contiguous numpy batches to the private ``_inference`` / ``_forward`` /
+  arguments and hand each batch, of the path's one kind (a contiguous numpy array on the host path, a
+  ``ti.ndarray`` on the device path: ``tinn._batch.as_batch``), to the private ``_inference`` / ``_forward`` /
   ``_backward`` / ``_backward_backward_input`` of each component, whose outputs are at least
   ``n_output_dims`` wide (an encoding's own padding included) and whose output gradients are
   ``n_output_dims`` wide.
@@ -350,7 +351,8 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         network (``Routing.tiles``: the fused MLP kernels); its census then sorts them in the same launch."""
         return False
 
-    # -- implemented by components (numpy in, numpy out) --
+    # -- implemented by components (batches of the call's one kind in and out: numpy on the host path,
+    #    ``ti.ndarray`` on the device path; ``routing.ops`` has the operations on them) --
     def _floats_per_sample(self, training: bool) -> int:
         """Floats of batch-sized arrays a pass holds per sample (the input, the output and what ``ctx``
         keeps for backward): what sizes chunks (:func:`chunk_samples`)."""
