@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from tinn.config import encodings, losses, networks
+from tinn.registry import encodings, losses, networks
 from tinn.networks.activations import NAMES as ACTIVATIONS
 
 SEED, N_CASES, N_WORKERS = 20261124, 300, 2

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import tinn
-from tinn.config import encodings, networks, optimizers
+from tinn.registry import encodings, networks, optimizers
 
 # tcnn's defaults, written out from the spec (not read from tinn's tables).
 TCNN_DEFAULTS = {

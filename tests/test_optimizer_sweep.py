@@ -292,7 +292,7 @@ WITH_INFERENCE_WEIGHTS = {"Ema", "Average", "Lookahead", "Composite"}
 
 
 def test_every_registered_optimizer_is_tested():
-    registered = set(tinn.config.optimizers.names())
+    registered = set(tinn.registry.optimizers.names())
     assert registered == set(TABLE), f"untested otypes: {sorted(registered - set(TABLE))}; " \
                                      f"stale entries: {sorted(set(TABLE) - registered)}"
 

@@ -1,6 +1,6 @@
 """Registry sweep: every registered encoding otype, loss otype and activation against the spec's formulas.
 
-The tests iterate over ``tinn.config.encodings.names()``, ``tinn.config.losses.names()`` and
+The tests iterate over ``tinn.registry.encodings.names()``, ``tinn.registry.losses.names()`` and
 ``tinn.networks.activations.NAMES``, so a component registered later is swept automatically,
 and the sweep FAILS for a registered name that has no representative case below: add one
 (a config small enough to compile fast) and, if it is a new formula, a reference in
@@ -76,7 +76,7 @@ ENCODING_CASES = {   # registered otype (aliases too) -> representative cases
     "OneBlobFrequency": [Case(8, {"otype": "OneBlobFrequency"}, 0)],            # defaults F = 12, K = 4
 }
 
-ENCODING_NAMES = tinn.config.encodings.names()
+ENCODING_NAMES = tinn.registry.encodings.names()
 ENCODING_PARAMS = [pytest.param(name, i, id=f"{name}-{i}")
                    for name in ENCODING_NAMES for i in range(len(ENCODING_CASES.get(name, [None])))]
 
@@ -179,7 +179,7 @@ def test_encoding_hyperparams_round_trip(encoding_case, name, i):
     """create_encoding(hyperparams()) rebuilds the same encoding: same hyperparams, params (same seed), outputs."""
     case, enc, ref = encoding_case(name, i)
     hp = enc.hyperparams()
-    assert tinn.config.encodings.lookup(hp)[1] is type(enc)
+    assert tinn.registry.encodings.lookup(hp)[1] is type(enc)
     first = tinn.create_encoding(case.n_in, case.config, alignment=case.alignment, seed=7)
     rebuilt = tinn.create_encoding(case.n_in, hp, alignment=case.alignment, seed=7)
     assert type(rebuilt) is type(enc) and rebuilt.hyperparams() == hp == first.hyperparams()
@@ -269,7 +269,7 @@ LOSS_CASES = {   # registered otype -> target widths to test, and whether p and 
     "CrossEntropy": LossCase((3,), True),
     "Variance": LossCase((3,), True),
 }
-LOSS_NAMES = tinn.config.losses.names()
+LOSS_NAMES = tinn.registry.losses.names()
 
 
 def loss_case(name):
@@ -416,7 +416,7 @@ def _one_name_per_class():
     """Aliases share a class (HashGrid / Grid / DenseGrid / TiledGrid, NRC / OneBlobFrequency): test one name each."""
     seen, names = set(), []
     for name in ENCODING_NAMES:
-        cls = tinn.config.encodings.lookup({"otype": name})[1]
+        cls = tinn.registry.encodings.lookup({"otype": name})[1]
         if cls not in seen:
             seen.add(cls)
             names.append(name)

@@ -156,7 +156,7 @@ def test_load_tcnn_rolls_back_when_a_write_fails(trained, tmp_path, monkeypatch)
 
 
 def test_json_depth_is_counted_outside_strings():
-    from tinn.serialization import check_json_depth
+    from tinn._files import check_json_depth
     check_json_depth(b'{"a": ["[[[[\\"[[[", {"b": 1}]}', 3)
     with pytest.raises(ValueError, match="nested"):
         check_json_depth(b'{"a": ["\\\\", [{"b": []}]]}', 4)             # an escaped backslash ends no string

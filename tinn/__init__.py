@@ -10,8 +10,8 @@ from importlib import metadata as _metadata
 
 from . import ad, encodings, losses, networks, optimizers
 from .runtime.program import ForkedProcessError, RuntimeResetError, init
-from .config import (TrainableModel, create_encoding, create_from_config, create_loss, create_network,
-                     create_optimizer, load_config)
+from .config import TrainableModel, create_from_config
+from .registry import create_encoding, create_loss, create_network, create_optimizer, load_config
 from .encodings import Encoding
 from .losses import Loss
 from .network_with_input_encoding import NetworkWithInputEncoding

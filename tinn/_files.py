@@ -19,8 +19,11 @@ a device such as ``/dev/zero``, a directory), and with ``max_bytes`` a file larg
 from __future__ import annotations
 
 import os
+import re
 import stat
 import tempfile
+
+import numpy as np
 
 _writing: set = set()       # temporary files this process is writing now (a set's add, discard and `in` are atomic
                             # under the GIL: no lock, which an interrupt at the wrong line could leave held)
@@ -143,3 +146,19 @@ def open_regular(path: str, what: str, max_bytes: int | None = None):
     except BaseException:
         os.close(fd)
         raise
+
+
+def check_json_depth(text: bytes, limit: int):
+    """``ValueError`` if the JSON ``text`` nests arrays and objects more than ``limit`` deep, found before any
+    parser recurses into them: escaped characters dropped, then all but quotes and brackets, then the strings
+    (what is left between quotes), and the depth is the running count of opening less closing brackets."""
+    structure = _ESCAPED.sub(b"", text).translate(None, _NOT_STRUCTURE)
+    brackets = np.frombuffer(_STRING.sub(b"", structure), np.uint8)
+    if brackets.size:
+        depth = np.cumsum(np.where((brackets == ord("[")) | (brackets == ord("{")), 1, -1))
+        if depth.max() > limit:
+            raise ValueError(f"JSON nested more than {limit} deep")
+
+
+_ESCAPED, _STRING = re.compile(rb"\\.", re.DOTALL), re.compile(rb'"[^"]*"')
+_NOT_STRUCTURE = bytes(c for c in range(256) if c not in b'[]{}"')

@@ -3,8 +3,7 @@ optimizer, ``NetworkWithInputEncoding``, trainer) from one config.
 
 This is the top floor: it imports the model and the trainer it wires. The registries, the
 component factories (``create_encoding``, ``create_network``, ``create_loss``,
-``create_optimizer``) and ``load_config`` live on the ground floor, ``tinn.registry``, and
-are re-exported here.
+``create_optimizer``) and ``load_config`` live on the ground floor, ``tinn.registry``.
 """
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ from dataclasses import dataclass
 
 from .keys import check_seed
 from .network_with_input_encoding import NetworkWithInputEncoding
-from .registry import (Registry, _check_dims, _check_instances, create_encoding, create_loss,  # noqa: F401
-                       create_network, create_optimizer, encodings, load_config, losses, networks, optimizers)
+from .registry import _check_dims, _check_instances, create_loss, create_optimizer, load_config
 from .trainer import Trainer
 
 SECTIONS = ("loss", "optimizer", "encoding", "network")

@@ -8,7 +8,7 @@
   ``backward(ctx, dL_dy) -> dL_dx`` and the second order
   ``backward_backward_input(ctx, dL_ddLdx, dL_dy) -> (dL_ddLdy, dL_dx)``. Public methods check their
   arguments and hand each batch, of the path's one kind (a contiguous numpy array on the host path, a
-  ``ti.ndarray`` on the device path: ``tinn._batch.as_batch``), to the private ``_inference`` / ``_forward`` /
+  ``ti.ndarray`` on the device path: ``tinn.batch.checks.as_batch``), to the private ``_inference`` / ``_forward`` /
   ``_backward`` / ``_backward_backward_input`` of each component, whose outputs are at least
   ``n_output_dims`` wide (an encoding's own padding included) and whose output gradients are
   ``n_output_dims`` wide.
@@ -21,7 +21,6 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-import taichi as ti
 
 from .runtime.kernels import fill_columns
 from .batch.checks import as_batch, check_out

@@ -1,4 +1,4 @@
-"""Checkpoints: tinn's own (everything, to resume training) and tcnn's parameter snapshot.
+"""Checkpoints: tinn's own, everything to resume training (tcnn's parameter snapshots: ``tcnn_snapshot``).
 
 tinn checkpoint (``Trainer.save`` / ``Trainer.load``): one ``.npz`` archive (numpy's
 zip of ``.npy`` files, no pickle) holding
@@ -20,24 +20,20 @@ only then writes; any problem is a ``ValueError`` that leaves the trainer bit-id
 Hyperparameter values (learning rate, betas, ...) are taken from the file, so a trainer
 changed with ``update_hyperparams`` resumes as saved.
 
-tcnn snapshot (``Trainer.export_tcnn`` / ``Trainer.load_tcnn``): tcnn's
-``Trainer::serialize()`` JSON, ``{"n_params", "params_type", "params_binary":
-{"bytes": [...], "subtype": null}}``, with the parameters in tcnn's flat order
-(network matrices, then encoding parameters). Export writes the inference weights as
-"float" (as tcnn does); import also accepts "__half".
+
+Both this module and ``tcnn_snapshot`` are handed a trainer's :class:`Parts`, not the trainer.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-import re
 import warnings
 import zipfile
 
 import numpy as np
 
-from ._files import open_regular, write_atomically
-from .params import FLOAT16_MAX
+from ._files import check_json_depth, open_regular, write_atomically
 from .optimizers.step import STEP_LIMIT
 from .registry import create_loss, create_optimizer
 
@@ -47,6 +43,20 @@ _MAX_HEADER_DEPTH = 100    # JSON nesting of a header (configs nest optimizers a
 _NPY_SLACK = 4096          # bytes an .npy header may add to its data
 _NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 MAX_STEPS = STEP_LIMIT     # step counters beyond 2^30 are refused (the kernels count in int32 and saturate)
+
+
+@dataclasses.dataclass(frozen=True)
+class Parts:
+    """What checkpoints and snapshots read and write of a trainer: its ``model``, ``optimizer``, ``loss`` and
+    ``loss_scaler`` (``None`` unless float16); ``master``, the store the optimizer steps (a float16 model's float32
+    master weights, brought up to its weights), and ``publish()``, called after ``master``'s weights were written
+    (a float16 model's own rounded from them)."""
+    model: object
+    optimizer: object
+    loss: object
+    loss_scaler: object
+    master: object
+    publish: object
 
 
 def _canonical(obj):
@@ -69,23 +79,22 @@ def _otype_tree(cfg):
 
 
 # -- tinn checkpoints -------------------------------------------------------------------
-def save(trainer, path):
-    """Write ``trainer``'s configs, parameters and optimizer state to ``path`` (one .npz file).
+def save(parts, path):
+    """Write the trainer's configs, parameters and optimizer state to ``path`` (one .npz file).
 
     The file is written beside ``path``, flushed to disk with its directory, then renamed
     over ``path``: a crash never leaves a half-written checkpoint. A symlink's target is written, the old
     file's permissions kept (:func:`tinn._files.write_atomically`). Errors name ``path``.
     """
-    trainer._check_runtime()
-    model, store = trainer.model, trainer._master()
+    model, store = parts.model, parts.master
     arrays = {"params": store.read(store.params, store.offset, model.n_params),
               "inference_params": store.read(store.inference_params, store.offset, model.n_params)}
-    arrays.update({f"optimizer.{k}": np.ascontiguousarray(v) for k, v in trainer.optimizer.state_dict().items()})
+    arrays.update({f"optimizer.{k}": np.ascontiguousarray(v) for k, v in parts.optimizer.state_dict().items()})
     header = {"format": FORMAT, "version": VERSION, "n_instances": model.n_instances, "n_params": model.n_params,
-              "model": model.hyperparams(), "loss": trainer.loss.hyperparams(),
-              "optimizer": trainer.optimizer.hyperparams()}
-    if trainer.loss_scaler is not None:
-        header.update(precision="float16", loss_scale=trainer.loss_scaler.state())
+              "model": model.hyperparams(), "loss": parts.loss.hyperparams(),
+              "optimizer": parts.optimizer.hyperparams()}
+    if parts.loss_scaler is not None:
+        header.update(precision="float16", loss_scale=parts.loss_scaler.state())
     arrays["header"] = np.frombuffer(json.dumps(header).encode("utf-8"), np.uint8)
     write_atomically(path, lambda f: np.savez(f, **arrays), "cannot save the checkpoint")
 
@@ -176,8 +185,8 @@ def _check_values(path: str, name: str, a: np.ndarray):
                          f"(from {a.min()} to {a.max()})")
 
 
-def load(trainer, path):
-    """Restore a checkpoint written by :func:`save` into ``trainer``.
+def load(parts, path):
+    """Restore a checkpoint written by :func:`save` into the trainer's ``parts``.
 
     Everything is checked before anything changes: the file (a regular file), the archive
     (no duplicate members, every declared size bounded by what the trainer holds), the
@@ -187,8 +196,7 @@ def load(trainer, path):
     then are hyperparameters, optimizer state and parameters replaced; a failure there
     restores the trainer's previous state.
     """
-    trainer._check_runtime()
-    model, optimizer = trainer.model, trainer.optimizer
+    model, optimizer = parts.model, parts.optimizer
     K, n = model.n_instances, model.n_params
     path = os.fspath(path)
     with open_regular(path, "tinn checkpoint") as f:
@@ -206,11 +214,11 @@ def load(trainer, path):
             mismatch("model config", header.get("model"), _canonical(model.hyperparams()))
         if header.get("precision", "float32") != model.store.precision:
             mismatch("precision", header.get("precision", "float32"), model.store.precision)
-        scale_state = trainer.loss_scaler and trainer.loss_scaler.check_state(header.get("loss_scale"), path)
+        scale_state = parts.loss_scaler and parts.loss_scaler.check_state(header.get("loss_scale"), path)
         loss_cfg, opt_cfg = header.get("loss"), header.get("optimizer")
-        loss_otype = trainer.loss.hyperparams()["otype"]
+        loss_otype = parts.loss.hyperparams()["otype"]
         if not isinstance(loss_cfg, dict) or str(loss_cfg.get("otype", "")).lower() != loss_otype.lower():
-            mismatch("loss", loss_cfg, trainer.loss.hyperparams())
+            mismatch("loss", loss_cfg, parts.loss.hyperparams())
         if _otype_tree(opt_cfg) != _otype_tree(_canonical(optimizer.hyperparams())):
             mismatch("optimizer", opt_cfg, optimizer.hyperparams())
         try:                                   # the file's hyperparameters, built off to the side
@@ -238,180 +246,37 @@ def load(trainer, path):
             arrays[name] = archive.read(name, dtype, shape)
             _check_values(path, name, arrays[name])
     state = {k[len("optimizer."):]: v for k, v in arrays.items() if k.startswith("optimizer.")}
-    _commit(trainer, opt_cfg, loss_cfg, state, arrays["params"], arrays["inference_params"], scale_state)
+    _commit(parts, opt_cfg, loss_cfg, state, arrays["params"], arrays["inference_params"], scale_state)
 
 
-def _commit(trainer, opt_cfg, loss_cfg, state, params, inference_params, scale_state):
+def _commit(parts, opt_cfg, loss_cfg, state, params, inference_params, scale_state):
     """Replace hyperparameters, optimizer state, parameters (and a float16 model's loss scale); on a failure
     put the old ones back."""
-    model, store, optimizer, loss = trainer.model, trainer._master(), trainer.optimizer, trainer.loss
+    model, store, optimizer, loss = parts.model, parts.master, parts.optimizer, parts.loss
     old = (optimizer.hyperparams(), loss.hyperparams(), optimizer.state_dict(),
            store.read(store.params, store.offset, model.n_params),
            store.read(store.inference_params, store.offset, model.n_params),
-           trainer.loss_scaler and trainer.loss_scaler.state())
+           parts.loss_scaler and parts.loss_scaler.state())
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             optimizer.update_hyperparams(opt_cfg)
         loss.update_hyperparams(loss_cfg)
         optimizer.load_state_dict(state)
-        _write_params(trainer, params, inference_params, scale_state)
+        _write_params(parts, params, inference_params, scale_state)
     except BaseException:
         optimizer.update_hyperparams(old[0])
         loss.update_hyperparams(old[1])
         optimizer.load_state_dict(old[2])
-        _write_params(trainer, old[3], old[4], old[5])
+        _write_params(parts, old[3], old[4], old[5])
         raise
 
 
-def _write_params(trainer, params, inference_params, scale_state):
+def _write_params(parts, params, inference_params, scale_state):
     """The weights into the store the optimizer steps; a float16 model's rounded from them, its scale restored."""
-    store = trainer.master_store
+    store = parts.master
     store.write(store.params, store.offset, params)
     store.write(store.inference_params, store.offset, inference_params)
     if scale_state:
-        trainer.loss_scaler.load_state(scale_state)
-    trainer._published()
-
-
-# -- tcnn snapshots ---------------------------------------------------------------------
-def export_tcnn(trainer, path, instance: int | None = None):
-    """Write tcnn's ``Trainer::serialize()`` JSON (inference weights, float) for one network, as :func:`save`
-    writes: whole or not at all (the previous file stays until the new one replaces it); errors name ``path``."""
-    trainer._check_runtime()
-    model, store = trainer.model, trainer.model.store
-    row = _instance_row(model, instance)
-    params = store.read(store.inference_params, store.offset, model.n_params)[row]
-    half = store.precision == "float16"            # as tcnn's half-precision build: "__half"
-    data = {"n_params": model.n_params, "params_type": "__half" if half else "float",
-            "params_binary": {"bytes": params.astype("<f2" if half else "<f4").tobytes(), "subtype": None}}
-    text = json.dumps(data, default=lambda b: list(b)).encode("utf-8")
-    write_atomically(path, lambda f: f.write(text), "cannot write the tcnn snapshot")
-
-
-_TCNN_TYPES = {"float": "<f4", "__half": "<f2"}
-_JSON_CHARS_PER_BYTE = 16          # "255, " is 5; an indented file's line holds a byte in up to 16
-_MAX_JSON_DEPTH = 32               # a snapshot is 3 deep; deeper JSON is refused before it is walked
-
-
-def read_tcnn(source, n_params: int | None = None) -> np.ndarray:
-    """The float32 parameters of a tcnn snapshot (a path, or the parsed dict), checked strictly: ``n_params``
-    a non-negative integer (and equal to ``n_params`` when given), ``params_type`` "float" or "__half",
-    ``params_binary.bytes`` a list of integers 0..255 (no floats, strings or booleans) of exactly the
-    parameters' size, every value finite. A path is read only if it is a regular file no larger than such a
-    snapshot can be (``n_params`` given: of that many float parameters; else 2^31 - 1 bytes). Any problem is a
-    ``ValueError`` naming the source."""
-    if isinstance(source, dict):
-        data, where = source, "tcnn snapshot"
-    else:
-        where = os.fspath(source)
-        data = _read_json(where, (2 ** 31 - 1) if n_params is None else
-                          4 * n_params * _JSON_CHARS_PER_BYTE + (1 << 16))
-    if not isinstance(data, dict) or "params_binary" not in data:
-        raise ValueError(f"{where}: not a tcnn snapshot (no 'params_binary')")
-    n = data.get("n_params")
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ValueError(f"{where}: 'n_params' must be a non-negative integer, got {n!r}")
-    if n_params is not None and n != n_params:
-        raise ValueError(f"{where}: tcnn snapshot has {n} params, this model has {n_params}")
-    ptype = data.get("params_type", "float")
-    if not isinstance(ptype, str) or ptype not in _TCNN_TYPES:
-        raise ValueError(f"{where}: 'params_type' must be 'float' or '__half', got {ptype!r}")
-    binary = data["params_binary"]
-    raw = binary.get("bytes") if isinstance(binary, dict) else None
-    if not isinstance(raw, list):
-        raise ValueError(f"{where}: 'params_binary' must be {{\"bytes\": [...], \"subtype\": null}}")
-    dtype = np.dtype(_TCNN_TYPES[ptype])
-    if len(raw) != n * dtype.itemsize:
-        raise ValueError(f"{where}: 'params_binary' holds {len(raw)} bytes, {n} {ptype} params need "
-                         f"{n * dtype.itemsize}")
-    kinds = set(map(type, raw))                   # bool is not int's type: floats, strings, booleans are refused
-    if kinds - {int}:
-        bad = (kinds - {int}).pop().__name__
-        raise ValueError(f"{where}: 'params_binary.bytes' must be a list of integers 0..255, it holds a {bad}")
-    try:
-        b = np.array(raw, dtype=np.int64)
-    except OverflowError:
-        b = None
-    if b is None or (b.size and (b.min() < 0 or b.max() > 255)):
-        raise ValueError(f"{where}: 'params_binary.bytes' must be a list of integers 0..255")
-    values = np.frombuffer(b.astype(np.uint8).tobytes(), dtype).astype(np.float32)
-    bad = np.flatnonzero(~np.isfinite(values))
-    if bad.size:
-        raise ValueError(f"{where}: tcnn snapshot holds {bad.size} non-finite parameters (NaN or infinite), "
-                         f"the first at index {bad[0]}")
-    return values
-
-
-def _read_json(path: str, max_bytes: int):
-    """The JSON value in the regular file ``path`` of at most ``max_bytes`` bytes, nested at most
-    ``_MAX_JSON_DEPTH`` deep; else ``ValueError``."""
-    try:
-        with open_regular(path, "tcnn snapshot", max_bytes) as f:
-            text = f.read(max_bytes + 1)
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read the tcnn snapshot ({type(e).__name__}: {e})") from None
-    if len(text) > max_bytes:
-        raise ValueError(f"{path}: not a tcnn snapshot (more than {max_bytes:,} bytes)")
-    try:
-        check_json_depth(text, _MAX_JSON_DEPTH)
-        return json.loads(text.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise ValueError(f"{path}: not a tcnn snapshot JSON ({type(e).__name__}: {e})") from None
-
-
-def check_json_depth(text: bytes, limit: int):
-    """``ValueError`` if the JSON ``text`` nests arrays and objects more than ``limit`` deep, found before any
-    parser recurses into them: escaped characters dropped, then all but quotes and brackets, then the strings
-    (what is left between quotes), and the depth is the running count of opening less closing brackets."""
-    structure = _ESCAPED.sub(b"", text).translate(None, _NOT_STRUCTURE)
-    brackets = np.frombuffer(_STRING.sub(b"", structure), np.uint8)
-    if brackets.size:
-        depth = np.cumsum(np.where((brackets == ord("[")) | (brackets == ord("{")), 1, -1))
-        if depth.max() > limit:
-            raise ValueError(f"JSON nested more than {limit} deep")
-
-
-_ESCAPED, _STRING = re.compile(rb"\\.", re.DOTALL), re.compile(rb'"[^"]*"')
-_NOT_STRUCTURE = bytes(c for c in range(256) if c not in b'[]{}"')
-
-
-def load_tcnn(trainer, source, instance: int | None = None):
-    """Set the parameters (training and inference) of one network from a tcnn snapshot.
-
-    As tcnn's ``Trainer::deserialize`` without an optimizer entry: optimizer state is kept. A float16 model
-    takes them as its float32 master weights, rounded into its own (values beyond float16's range are refused).
-    The snapshot is checked whole (:func:`read_tcnn`) before anything is written, and the writes are one
-    transaction: a failure or an interrupt on the way puts the previous weights back.
-    """
-    trainer._check_runtime()
-    model = trainer.model
-    row = _instance_row(model, instance)
-    values = read_tcnn(source, model.n_params)
-    if model.store.precision == "float16" and values.size and np.abs(values).max() > FLOAT16_MAX:
-        raise ValueError(f"tcnn snapshot has a parameter beyond float16's range (+-{FLOAT16_MAX:g})")
-    store = trainer._master()
-    fields = list({id(store.params): store.params, id(store.inference_params): store.inference_params}.values())
-    old = [store.read(field, store.offset, model.n_params) for field in fields]
-    try:
-        for field, full in zip(fields, old):
-            full = full.copy()
-            full[row] = values
-            store.write(field, store.offset, full)
-        trainer._published()
-    except BaseException:
-        for field, full in zip(fields, old):
-            store.write(field, store.offset, full)
-        trainer._published()
-        raise
-
-
-def _instance_row(model, instance):
-    if instance is None:
-        if model.n_instances != 1:
-            raise ValueError(f"this model holds {model.n_instances} networks; tcnn snapshots hold one: pass instance=")
-        return 0
-    if isinstance(instance, bool) or not isinstance(instance, (int, np.integer)) or \
-            not 0 <= instance < model.n_instances:
-        raise ValueError(f"instance must be an integer in [0, {model.n_instances}), got {instance!r}")
-    return int(instance)
+        parts.loss_scaler.load_state(scale_state)
+    parts.publish()

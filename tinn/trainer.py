@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import serialization
+from . import serialization, tcnn_snapshot
 from .batch.census import Faults
 from .batch.checks import as_batch
 from .batch.kind import callers_loss
@@ -145,6 +145,13 @@ class Trainer(RuntimeBound):
         if self._masters is not None:
             self._masters.publish()
 
+    def _parts(self) -> serialization.Parts:
+        """What a checkpoint or a tcnn snapshot reads and writes (the runtime checked, pending faults raised)."""
+        self._check_runtime()
+        self._settle()
+        return serialization.Parts(self.model, self.optimizer, self.loss, self.loss_scaler, self._master(),
+                                   self._published)
+
     def params_full_precision(self) -> np.ndarray:
         """The float32 weights the optimizer steps (tcnn's ``params_full_precision()``): the master weights of a
         float16 model, else ``params()``."""
@@ -167,24 +174,20 @@ class Trainer(RuntimeBound):
     # -- checkpoints -------------------------------------------------------------------
     def save(self, path):
         """Write configs, parameters and optimizer state to one ``.npz`` file at ``path``."""
-        self._settle()
-        serialization.save(self, path)
+        serialization.save(self._parts(), path)
 
     def load(self, path):
         """Restore a :meth:`save` checkpoint; a bad or mismatched file raises ``ValueError``
         and leaves the trainer unchanged."""
-        self._settle()
-        serialization.load(self, path)
+        serialization.load(self._parts(), path)
 
     def export_tcnn(self, path, instance: int | None = None):
         """Write tcnn's snapshot JSON (``n_params``, ``params_type``, ``params_binary``) of one network."""
-        self._settle()
-        serialization.export_tcnn(self, path, instance)
+        tcnn_snapshot.export_tcnn(self._parts(), path, instance)
 
     def load_tcnn(self, source, instance: int | None = None):
         """Load one network's parameters from a tcnn snapshot JSON (a path or the parsed dict)."""
-        self._settle()
-        serialization.load_tcnn(self, source, instance)
+        tcnn_snapshot.load_tcnn(self._parts(), source, instance)
 
     def forward(self, x, target, instance=None, pdf=None) -> Context:
         """Model forward and loss: the model's context, with ``loss``, ``dL_doutput`` and

@@ -144,24 +144,29 @@ class TableEncoding(Encoding):
 
     def _get_kernels(self, routing=None):
         """The kernels of this config, shared with every grid of the same config (fields and the column
-        offset are arguments); whether they use private gradient tables is part of the config, and so is
-        whether the batch's values were checked on the host (a host ``routing``; a device batch's are checked
-        by kernels, so its grid kernels take any input). Without a routing (the per-sample funcs, which take
-        any input anyway), the kernels already built."""
-        checked = next(iter(self._kernels), True) if routing is None else not routing.on_device
+        offset are arguments). Whether the batch's values were checked on the host is part of the config: a
+        host ``routing``'s were; a device batch's are checked by kernels, so its grid kernels take any input.
+        The per-sample funcs (no ``routing``) take any input too: whichever variant is built serves them."""
+        if routing is None:
+            checked = next(iter(self._kernels), True)
+        else:
+            checked = not routing.on_device
         if checked not in self._kernels:
-            self.store                          # bind before the first kernel call
-            if self._offset + self.n_params > OFFSET_MASK + 1:
-                raise ValueError(f"{type(self).__name__}: {self.n_params} parameters at column {self._offset} of the store: "
-                                 f"the grid kernels address fewer than 2^30 columns")
-            cpu = is_cpu()
-            n_workers = max(1, ti.lang.impl.current_cfg().cpu_max_num_threads) if cpu else 1
-            private = cpu and n_workers * self.n_instances * self.n_params * 4 <= SCRATCH_BUDGET_BYTES
-            self._kernels[checked] = grid_kernels(self.n_input_dims, self.n_features_per_level, self.n_instances,
-                                                  self.n_params, self.n_raw_output_dims, self.padded_output_width,
-                                                  self.interpolation, tuple(self.levels), private, checked,
-                                                  self.level_funcs)
+            self._kernels[checked] = self._build_kernels(checked)
         return self._kernels[checked]
+
+    def _build_kernels(self, checked: bool):
+        """The config's kernels; on the CPU the backward adds into private per-worker gradient tables where
+        they fit ``SCRATCH_BUDGET_BYTES``."""
+        if self._offset + self.n_params > OFFSET_MASK + 1:
+            raise ValueError(f"{type(self).__name__}: {self.n_params} parameters at column {self._offset} of the store: "
+                             f"the grid kernels address fewer than 2^30 columns")
+        cpu = is_cpu()
+        n_workers = max(1, ti.lang.impl.current_cfg().cpu_max_num_threads) if cpu else 1
+        private = cpu and n_workers * self.n_instances * self.n_params * 4 <= SCRATCH_BUDGET_BYTES
+        return grid_kernels(self.n_input_dims, self.n_features_per_level, self.n_instances, self.n_params,
+                            self.n_raw_output_dims, self.padded_output_width, self.interpolation, tuple(self.levels),
+                            private, checked, self.level_funcs)
 
     def set_padded_output_width(self, width):
         super().set_padded_output_width(width)

@@ -275,7 +275,7 @@ class _Passes:
     def forward_kernel(self):
         plan, tiling, half = self.plan, self.tiling, self.half
         layers = plan.layers
-        L, n_in, n_out = len(layers), plan.n_inputs, plan.n_outputs
+        L, n_in = len(layers), plan.n_inputs
         S, T = tiling.samples, tiling.threads
         lay = _Layout(plan, tiling, 1, self.resident)
         CP, A, words = lay.CP, lay.tiles[0], lay.words

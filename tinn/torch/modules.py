@@ -52,7 +52,7 @@ from taichi.lang import impl
 
 from .. import NetworkWithInputEncoding as _NativeNetworkWithInputEncoding
 from ..runtime import program as _program
-from ..config import create_encoding
+from ..registry import create_encoding
 from . import _tensors
 from ._autograd import _ModuleFunction
 from ._native import NativeModule, as_params
