@@ -18,7 +18,7 @@ from taichi.lang import impl
 import tinn
 from tinn.batch import buffers as _buffers
 from tinn.runtime import device as _device
-from tinn.batch.census import LossValue
+from tinn.batch.loss_value import LossValue
 from tinn.runtime.probe import counting
 from tinn.networks import _kernel_mlp
 from tinn.registry import load_config

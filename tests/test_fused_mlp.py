@@ -9,7 +9,7 @@ import taichi as ti
 import tinn
 from tinn.batch import buffers as _buffers
 from tinn.runtime.probe import counting
-from tinn.networks import _fused_mlp
+from tinn.networks import _fused_layout, _fused_mlp
 from tinn.networks._mlp_plan import FUSED_TILINGS, MLPPlan, thread_tile
 from reference import assert_close
 from test_device_path import device_path, use_mlp_kernels   # noqa: F401 (a fixture)
@@ -22,10 +22,10 @@ def test_config_hash_keeps_524_bytes_per_sample_for_the_backward():
     """Kept: the two hidden layers' ReLU outputs (64 floats each; ReLU's slope is read from its output) and the
     output layer's 3 pre-activations: (2 x 64 + 3) x 4 = 524 bytes per sample (1,036 when every pre-activation
     was kept too), half that in float16."""
-    assert _fused_mlp.kept_bytes_per_sample(CONFIG_HASH_PLAN, half=False) == (2 * 64 + 3) * 4 == 524
-    assert _fused_mlp.kept_bytes_per_sample(CONFIG_HASH_PLAN, half=True) == 262
+    assert _fused_layout.kept_bytes_per_sample(CONFIG_HASH_PLAN, half=False) == (2 * 64 + 3) * 4 == 524
+    assert _fused_layout.kept_bytes_per_sample(CONFIG_HASH_PLAN, half=True) == 262
     tanh = MLPPlan.build(32, 3, 16, 64, 2, "Tanh", "None")          # Tanh's slope needs its pre-activation
-    assert _fused_mlp.kept_bytes_per_sample(tanh, half=False) == (2 * 64 + 2 * 64 + 3) * 4
+    assert _fused_layout.kept_bytes_per_sample(tanh, half=False) == (2 * 64 + 2 * 64 + 3) * 4
 
 
 @pytest.mark.parametrize("arch", sorted(FUSED_TILINGS))
@@ -35,13 +35,13 @@ def test_a_hidden_layer_reads_one_shared_value_per_register_tile_side(arch):
     products stays within 1.2 times that; every kernel's shared array fits the arch."""
     tiling = FUSED_TILINGS[arch]
     p = tiling.register
-    loads = _fused_mlp.shared_loads_per_fma(CONFIG_HASH_PLAN, tiling)
+    loads = _fused_layout.shared_loads_per_fma(CONFIG_HASH_PLAN, tiling)
     assert loads["forward[1]"] == loads["dW[1]"] == loads["dx[1]"] == 2 * p / p ** 2
     assert loads["total"] < 1.2 * 2 / p
     assert FUSED_TILINGS["cuda"].register == 8
-    assert _fused_mlp.fits(CONFIG_HASH_PLAN, tiling)
-    resident = _fused_mlp.resident(CONFIG_HASH_PLAN, tiling)
-    assert 4 * _fused_mlp.shared_words(CONFIG_HASH_PLAN, tiling, 1, resident) <= tiling.shared_bytes
+    assert _fused_layout.fits(CONFIG_HASH_PLAN, tiling)
+    resident = _fused_layout.resident(CONFIG_HASH_PLAN, tiling)
+    assert 4 * _fused_layout.shared_words(CONFIG_HASH_PLAN, tiling, 1, resident) <= tiling.shared_bytes
 
 
 @pytest.mark.parametrize("a, b, threads", [(64, 64, 64), (3, 64, 64), (64, 32, 32), (13, 64, 64), (64, 3, 64)])
@@ -116,4 +116,4 @@ def test_what_the_forward_keeps_is_the_bytes_it_reports(rng, monkeypatch, device
     _, ctx = net.forward(rng.normal(size=(B, 8)).astype(np.float32))
     assert ctx.zs.shape == (1, 3, B) and ctx.hs.shape == (2, 32, B)
     kept = sum(a.shape[0] * a.shape[1] * a.shape[2] for a in (ctx.zs, ctx.hs)) * 4
-    assert kept == _fused_mlp.kept_bytes_per_sample(net.plan, half=False) * B == (2 * 32 + 3) * 4 * B
+    assert kept == _fused_layout.kept_bytes_per_sample(net.plan, half=False) * B == (2 * 32 + 3) * 4 * B

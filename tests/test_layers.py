@@ -15,6 +15,10 @@ ROOT = os.path.dirname(tinn.__file__)
 DOC = os.path.join(os.path.dirname(ROOT), "docs", "architecture.md")
 
 
+def module_paths() -> list:
+    return [os.path.join(folder, f) for folder, _, files in os.walk(ROOT) for f in files if f.endswith(".py")]
+
+
 def import_graph() -> dict:
     modules = {}
     for folder, _, files in os.walk(ROOT):
@@ -116,6 +120,12 @@ def test_the_plumbing_lives_in_its_two_folders():
     assert len(private) <= 2, private
     for package in ("runtime", "batch"):
         assert os.path.isfile(os.path.join(ROOT, package, "__init__.py"))
+
+
+def test_no_module_is_longer_than_400_lines():
+    lengths = {os.path.relpath(path, ROOT): sum(1 for _ in open(path, encoding="utf-8"))
+               for path in module_paths()}
+    assert {name: n for name, n in lengths.items() if n > 400} == {}
 
 
 def test_the_registry_is_on_the_ground_floor():

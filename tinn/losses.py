@@ -197,7 +197,7 @@ class Loss(Object, RuntimeBound):
 
         One path for every batch: the routing says where the kernel leaves the losses and sums them per network
         (``routing.loss_sums``, ``routing.network_losses``: on the host per sample, then per network in float64;
-        on the device the kernel's own per-network sums, and the loss is a :class:`~tinn.batch.census.LossValue`,
+        on the device the kernel's own per-network sums, and the loss is a :class:`~tinn.batch.loss_value.LossValue`,
         read when someone reads it); with a census (a trainer's step of device batches, ``checked``) the kernel
         also checks ``target`` and ``pdf`` there.
         """

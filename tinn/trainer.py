@@ -24,7 +24,7 @@ so a rejected step leaves the model and the optimizer exactly as they were.
 
 A step of device batches (``ti.ndarray``s on the device path) never waits for the device: its values and
 network ids are checked there, by a census kernel and the loss kernel (``tinn.batch.census``), and the loss it
-returns is a :class:`~tinn.batch.census.LossValue` read when someone reads it (``float(loss)``). A step whose
+returns is a :class:`~tinn.batch.loss_value.LossValue` read when someone reads it (``float(loss)``). A step whose
 batch holds NaN or +-Inf (or a ``pdf`` <= 0, or an id out of range) skips its update on the device: every
 parameter and all optimizer state stay as they were (the gradients hold what the bad batch gave). Its
 ``ValueError`` comes when that step's loss is read, or at the trainer's next call that reads from the device

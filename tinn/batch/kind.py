@@ -62,7 +62,7 @@ def callers_output(y, n_cols: int, dense, caller):
 def callers_loss(loss, per_network, caller):
     """A loss and its per-network losses as the caller of a loss or a step gets them: numbers (a float and a
     numpy array) for a host ``caller``; for a ``ti.ndarray`` caller as they are (on the device path read
-    when someone reads them, ``tinn.batch.census.LossValue``)."""
+    when someone reads them, ``tinn.batch.loss_value.LossValue``)."""
     if is_device(caller):
         return loss, per_network
     return float(loss), np.asarray(per_network)

@@ -27,7 +27,8 @@ import numpy as np
 import taichi as ti
 
 from . import buffers as _buffers
-from .census import TILE, Census, LossValue, PerNetwork
+from .census import TILE, Census
+from .loss_value import LossValue, PerNetwork
 from .groups import Groups
 from ..runtime.types import I32_1D, I32_2D
 from .checks import as_instances, check_id_range, check_ids
@@ -237,7 +238,7 @@ class Routing:
 
     def network_losses(self, rows, sums, census: Census | None = None) -> tuple:
         """``(loss, per-network losses)`` from what the loss kernel left in :meth:`loss_sums`: a float and a float64
-        ``(n_instances,)`` array on the host; on the device a :class:`~tinn.batch.census.LossValue` (and its
+        ``(n_instances,)`` array on the host; on the device a :class:`~tinn.batch.loss_value.LossValue` (and its
         :class:`~tinn.batch.census.PerNetwork`), read when someone reads it (settling ``census`` first)."""
         if self.on_device:
             loss = LossValue(sums, self, census)

@@ -44,7 +44,7 @@ from ..params import KEPT_ACTIVATIONS
 from ..object import Context
 from ..batch.routing import TILE
 from . import activations
-from . import _fused_mlp
+from . import _fused_layout, _fused_mlp
 from ._mlp_plan import FUSED_TILINGS
 
 FUSED_ARCHS = (ti.cuda, ti.vulkan, ti.metal)
@@ -152,7 +152,7 @@ def takes_fused(plan) -> bool:
     plan within it)."""
     arch = impl.current_cfg().arch
     tiling = FUSED_TILINGS.get(arch.name)
-    return arch in FUSED_ARCHS and tiling is not None and _fused_mlp.fits(plan, tiling)
+    return arch in FUSED_ARCHS and tiling is not None and _fused_layout.fits(plan, tiling)
 
 
 class _Zeroing:
@@ -236,11 +236,11 @@ class KernelMLP:
         each) or a routed array's networks (a block each over its samples sorted by network)."""
         unused_1, unused_2 = self._no_order, self._no_offsets
         if not routing.routed:
-            return _fused_mlp.SINGLE, max(min(-(-B // fused.S), fused.tiling.blocks), 1), B, unused_1, unused_2
+            return _fused_layout.SINGLE, max(min(-(-B // fused.S), fused.tiling.blocks), 1), B, unused_1, unused_2
         if routing.dense is not None:
-            return _fused_mlp.DENSE, routing.dense[0], routing.dense[1], unused_1, unused_2
+            return _fused_layout.DENSE, routing.dense[0], routing.dense[1], unused_1, unused_2
         order, offsets = routing.runs
-        return _fused_mlp.ROUTED, self.mlp.n_instances, 0, order, offsets
+        return _fused_layout.ROUTED, self.mlp.n_instances, 0, order, offsets
 
     def _run_fused(self, fused, weights, x, h, routing, keep, out=None):
         """The fused forward; what it keeps is indexed by position (sorted position for a routed array):
@@ -262,7 +262,7 @@ class KernelMLP:
         ``(SEGMENTS, n_params)``, kept for the next pass (the kernels of one queue run in order)."""
         if self._partials is None or self._partials[0].shape[0] != blocks:
             n = self.mlp.n_params
-            self._partials = (_buffers.buffer((blocks, n)), _buffers.buffer((_fused_mlp.SEGMENTS, n)))
+            self._partials = (_buffers.buffer((blocks, n)), _buffers.buffer((_fused_layout.SEGMENTS, n)))
         return self._partials
 
     def _backward_fused(self, ctx, dL_dy, input_gradient, overwrite):
@@ -272,7 +272,7 @@ class KernelMLP:
         dx = _buffers.buffer((B, self.mlp.n_input_dims) if input_gradient else (1, 1))
         dy = _kind.DEVICE.adopt(dL_dy)
         mode, blocks, per, order, offsets = self._schedule(fused, ctx.routing, B)
-        if mode == _fused_mlp.SINGLE:
+        if mode == _fused_layout.SINGLE:
             partials, sums = self._split_k(blocks)
         else:
             partials = sums = self._none2
