@@ -9,14 +9,14 @@
 from importlib import metadata as _metadata
 
 from . import ad, encodings, losses, networks, optimizers
-from .runtime.program import ForkedProcessError, RuntimeResetError, init
 from .config import TrainableModel, create_from_config
-from .registry import create_encoding, create_loss, create_network, create_optimizer, load_config
 from .encodings import Encoding
 from .losses import Loss
 from .network_with_input_encoding import NetworkWithInputEncoding
 from .networks import Network
 from .optimizers import Optimizer
+from .registry import create_encoding, create_loss, create_network, create_optimizer, load_config
+from .runtime.program import ForkedProcessError, RuntimeResetError, init
 from .trainer import Trainer
 
 try:

@@ -25,16 +25,16 @@ import taichi as ti
 
 from .batch import census as _census
 from .batch.census import ROWS_PER_TASK, loss_checks
-from .runtime.kernels import specialised
-from .runtime.types import F32_1D, F32_2D, I32_1D
 from .batch.checks import as_batch
-from .runtime.device import is_cpu
 from .batch.kind import callers_kind, callers_loss
-from .runtime.program import RuntimeBound
-from .registry import losses
+from .batch.routing import Routing
 from .keys import Options
 from .object import Object
-from .batch.routing import Routing
+from .registry import losses
+from .runtime.device import is_cpu
+from .runtime.kernels import specialised
+from .runtime.program import RuntimeBound
+from .runtime.types import F32_1D, F32_2D, I32_1D
 
 
 @specialised

@@ -26,8 +26,8 @@ import numpy as np
 import taichi as ti
 
 from .batch.buffers import buffer
-from .runtime.kernels import columns_per_task, copy_columns
 from .params import FLOAT16_MAX, ParamStore
+from .runtime.kernels import columns_per_task, copy_columns
 
 
 class LossScale:

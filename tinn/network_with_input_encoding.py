@@ -8,10 +8,10 @@ import numpy as np
 import taichi as ti
 
 from .keys import check_precision
-from .registry import build_encoding, build_network, load_config
+from .networks.network import OUTPUT_ALIGNMENT
 from .object import Context, DifferentiableObject
 from .params import allocate, check_sizes
-from .networks.network import OUTPUT_ALIGNMENT
+from .registry import build_encoding, build_network, load_config
 
 
 class NetworkWithInputEncoding(DifferentiableObject):

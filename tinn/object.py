@@ -22,17 +22,17 @@ import functools
 
 import numpy as np
 
-from .runtime.kernels import fill_columns
-from .batch.checks import as_batch, check_out
 from .batch.census import Faults
-from .runtime.device import active
+from .batch.checks import as_batch, check_out
 from .batch.kind import callers_kind, callers_output, copy_into, full_like, host, is_device, unflatten
+from .batch.routing import Routing
+from .keys import check_int, check_seed
+from .params import ParamStore
+from .runtime.device import active
+from .runtime.kernels import fill_columns
 from .runtime.program import RuntimeBound
 from .runtime.rng import Pcg32
 from .runtime.sample import SampleFuncs
-from .keys import check_int, check_seed
-from .params import ParamStore
-from .batch.routing import Routing
 
 GRADIENT_MODES = ("overwrite", "accumulate")
 

@@ -48,10 +48,10 @@ from . import serialization, tcnn_snapshot
 from .batch.census import Faults
 from .batch.checks import as_batch
 from .batch.kind import callers_loss
-from .runtime.program import RuntimeBound
+from .batch.routing import Routing
 from .mixed_precision import LossScale, MasterWeights
 from .object import Context, DifferentiableObject, chunk_samples
-from .batch.routing import Routing
+from .runtime.program import RuntimeBound
 
 
 class Trainer(RuntimeBound):

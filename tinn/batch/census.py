@@ -26,8 +26,8 @@ sample's network directly; ``Census.tiles`` sorts on first use, with one more la
 import numpy as np
 import taichi as ti
 
-from . import buffers as _buffers
 from ..runtime.types import F32_1D, F32_2D, F32_ANY, I32_1D, I32_2D
+from . import buffers as _buffers
 
 X_ROW, TARGET_ROW, PDF_ROW, ID_LO, ID_HI, N_ACTIVE = range(6)
 """Slots of a census's ``facts`` (int32): the first bad row of each array, the ids' range, the networks with samples."""

@@ -11,9 +11,9 @@ import numpy as np
 import taichi as ti
 
 from ..runtime.device import active
+from ..runtime.program import check_live
 from .host_ops import HOST, to_numpy
 from .kind import DEVICE, is_device, ops_of
-from ..runtime.program import check_live
 
 def _dtype_name(a) -> str:
     return {ti.f32: "float32", ti.i32: "int32"}.get(a.dtype, str(a.dtype)) if is_device(a) \

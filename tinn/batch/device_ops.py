@@ -8,9 +8,9 @@ only where a number must reach the host. ``tinn.batch.kind.ops_of`` picks it for
 import numpy as np
 import taichi as ti
 
+from ..runtime.types import F32_2D, F32_3D, F32_ANY, I32_1D
 from .buffers import buffer, dense_ids, kept, put, zeros_i32
 from .host_ops import BatchOps
-from ..runtime.types import F32_2D, F32_3D, F32_ANY, I32_1D
 
 _COPY, _ADD, _MULTIPLY = 0, 1, 2
 

@@ -11,8 +11,8 @@ import numpy as np
 import taichi as ti
 
 from .buffers import buffer
-from .host_ops import HOST, ndarray_view
 from .device_ops import DEVICE
+from .host_ops import HOST, ndarray_view
 
 __all__ = ["DEVICE", "HOST", "add", "callers_kind", "callers_loss", "callers_output",
            "contiguous", "copy_into", "empty_like", "flatten", "full_like", "host",

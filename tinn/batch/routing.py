@@ -26,15 +26,15 @@ import functools
 import numpy as np
 import taichi as ti
 
+from ..runtime.program import check_live
+from ..runtime.types import I32_1D, I32_2D
 from . import buffers as _buffers
 from .census import TILE, Census
-from .loss_value import LossValue, PerNetwork
-from .groups import Groups
-from ..runtime.types import I32_1D, I32_2D
 from .checks import as_instances, check_id_range, check_ids
-from ..runtime.program import check_live
+from .groups import Groups
 from .host_ops import to_numpy
 from .kind import DEVICE, HOST, ops_of
+from .loss_value import LossValue, PerNetwork
 
 
 

@@ -44,10 +44,10 @@ from math import lcm
 import numpy as np
 import taichi as ti
 
-from ..runtime.kernels import static_chunks
-from ..registry import build_encoding, encodings
 from ..keys import NON_NEGATIVE, REQUIRED, Key, between, reported
 from ..object import Context
+from ..registry import build_encoding, encodings
+from ..runtime.kernels import static_chunks
 from .encoding import Encoding, next_multiple
 from .oneblob import BINS
 

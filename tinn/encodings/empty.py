@@ -7,8 +7,8 @@ Typical use is inside a ``Composite``, to drop input dims.
 """
 import taichi as ti
 
-from ..registry import encodings
 from ..object import Context
+from ..registry import encodings
 from .encoding import Encoding
 
 

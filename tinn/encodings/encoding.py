@@ -10,9 +10,9 @@ from __future__ import annotations
 from math import lcm
 from typing import Any, NamedTuple
 
-from ..runtime.memory import next_multiple
 from ..keys import Options, reported
 from ..object import Context, DifferentiableObject
+from ..runtime.memory import next_multiple
 
 
 class Encoding(DifferentiableObject):

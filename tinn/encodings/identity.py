@@ -4,8 +4,8 @@ Keys: ``IdentityEncoding.KEYS``. Backward: ``dL/dx_j = scale * dL/dy_j``; linear
 """
 import taichi as ti
 
-from ..registry import encodings
 from ..keys import Key
+from ..registry import encodings
 from ._per_dim import PerDimEncoding
 
 

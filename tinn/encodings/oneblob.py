@@ -13,8 +13,8 @@ more bins than that would make every sample's encoding alone wider than any netw
 """
 import taichi as ti
 
-from ..registry import encodings
 from ..keys import Key, power_of_two
+from ..registry import encodings
 from ._per_dim import PerDimEncoding
 
 

@@ -28,10 +28,10 @@ import math
 import numpy as np
 import taichi as ti
 
+from ..keys import Key, between
+from ..registry import encodings
 from ..runtime.kernels import specialised, static_chunks
 from ..runtime.types import F32_2D
-from ..registry import encodings
-from ..keys import Key, between
 from .encoding import KernelEncoding, Kernels
 
 

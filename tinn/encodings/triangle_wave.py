@@ -9,8 +9,8 @@ Piecewise linear: its second derivative is 0 (the kinks are not differentiated, 
 """
 import taichi as ti
 
-from ..registry import encodings
 from ..keys import Key, between
+from ..registry import encodings
 from ._per_dim import PerDimEncoding, exp2i
 
 

@@ -38,13 +38,13 @@ from taichi.lang import impl
 
 from ..batch import buffers as _buffers
 from ..batch import kind as _kind
+from ..batch.routing import TILE
+from ..object import Context
+from ..params import KEPT_ACTIVATIONS
 from ..runtime.kernels import ARENA, arena_kernel, cast_to, columns_per_task
 from ..runtime.types import ANY_2D
-from ..params import KEPT_ACTIVATIONS
-from ..object import Context
-from ..batch.routing import TILE
-from . import activations
 from . import _fused_layout, _fused_mlp
+from . import activations
 from ._mlp_plan import FUSED_TILINGS
 
 FUSED_ARCHS = (ti.cuda, ti.vulkan, ti.metal)

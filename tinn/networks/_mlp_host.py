@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..runtime import blas as _blas
-from ..object import Context
 from ..batch.groups import Groups
-from ..params import FLOAT16_MAX
 from ..batch.routing import Routing
+from ..object import Context
+from ..params import FLOAT16_MAX
+from ..runtime import blas as _blas
 from . import activations
 from .activations import Activation
 

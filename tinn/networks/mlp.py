@@ -26,11 +26,11 @@ import warnings
 
 import numpy as np
 
-from ..registry import networks
 from ..keys import POSITIVE_INT, Key, Options, between, reported
+from ..registry import networks
 from . import activations
-from ._mlp_funcs import sample_funcs
 from ._kernel_mlp import KernelMLP, takes_fused
+from ._mlp_funcs import sample_funcs
 from ._mlp_host import HostMLP
 from ._mlp_plan import MLPPlan
 from .network import Network

@@ -1,8 +1,8 @@
 """The network base class (tcnn ``network.h``)."""
 from __future__ import annotations
 
-from ..runtime.memory import next_multiple
 from ..object import DifferentiableObject
+from ..runtime.memory import next_multiple
 
 OUTPUT_ALIGNMENT = 16
 

@@ -18,11 +18,11 @@ import math
 import numpy as np
 import taichi as ti
 
-from ..runtime.kernels import FLAT, at, flat_args, set_at, specialised
-from ..runtime.device import is_cpu
-from .step import counted, one_minus_pow
-from ..registry import optimizers
 from ..keys import NON_NEGATIVE, Key
+from ..registry import optimizers
+from ..runtime.device import is_cpu
+from ..runtime.kernels import FLAT, at, flat_args, set_at, specialised
+from .step import counted, one_minus_pow
 from .optimizer import (ABSOLUTE_DECAY, EPSILON, F32_1D, I32_1D, LEARNING_RATE, RELATIVE_DECAY, Optimizer, beta,
                         l2_reg, zeros)
 

@@ -15,10 +15,10 @@ State: ``weights_samples`` ``(N, K, n)``, ``weights_average`` plus ``nested.*``.
 """
 import taichi as ti
 
-from ..runtime.kernels import ARENA, arena_kernel
-from ..registry import optimizers
 from ..keys import INT32_MAX, POSITIVE_INT, Key
 from ..params import Buffer
+from ..registry import optimizers
+from ..runtime.kernels import ARENA, arena_kernel
 from .optimizer import F32_3D, I32_1D, zeros
 from .wrapper import Wrapper
 

@@ -15,10 +15,10 @@ import dataclasses
 
 import taichi as ti
 
-from ..runtime.kernels import ARENA, arena_kernel
-from ..registry import optimizers
 from ..keys import POSITIVE_INT, Key
 from ..params import Buffer
+from ..registry import optimizers
+from ..runtime.kernels import ARENA, arena_kernel
 from .optimizer import I32_1D, Slot, zeros
 from .step import counted
 from .wrapper import Wrapper

@@ -26,10 +26,10 @@ import warnings
 
 import numpy as np
 
-from ..runtime.kernels import copy_columns
+from ..keys import NON_NEGATIVE, Key, Options
 from ..params import Buffer
 from ..registry import create_optimizer, optimizers
-from ..keys import NON_NEGATIVE, Key, Options
+from ..runtime.kernels import copy_columns
 from .optimizer import Slot
 from .wrapper import Nesting, check_learning_rate
 

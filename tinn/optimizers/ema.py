@@ -19,10 +19,10 @@ State: ``weights_ema`` plus ``nested.*``.
 """
 import taichi as ti
 
-from ..registry import optimizers
 from ..keys import Key
-from ..runtime.kernels import ARENA, arena_kernel, copy_columns
 from ..params import Buffer
+from ..registry import optimizers
+from ..runtime.kernels import ARENA, arena_kernel, copy_columns
 from .optimizer import F32_2D, I32_1D, beta, zeros
 from .step import one_minus_pow
 from .wrapper import Wrapper

@@ -26,8 +26,8 @@ import dataclasses
 import numpy as np
 import taichi as ti
 
-from ..registry import optimizers
 from ..keys import CLOSED_UNIT, NON_NEGATIVE, POSITIVE_INT, Key
+from ..registry import optimizers
 from .optimizer import F32_1D, I32_1D, zeros
 from .wrapper import Wrapper, check_learning_rate
 

@@ -14,10 +14,10 @@ State: ``weights_lookahead`` plus ``nested.*``.
 """
 import taichi as ti
 
-from ..registry import optimizers
 from ..keys import CLOSED_UNIT, POSITIVE_INT, Key
-from ..runtime.kernels import ARENA, arena_kernel, copy_columns
 from ..params import Buffer
+from ..registry import optimizers
+from ..runtime.kernels import ARENA, arena_kernel, copy_columns
 from .optimizer import I32_1D
 from .wrapper import Wrapper
 

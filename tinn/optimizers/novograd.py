@@ -16,8 +16,8 @@ import numpy as np
 import taichi as ti
 
 from ..batch import buffers as _buffers
-from ..runtime.kernels import ARENA, arena_kernel
 from ..registry import optimizers
+from ..runtime.kernels import ARENA, arena_kernel
 from .optimizer import (ABSOLUTE_DECAY, EPSILON, F32_1D, F32_2D, I32_1D, LEARNING_RATE, RELATIVE_DECAY, Optimizer,
                         beta, zeros)
 

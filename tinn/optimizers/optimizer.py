@@ -43,10 +43,10 @@ import taichi as ti
 from ..batch import buffers as _buffers
 from ..batch.checks import as_mask
 from ..runtime.types import F32_1D, F32_2D, F32_3D, I32_1D, I32_2D  # noqa: F401 (the optimizers' aliases)
-from ..runtime.program import RuntimeBound
 from ..keys import NON_NEGATIVE, UNIT_INTERVAL, Key, Options
 from ..object import Object, ParametricObject
 from ..params import ParamStore
+from ..runtime.program import RuntimeBound
 from .step import STEP_LIMIT, Step, count_steps, new_counter
 
 

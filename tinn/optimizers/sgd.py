@@ -5,8 +5,8 @@ State: ``current_step``.
 """
 import taichi as ti
 
-from ..runtime.kernels import FLAT, at, columns_per_task, flat_args, set_at, specialised
 from ..registry import optimizers
+from ..runtime.kernels import FLAT, at, columns_per_task, flat_args, set_at, specialised
 from .optimizer import F32_1D, I32_1D, LEARNING_RATE, Optimizer, l2_reg
 
 

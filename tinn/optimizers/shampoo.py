@@ -29,8 +29,8 @@ and per layer ``L.<j>``, ``R.<j>``, ``L_root.<j>``, ``R_root.<j>``.
 import numpy as np
 
 from ..batch import kind as _kind
-from ..registry import optimizers
 from ..keys import CLOSED_UNIT, Key
+from ..registry import optimizers
 from .optimizer import ABSOLUTE_DECAY, EPSILON, LEARNING_RATE, RELATIVE_DECAY, Optimizer, beta, l2_reg
 
 

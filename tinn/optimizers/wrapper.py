@@ -18,8 +18,8 @@ A wrapper's kernels read the nested step counts where they live (``nested.steps_
 and the step's mask, so a device step hands them no host table.
 """
 
-from ..registry import create_optimizer
 from ..keys import Options
+from ..registry import create_optimizer
 from .optimizer import LEARNING_RATE, Optimizer, Slot
 
 

@@ -51,8 +51,8 @@ import torch
 from taichi.lang import impl
 
 from .. import NetworkWithInputEncoding as _NativeNetworkWithInputEncoding
-from ..runtime import program as _program
 from ..registry import create_encoding
+from ..runtime import program as _program
 from . import _tensors
 from ._autograd import _ModuleFunction
 from ._native import NativeModule, as_params
