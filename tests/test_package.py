@@ -74,7 +74,7 @@ PACKAGING = pytest.mark.x64_only("builds and installs the wheel; nothing device-
 def wheel(tmp_path_factory):
     """The wheel built, offline, from a copy of the package's sources (the checkout stays clean)."""
     src = tmp_path_factory.mktemp("src")
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
+    for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE"):
         shutil.copy(os.path.join(ROOT, name), src)
     shutil.copytree(os.path.join(ROOT, "tinn"), src / "tinn", ignore=shutil.ignore_patterns("__pycache__"))
     dist = tmp_path_factory.mktemp("dist")
@@ -106,6 +106,7 @@ def test_the_wheel_metadata_names_home_page_authors_classifiers_and_pythons(whee
         key, _, value = line.partition(": ")
         fields.setdefault(key, []).append(value)
     assert any(v.startswith("Homepage, https://") for v in fields["Project-URL"])
+    assert fields["Home-page"][0].startswith("https://")          # what pip show prints, whatever pip's version
     assert fields["Author"] and fields["Author"][0]
     assert fields["Requires-Python"] == [">=3.10"]
     assert "Programming Language :: Python :: 3.10" in fields["Classifier"]
