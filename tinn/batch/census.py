@@ -86,6 +86,36 @@ def bad(facts: ti.template(), n_instances) -> ti.i32:
     return out
 
 
+@ti.func
+def place(ids: ti.template(), offsets: ti.template(), cursor: ti.template(), order: ti.template(), b):
+    """Sample ``b`` takes the next place of its network k in the sorted order: ``order[first[k] + p] = b`` for
+    the p-th sample of k to arrive (atomic counters ``cursor``; ``first = offsets[0]``); an id outside
+    ``[0, K)`` takes none."""
+    k = ids[b]
+    if 0 <= k < cursor.shape[0]:
+        order[offsets[0, k] + ti.atomic_add(cursor[k], 1)] = b
+
+
+@ti.func
+def tile_row(offsets: ti.template(), tiles: ti.template(), t):
+    """Row t of the tile table: ``(start, end, k)`` in the sorted order, k found by bisecting
+    ``first_tile = offsets[1]`` (network k's tiles are ``first_tile[k] .. first_tile[k + 1] - 1``;
+    ``first = offsets[0]`` ends with the batch); ``(0, 0, 0)`` past the last tile."""
+    K = offsets.shape[1] - 1
+    start, end, network = 0, 0, 0
+    if t < offsets[1, K]:
+        lo, hi = 0, K                                  # offsets[1, lo] <= t < offsets[1, hi]
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if offsets[1, mid] <= t:
+                lo = mid
+            else:
+                hi = mid
+        start = offsets[0, lo] + (t - offsets[1, lo]) * TILE
+        end, network = ti.min(start + TILE, offsets[0, lo + 1]), lo
+    tiles[t, 0], tiles[t, 1], tiles[t, 2] = start, end, network
+
+
 @ti.kernel
 def _census_kernel(source: F32_ANY, dense: ti.template(), x: F32_2D, ids: I32_1D, routed: ti.template(),
                    sort: ti.template(), n_dims: ti.i32,
@@ -144,22 +174,9 @@ def _census_kernel(source: F32_ANY, dense: ti.template(), x: F32_2D, ids: I32_1D
             offsets[1, k + 1] += totals[c, 1]
         offsets[0, 0], offsets[1, 0] = 0, 0
         for b in range(B):
-            k = ids[b]
-            if 0 <= k < K:
-                order[offsets[0, k] + ti.atomic_add(cursor[k], 1)] = b
+            place(ids, offsets, cursor, order, b)
         for t in range(tiles.shape[0]):
-            start, end, network = 0, 0, 0
-            if t < offsets[1, K]:
-                lo, hi = 0, K                              # offsets[1, lo] <= t < offsets[1, hi]
-                while hi - lo > 1:
-                    mid = (lo + hi) // 2
-                    if offsets[1, mid] <= t:
-                        lo = mid
-                    else:
-                        hi = mid
-                start = offsets[0, lo] + (t - offsets[1, lo]) * TILE
-                end, network = ti.min(start + TILE, offsets[0, lo + 1]), lo
-            tiles[t, 0], tiles[t, 1], tiles[t, 2] = start, end, network
+            tile_row(offsets, tiles, t)
     for _ in range(1):
         record_bad_value(x, facts[X_ROW], False, values, X_ROW)
         if ti.static(final):

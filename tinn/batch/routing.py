@@ -29,13 +29,12 @@ import taichi as ti
 from ..runtime.program import check_live
 from ..runtime.types import I32_1D, I32_2D
 from . import buffers as _buffers
-from .census import TILE, Census
+from .census import TILE, Census, place, tile_row
 from .checks import as_instances, check_id_range, check_ids
 from .groups import Groups
 from .host_ops import to_numpy
 from .kind import DEVICE, HOST, ops_of
 from .loss_value import LossValue, PerNetwork
-
 
 
 @ti.kernel
@@ -53,31 +52,12 @@ def _id_census(ids: I32_1D, out: I32_1D):
 
 
 @ti.kernel
-def _sort_ids(ids: I32_1D, offsets: I32_2D, cursor: I32_1D, order: I32_1D):
-    """``order[first[k] + p] = b`` for the p-th sample b of network k to take a place (atomic counters;
-    ``first = offsets[0]``)."""
+def _sort_ids(ids: I32_1D, offsets: I32_2D, cursor: I32_1D, order: I32_1D, tiles: I32_2D):
+    """The samples sorted by network (``order``) and cut into tiles (``tiles``), as the census's kernel does it."""
     for b in range(ids.shape[0]):
-        k = ids[b]
-        order[offsets[0, k] + ti.atomic_add(cursor[k], 1)] = b
-
-
-@ti.kernel
-def _tile_table(offsets: I32_2D, tiles: I32_2D):
-    """Tile t: ``(start, end, k)`` in the sorted order, k found by bisecting ``first_tile = offsets[1]`` (tiles
-    of network k are ``first_tile[k] .. first_tile[k + 1] - 1``; ``first = offsets[0]`` has the end of the
-    batch last)."""
+        place(ids, offsets, cursor, order, b)
     for t in range(tiles.shape[0]):
-        lo, hi = 0, offsets.shape[1] - 1             # first_tile[lo] <= t < first_tile[hi]
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if offsets[1, mid] <= t:
-                lo = mid
-            else:
-                hi = mid
-        start = offsets[0, lo] + (t - offsets[1, lo]) * TILE
-        tiles[t, 0] = start
-        tiles[t, 1] = ti.min(start + TILE, offsets[0, lo + 1])
-        tiles[t, 2] = lo
+        tile_row(offsets, tiles, t)
 
 
 def check_device_ids(instance, batch: int):
@@ -328,9 +308,8 @@ class Routing:
         offsets_d = _buffers.put(offsets, ti.i32)
         cursor = _buffers.buffer((self.n_instances,), ti.i32)
         order = _buffers.buffer((self.batch,), ti.i32)
-        _sort_ids(self.ids, offsets_d, cursor, order)
         table = _buffers.buffer((int(offsets[1, -1]), 3), ti.i32)
-        _tile_table(offsets_d, table)
+        _sort_ids(self.ids, offsets_d, cursor, order, table)
         return table, order, offsets_d
 
     @functools.cached_property
