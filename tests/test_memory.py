@@ -31,8 +31,9 @@ y = np.random.default_rng(1).random((64, 3), dtype=np.float32)
 def run(body: str, timeout: int = 600) -> dict:
     """Run ``body`` after PRELUDE in a fresh interpreter; it prints one JSON line last."""
     path = [ROOT, os.path.dirname(os.path.abspath(__file__)), os.environ.get("PYTHONPATH", "")]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
     with tempfile.TemporaryDirectory() as tmp:
+        # its own kernel cache: nothing another process left in a shared one (or writes there meanwhile) reaches it
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), TI_OFFLINE_CACHE_FILE_PATH=os.path.join(tmp, "cache"))
         script = os.path.join(tmp, "case.py")            # a file: Taichi reads kernels' source back
         with open(script, "w") as f:
             f.write(PRELUDE + textwrap.dedent(body))
