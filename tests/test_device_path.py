@@ -22,6 +22,7 @@ from tinn.runtime import device as _device
 from tinn.batch import kind as _kind
 from tinn.runtime.memory import HostView
 from tinn.networks import _kernel_mlp, _mlp_plan
+from tinn.batch.batch import Batch
 from tinn.batch.routing import TILE, Routing
 from reference import (assert_close, mlp_backward_ref, mlp_forward_ref, mlp_second_order_ref, mlp_shapes,
                        mlp_unflatten, padded, random_weights)
@@ -57,7 +58,7 @@ def pair(build, monkeypatch):
         mlp = device
         while not hasattr(mlp, "_batch_path"):
             mlp = mlp.network
-        assert type(mlp._batch_path(Routing(1, ops=_kind.DEVICE))).__name__ == "KernelMLP"   # a device batch's backend
+        assert type(mlp._batch_path(Batch(None, Routing(1), _kind.DEVICE))).__name__ == "KernelMLP"   # a device batch's backend
     return host, device
 
 

@@ -32,11 +32,12 @@ sys.path.insert(0, {tests!r})
 ti.init(arch=getattr(ti, {arch!r}), log_level=ti.ERROR, enable_fallback=False)
 import tinn
 from tinn.runtime import device as _device
+from tinn.batch.batch import Batch
 from tinn.batch.routing import Routing
 import test_grid_nonfinite as t
 _device.FORCE = True
 for case in t.CASES:
-    t.check(tinn, ti, Routing, case)
+    t.check(tinn, ti, Batch, Routing, case)
 print("clean exit")
 """
 
@@ -71,7 +72,7 @@ def touched(x, levels, F, interpolation, n_params):
     return mask
 
 
-def check(tinn, ti, Routing, case):
+def check(tinn, ti, Batch, Routing, case):
     from reference import grid_ref
     D, grid_type, interp, F, base, log2_T = case
     enc = tinn.create_encoding(D, {"otype": "Grid", "type": grid_type, "n_levels": N_LEVELS, "n_features_per_level": F,
@@ -83,7 +84,8 @@ def check(tinn, ti, Routing, case):
     enc.set_params(theta)
     x, n_finite = batch(D, rng)
     B, width = x.shape[0], enc.padded_output_width
-    y, ctx = enc._forward(nd(ti, x), Routing(B, ops=tinn.batch.kind.DEVICE))     # a device batch: values unchecked
+    xd = nd(ti, x)
+    y, ctx = enc._forward(xd, Batch(xd, Routing(B), tinn.batch.kind.DEVICE))     # a device batch: values unchecked
     y = y.to_numpy()
     np.testing.assert_allclose(y[:n_finite, :N_LEVELS * F], grid_ref(x[:n_finite], theta, levels, F, interp),
                                rtol=1e-4, atol=1e-5)

@@ -26,8 +26,9 @@ import taichi as ti
 from .batch import census as _census
 from .batch.census import ROWS_PER_TASK, loss_checks
 from .batch.checks import as_batch
+from .batch.batch import Batch
 from .batch.kind import callers_kind, callers_loss
-from .batch.routing import Routing
+from .batch.loss_value import sums_of
 from .keys import Options
 from .object import Object
 from .registry import losses
@@ -141,26 +142,26 @@ class Loss(Object, RuntimeBound):
         raise NotImplementedError
 
     def evaluate(self, prediction, target, pdf=None, *, instance=None, n_instances: int | None = None,
-                 per_instance: bool = False, loss_scale: float = 1.0, routing: Routing | None = None):
+                 per_instance: bool = False, loss_scale: float = 1.0, batch: Batch | None = None):
         """``(loss, dL_dprediction)``: the mean per-element loss and its gradient, shaped like ``prediction``
         (and of its kind: numpy, or ``ti.ndarray``).
 
-        For a network array pass the samples' ``instance`` ids, or the ``routing`` of the forward
-        pass that made ``prediction`` (``ctx.routing``; dense ``(K, B_k, D)`` batches included):
+        For a network array pass the samples' ``instance`` ids, or the ``batch`` of the forward
+        pass that made ``prediction`` (``ctx.batch``; dense ``(K, B_k, D)`` batches included):
         every network is then normalised by its own sample count, and ``per_instance=True`` also
         returns the ``(n_instances,)`` per-network losses (0 for networks without samples).
         """
         self._check_runtime()
-        dense = routing is not None and routing.dense is not None
-        checked = routing is not None and routing.has_checked(target)       # by the trainer, or on the device
+        dense = batch is not None and batch.dense is not None
+        checked = batch is not None and batch.has_checked(target)       # by the trainer, or on the device
 
-        def batch(a, n_dims, name, **values):           # checked here unless the trainer did
-            if routing is not None and routing.has_checked(a):
+        def checked_array(a, n_dims, name, **values):   # checked here unless the trainer did
+            if batch is not None and batch.has_checked(a):
                 return a
             return as_batch(a, n_dims, name, allow_dense=dense, **values)
 
-        t = batch(target, None, "target", finite=True)
-        p = batch(prediction, None, "prediction")
+        t = checked_array(target, None, "target", finite=True)
+        p = checked_array(prediction, None, "prediction")
         samples = (int(np.prod(p.shape[:-1])), int(np.prod(t.shape[:-1])))   # a dense batch's prediction may be flat
         if samples[0] != samples[1] or (len(p.shape) == len(t.shape) and p.shape[:-1] != t.shape[:-1]) \
                 or p.shape[-1] < t.shape[-1]:
@@ -168,23 +169,23 @@ class Loss(Object, RuntimeBound):
                              "at least as many prediction columns as target columns")
         if t.shape[-1] < self.min_dims:
             raise ValueError(f"loss '{self.otype}' needs targets with at least {self.min_dims} dims, got {t.shape[-1]}")
-        q = None if pdf is None else batch(pdf, t.shape[-1], "pdf", positive=True)
+        q = None if pdf is None else checked_array(pdf, t.shape[-1], "pdf", positive=True)
         if q is not None and q.shape != t.shape:
             raise ValueError(f"pdf must have the target's shape {t.shape}, got {q.shape}")
-        if routing is None:                     # (p is flat: a dense batch needs its routing)
-            _, routing = Routing.of(p, instance, 1 if instance is None else n_instances)
-        elif routing.batch != int(np.prod(p.shape[:-1])):
-            raise ValueError(f"prediction has {int(np.prod(p.shape[:-1]))} samples, its routing {routing.batch}")
-        ops = routing.ops                       # the path's kind (as_batch made every batch of one call one kind)
+        if batch is None:                       # (p is flat: a dense batch needs its own Batch)
+            batch = Batch.of(p, instance, 1 if instance is None else n_instances)
+        elif batch.size != int(np.prod(p.shape[:-1])):
+            raise ValueError(f"prediction has {int(np.prod(p.shape[:-1]))} samples, its batch {batch.size}")
+        ops = batch.ops                         # the path's kind (as_batch made every batch of one call one kind)
         loss, grad, per_network = self._evaluate(ops.rows(p), ops.rows(t), None if q is None else ops.rows(q),
-                                                 routing, loss_scale, checked)
+                                                 batch, loss_scale, checked)
         grad = callers_kind(ops.unflatten(grad, p.shape[:2]) if len(p.shape) == 3 else grad, prediction)
         loss, per_network = callers_loss(loss, per_network, prediction)
         if not per_instance:
             return loss, grad
         return loss, grad, per_network
 
-    def _evaluate(self, p, t, q, routing: Routing, loss_scale, checked: bool = False):
+    def _evaluate(self, p, t, q, batch: Batch, loss_scale, checked: bool = False):
         """``(loss, gradient, per-network losses)`` (on the device the per-network losses are read when
         someone reads them: :class:`~tinn.batch.census.PerNetwork`).
 
@@ -192,25 +193,26 @@ class Loss(Object, RuntimeBound):
         ``N_k = B_k * D``, so a network in an array gets exactly the gradient it would get
         trained alone; the loss is then the mean of the per-network losses. A dense batch
         (network k owns the k-th of K equal runs of samples) is the same with equal counts. A chunk
-        of a larger batch (``routing.whole``) is normalised by the whole batch's counts, so the
+        of a larger batch (``batch.routing.whole``) is normalised by the whole batch's counts, so the
         chunks' losses and gradients add up to the whole batch's.
 
-        One path for every batch: the routing says where the kernel leaves the losses and sums them per network
-        (``routing.loss_sums``, ``routing.network_losses``: on the host per sample, then per network in float64;
+        One path for every batch: the batch's loss sums (``tinn.batch.loss_value.sums_of``) say where the kernel
+        leaves the losses and how they become the loss: on the host per sample, then per network in float64;
         on the device the kernel's own per-network sums, and the loss is a :class:`~tinn.batch.loss_value.LossValue`,
-        read when someone reads it); with a census (a trainer's step of device batches, ``checked``) the kernel
+        read when someone reads it. With a census (a trainer's step of device batches, ``checked``) the kernel
         also checks ``target`` and ``pdf`` there.
         """
         B, D = t.shape
-        ops, weighted, census = routing.ops, q is not None, routing.census if checked else None
-        inv, (ids, routed) = ops.adopt(routing.normalisers(D)), routing.kernel_ids()
+        ops, weighted, census = batch.ops, q is not None, batch.census if checked else None
+        sums_kind = sums_of(batch)
+        inv, (ids, routed) = ops.adopt(sums_kind.normalisers(D)), batch.kernel_ids()
         q = ops.unused((1, 1), np.float32) if q is None else q
-        grad, (rows, sums) = ops.empty_like(p), routing.loss_sums(B)
+        grad, (rows, sums) = ops.empty_like(p), sums_kind.outputs(B)
         per_task = ROWS_PER_TASK if is_cpu() else 16
         _kernel(type(self), per_task)(p, t, q, weighted, ids, routed, inv, float(loss_scale), grad, rows,
-                                      routing.on_device, sums, census is not None, *loss_checks(census, ops),
+                                      batch.on_device, sums, census is not None, *loss_checks(census, ops),
                                       -(-B // per_task))
-        loss, per_network = routing.network_losses(rows, sums, census)
+        loss, per_network = sums_kind.losses(rows, sums, census)
         return loss, grad, per_network
 
 

@@ -87,16 +87,16 @@ class NetworkWithInputEncoding(DifferentiableObject):
     def _dense_needs_sort(self):
         return self.network._dense_needs_sort()
 
-    def _inference(self, x, routing):
-        return self.network._inference(self.encoding._inference(x, routing), routing)
+    def _inference(self, x, batch):
+        return self.network._inference(self.encoding._inference(x, batch), batch)
 
-    def _inference_into(self, x, routing, out):
-        return self.network._inference_into(self.encoding._inference(x, routing), routing, out)
+    def _inference_into(self, x, batch, out):
+        return self.network._inference_into(self.encoding._inference(x, batch), batch, out)
 
-    def _forward(self, x, routing):
-        encoded, enc_ctx = self.encoding._forward(x, routing)
-        y, net_ctx = self.network._forward(encoded, routing)
-        return y, Context(self, x, routing, enc_ctx=enc_ctx, net_ctx=net_ctx)
+    def _forward(self, x, batch):
+        encoded, enc_ctx = self.encoding._forward(x, batch)
+        y, net_ctx = self.network._forward(encoded, batch)
+        return y, Context(self, x, batch, enc_ctx=enc_ctx, net_ctx=net_ctx)
 
     def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
         needs_encoding = input_gradient or self.encoding.n_params > 0
@@ -117,5 +117,5 @@ class NetworkWithInputEncoding(DifferentiableObject):
         d_dy, d_e = net._second_order_end(ctx.net_ctx, state, e_dot, overwrite)
         if d_e is not None:
             through = self.encoding._backward(ctx.enc_ctx, d_e, True, overwrite=False)
-            dx = through if dx is None else ctx.routing.ops.add(dx, through)
+            dx = through if dx is None else ctx.batch.ops.add(dx, through)
         return d_dy, dx

@@ -22,10 +22,10 @@ import functools
 
 import numpy as np
 
+from .batch.batch import Batch
 from .batch.census import Faults
 from .batch.checks import as_batch, check_out
-from .batch.kind import callers_kind, callers_output, copy_into, full_like, host, is_device, unflatten
-from .batch.routing import Routing
+from .batch.kind import callers_kind, callers_output, is_device
 from .keys import check_int, check_seed
 from .params import ParamStore
 from .runtime.device import active
@@ -77,10 +77,10 @@ class Object:
 
 class Context:
     """What ``forward`` keeps for ``backward`` (tcnn's opaque ``Context``): the object that made it,
-    its input ``x``, the batch's :class:`~tinn.batch.routing.Routing` and whatever the object saved."""
+    its input ``x``, the call's :class:`~tinn.batch.batch.Batch` and whatever the object saved."""
 
-    def __init__(self, owner, x, routing: Routing, **saved):
-        self.owner, self.x, self.routing = owner, x, routing
+    def __init__(self, owner, x, batch: Batch, **saved):
+        self.owner, self.x, self.batch = owner, x, batch
         self.__dict__.update(saved)
 
 
@@ -201,20 +201,21 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
     n_output_dims: int
     padded_output_width: int
 
-    def _prepare(self, x, instance, deferred: bool = False):
-        """Validate a batch and describe its routing once; a dense ``(K, B_k, n)`` batch is flattened. ``instance``
-        may be the batch's own :class:`Routing` (a trainer's: ``x`` is then the flat batch it describes, not checked
-        again where the routing says it was). ``deferred`` (an inference): a device batch's values and ids are
-        checked on the device by a census that writes this object's fault record (:meth:`_settle`), nothing read
-        back; shapes, dtypes and host ids are checked here."""
+    def _prepare(self, x, instance) -> Batch:
+        """The :class:`~tinn.batch.batch.Batch` of a call's arguments, checked once; a dense ``(K, B_k, n)`` batch
+        is flattened. ``x`` may be a ``Batch`` already (a trainer's: its input is not checked again where the
+        batch says it was)."""
         self._check_runtime()
-        if isinstance(instance, Routing):
-            arr = x if instance.has_checked(x) else as_batch(x, self.n_input_dims, finite=True)
-            if arr.shape[0] != instance.batch or instance.n_instances != self.n_instances:
-                raise ValueError(f"the routing describes {instance.batch} samples of {instance.n_instances} networks, "
-                                 f"not this batch of {arr.shape[0]} for {self.n_instances}")
-            return arr, instance
-        return self._route(self._input(x, instance, deferred), instance, deferred)
+        if not isinstance(x, Batch):
+            return self._batch(self._input(x, instance, False), instance, False)
+        if instance is not None:
+            raise ValueError("a Batch carries its own routing: pass instance=None with it")
+        if not x.has_checked(x.x):
+            as_batch(x.x, self.n_input_dims, finite=True)
+        if x.x.shape[-1] != self.n_input_dims or x.routing.n_instances != self.n_instances:
+            raise ValueError(f"the batch holds {x.size} samples of {x.x.shape[-1]} dims for {x.routing.n_instances} "
+                             f"networks, not for this object's {self.n_input_dims} dims and {self.n_instances}")
+        return x
 
     def _input(self, x, instance, deferred: bool):
         """The batch ``x`` checked (:func:`~tinn.batch.checks.as_batch`; a device batch's values left to the census if
@@ -222,20 +223,22 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         return as_batch(x, self.n_input_dims, allow_dense=self.n_instances > 1 and instance is None, finite=True,
                         deferred=deferred)
 
-    def _route(self, arr, instance, deferred: bool):
-        """``(flat batch, routing)`` of a checked batch (:meth:`_prepare`)."""
+    def _batch(self, arr, instance, deferred: bool) -> Batch:
+        """The :class:`~tinn.batch.batch.Batch` of a checked input ``arr``; ``deferred`` (an inference): a device
+        batch's values and ids are checked on the device by a census that writes this object's fault record
+        (:meth:`_settle`), nothing read back; shapes, dtypes and host ids are checked here."""
         sort = self._sorts_routed() and len(arr.shape) == 2          # a dense batch's networks need no sort
         census = (1, self._faults, True, True, sort) if deferred else None
-        return Routing.of(arr, instance, self.n_instances, census=census)
+        return Batch.of(arr, instance, self.n_instances, checked=(arr,), census=census)
 
     @functools.cached_property
     def _faults(self) -> Faults:
         """The record of this object's first inference of a bad device batch since it was last reported."""
         return Faults(f"inference call {{}} of this {type(self).__name__}'s device batches")
 
-    def _finish(self, y: np.ndarray, routing: Routing, caller, flat: bool = False):
+    def _finish(self, y: np.ndarray, batch: Batch, caller, flat: bool = False):
         """The output ``(batch, n_output_dims)`` of the ``caller``'s kind, in a dense batch's layout unless ``flat``."""
-        return callers_output(y, self.n_output_dims, None if flat else routing.dense, caller)
+        return callers_output(y, self.n_output_dims, None if flat else batch.dense, caller)
 
     def inference(self, x, instance=None, *, out=None) -> np.ndarray:
         """Outputs ``(batch, n_output_dims)`` for inputs ``(batch, n_input_dims)``; with a network array,
@@ -251,39 +254,40 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
             self._settle()                            # (the call reads its outputs back anyway)
         arr = self._input(x, instance, deferred=active())
         device_out = out is not None and check_out(out, caller, tuple(arr.shape[:-1]) + (self.n_output_dims,))
-        x, routing = self._route(arr, instance, deferred=active())
-        chunk = chunk_samples(self, training=False)
-        if device_out and routing.on_device:
-            if routing.dense is None:
-                return self._inference_into(x, routing, out)
-            return copy_into(out, self._inference(x, routing))         # flat outputs regrouped into out
-        if routing.batch <= chunk or routing.on_device:       # a device batch is not cut
-            y = self._finish(self._inference(x, routing), routing, caller)
-            return y if out is None else copy_into(out, y)
-        y = np.empty((routing.batch, self.n_output_dims), np.float32) if out is None else out.reshape(routing.batch, -1)
-        for lo in range(0, routing.batch, chunk):
-            hi = min(lo + chunk, routing.batch)
-            y[lo:hi] = host(self._inference(x[lo:hi], routing.chunk(lo, hi)))[:, : self.n_output_dims]
+        batch = self._batch(arr, instance, deferred=active())
+        x, ops, chunk = batch.x, batch.ops, chunk_samples(self, training=False)
+        if device_out and batch.on_device:
+            if batch.dense is None:
+                return self._inference_into(x, batch, out)
+            return ops.copy_into(out, self._inference(x, batch))         # flat outputs regrouped into out
+        if batch.size <= chunk or batch.on_device:       # a device batch is not cut
+            y = self._finish(self._inference(x, batch), batch, caller)
+            return y if out is None else ops.copy_into(out, y)
+        y = np.empty((batch.size, self.n_output_dims), np.float32) if out is None else out.reshape(batch.size, -1)
+        for lo in range(0, batch.size, chunk):
+            hi = min(lo + chunk, batch.size)
+            part = batch.chunk(lo, hi)
+            y[lo:hi] = ops.host(self._inference(part.x, part))[:, : self.n_output_dims]
         if out is not None:
             return out
-        return callers_kind(y.reshape(routing.dense + (-1,)) if routing.dense else y, caller)
+        return callers_kind(y.reshape(batch.dense + (-1,)) if batch.dense else y, caller)
 
-    def _inference_into(self, x, routing, out):
+    def _inference_into(self, x, batch: Batch, out):
         """Outputs of a flat device batch written into the device buffer ``out`` ``(batch, n_output_dims)`` (a
         component whose last kernel can write there overrides this); returns ``out``."""
-        return copy_into(out, self._finish(self._inference(x, routing), routing, out))
+        return batch.ops.copy_into(out, self._finish(self._inference(x, batch), batch, out))
 
     def forward(self, x, instance=None):
         """``(output, ctx)``: the output as :meth:`inference` gives it, at the training weights; keep
-        ``ctx`` for :meth:`backward` (``ctx.routing`` describes how the batch reached the networks; a trainer
-        passes a batch's routing as ``instance``)."""
-        caller = x
-        x, routing = self._prepare(x, instance)
+        ``ctx`` for :meth:`backward` (``ctx.batch``: the call's :class:`~tinn.batch.batch.Batch`, its routing
+        how the batch reached the networks). ``x`` may be a ``Batch`` (a trainer's, made once for its step; then
+        ``instance`` is ``None``): its output is flat ``(batch, n_output_dims)``, of its kind."""
+        given = isinstance(x, Batch)
+        batch = self._prepare(x, instance)
+        caller = batch.x if given else x
         self._settle()
-        y, ctx = self._forward(x, routing)
-        if isinstance(instance, Routing):       # a trainer's flat batch: its output stays flat (no copy)
-            return self._finish(y, routing, caller, flat=True), ctx
-        return self._finish(y, routing, caller), ctx
+        y, ctx = self._forward(batch.x, batch)
+        return self._finish(y, batch, caller, flat=given), ctx
 
     def backward(self, ctx: Context, dL_doutput, *, input_gradient: bool = True, mode: str = "overwrite"):
         """Accumulate (or overwrite) parameter gradients; return ``dL/dinput`` unless ``input_gradient=False``
@@ -298,13 +302,13 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         ``(batch, n_output_dims)`` and ``(batch, n_input_dims)`` (``(n_instances, batch, ...)`` for a dense
         batch); dL2/dparams is written to the parameter gradients (``mode="accumulate"``: added)."""
         g = self._output_gradient(ctx, dL_doutput, mode)
-        v = as_batch(dL_ddLdinput, self.n_input_dims, "dL_ddLdinput", allow_dense=ctx.routing.dense is not None)
-        v = ctx.routing.ops.rows(v)
+        v = as_batch(dL_ddLdinput, self.n_input_dims, "dL_ddLdinput", allow_dense=ctx.batch.dense is not None)
+        v = ctx.batch.ops.rows(v)
         if v.shape[0] != ctx.x.shape[0]:
             raise ValueError(f"dL_ddLdinput has {v.shape[0]} samples, the forward pass had {ctx.x.shape[0]}")
         dy, dx = self._backward_backward_input(ctx, v, g, self._gradient_mode(ctx, mode))
-        dx = full_like(ctx.x, 0.0) if dx is None else dx
-        return (self._finish(dy, ctx.routing, dL_ddLdinput),
+        dx = ctx.batch.ops.full_like(ctx.x, 0.0) if dx is None else dx
+        return (self._finish(dy, ctx.batch, dL_ddLdinput),
                 callers_kind(self._dense(ctx, dx), dL_ddLdinput))
 
     def _output_gradient(self, ctx: Context, dL_doutput, mode: str) -> np.ndarray:
@@ -315,12 +319,11 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
             raise ValueError("ctx must be the context returned by this object's forward()")
         if mode not in GRADIENT_MODES:
             raise ValueError(f"mode must be one of {GRADIENT_MODES}, got {mode!r}")
-        routing = ctx.routing
-        g = dL_doutput if routing.has_checked(dL_doutput) else \
-            as_batch(dL_doutput, self.n_output_dims, "dL_doutput", allow_dense=routing.dense is not None)
-        g = routing.ops.rows(g)
-        if g.shape[0] != routing.batch:
-            raise ValueError(f"dL_doutput has {g.shape[0]} samples, the forward pass had {routing.batch}")
+        batch = ctx.batch
+        g = as_batch(dL_doutput, self.n_output_dims, "dL_doutput", allow_dense=batch.dense is not None)
+        g = batch.ops.rows(g)
+        if g.shape[0] != batch.size:
+            raise ValueError(f"dL_doutput has {g.shape[0]} samples, the forward pass had {batch.size}")
         return g
 
     def _gradient_mode(self, ctx: Context, mode: str) -> bool:
@@ -328,7 +331,7 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         overwrites all of them, and so does a device batch (on the device path every component's overwrite
         covers every network of an array, so a routed batch's counts need not be known on the host);
         otherwise the idle ones become 0 here and the components add."""
-        overwrite = mode == "overwrite" and (ctx.routing.reaches_all or ctx.routing.on_device)
+        overwrite = mode == "overwrite" and (ctx.batch.reaches_all or ctx.batch.on_device)
         if mode == "overwrite" and not overwrite:
             self._zero_gradients()
         return overwrite
@@ -336,32 +339,32 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
     @staticmethod
     def _dense(ctx: Context, a: np.ndarray) -> np.ndarray:
         """A per-sample result in the batch's own layout (``(n_instances, batch, n)`` for a dense batch)."""
-        dense = ctx.routing.dense
-        return unflatten(a, dense) if dense else a
+        dense = ctx.batch.dense
+        return ctx.batch.ops.unflatten(a, dense) if dense else a
 
     def _dense_needs_sort(self) -> bool:
         """Whether this object's device training step of a dense ``(K, B_k, dims)`` batch reads the samples sorted
-        into tiles (``Routing.tiles``: the per-layer MLP kernels' weight gradients; not the fused kernels, whose
+        into tiles (``batch.routing.tiles``: the per-layer MLP kernels' weight gradients; not the fused kernels, whose
         block k owns network k's samples)."""
         return True
 
     def _sorts_routed(self) -> bool:
         """Whether this object's device inference of a routed batch reads the samples sorted into tiles of one
-        network (``Routing.tiles``: the fused MLP kernels); its census then sorts them in the same launch."""
+        network (``batch.routing.tiles``: the fused MLP kernels); its census then sorts them in the same launch."""
         return False
 
     # -- implemented by components (batches of the call's one kind in and out: numpy on the host path,
-    #    ``ti.ndarray`` on the device path; ``routing.ops`` has the operations on them) --
+    #    ``ti.ndarray`` on the device path; ``batch.ops`` has the operations on them) --
     def _floats_per_sample(self, training: bool) -> int:
         """Floats of batch-sized arrays a pass holds per sample (the input, the output and what ``ctx``
         keeps for backward): what sizes chunks (:func:`chunk_samples`)."""
         return self.n_input_dims + self.padded_output_width
 
-    def _inference(self, x: np.ndarray, routing: Routing) -> np.ndarray:
-        return self._forward(x, routing)[0]
+    def _inference(self, x: np.ndarray, batch: Batch) -> np.ndarray:
+        return self._forward(x, batch)[0]
 
-    def _forward(self, x: np.ndarray, routing: Routing):
-        """``(y, ctx)`` for a checked batch ``x`` routed by ``routing``; ``y`` has at least ``n_output_dims`` columns
+    def _forward(self, x: np.ndarray, batch: Batch):
+        """``(y, ctx)`` for this component's checked input ``x`` of the call's ``batch``; ``y`` has at least ``n_output_dims`` columns
         (an MLP computes no padded outputs; the caller reads the first ``n_output_dims``)."""
         raise NotImplementedError
 

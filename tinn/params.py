@@ -271,7 +271,7 @@ class ParamStore(_Slice):
     def rows_view(self, field, offset: int, n: int, rows: np.ndarray) -> np.ndarray | None:
         """``field[rows, offset : offset + n]`` as a numpy view of the field's own memory (``params``,
         ``grads`` or ``inference_params``), where that is possible and worth it: the x64 backend, a run of
-        consecutive instances ``rows`` (ascending, as ``Routing.active`` lists them) and at least ``VIEW_MIN``
+        consecutive instances ``rows`` (ascending, as ``batch.routing.active`` lists them) and at least ``VIEW_MIN``
         floats. Else ``None``: copy with :meth:`read_rows` / :meth:`write_rows`."""
         self._columns(field, offset, n)
         if not len(rows) or rows[-1] - rows[0] != len(rows) - 1 or len(rows) * n < VIEW_MIN or not any(

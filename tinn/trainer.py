@@ -3,11 +3,11 @@
 ``training_step(x, target)`` returns the loss as a float. It only composes public calls,
 as tcnn's ``Trainer::training_step`` does::
 
-    x, routing = Routing.of(x, instance, n_instances)    # how the batch reaches the networks
-    y, ctx = model.forward(x, routing)
-    loss, dL_dy = loss.evaluate(y, target, pdf, routing=routing)
+    batch = Batch.of(x, instance, n_instances)           # the checked batch and how it reaches the networks
+    y, ctx = model.forward(batch)
+    loss, dL_dy = loss.evaluate(y, target, pdf, batch=batch)
     model.backward(ctx, dL_dy, input_gradient=False)     # overwrites the gradients (0 for idle networks)
-    optimizer.step(active=routing.step_mask)             # networks without samples are not stepped
+    optimizer.step(active=batch.step_mask)               # networks without samples are not stepped
 
 The pieces are also available separately: ``forward(x, target) -> ctx`` (``ctx.loss``,
 ``ctx.dL_doutput``), ``backward(ctx)`` and ``optimizer_step(active=None)``, which steps the
@@ -47,8 +47,8 @@ import numpy as np
 from . import serialization, tcnn_snapshot
 from .batch.census import Faults
 from .batch.checks import as_batch
+from .batch.batch import Batch
 from .batch.kind import callers_loss
-from .batch.routing import Routing
 from .mixed_precision import LossScale, MasterWeights
 from .object import Context, DifferentiableObject, chunk_samples
 from .runtime.program import RuntimeBound
@@ -195,18 +195,19 @@ class Trainer(RuntimeBound):
         read-back)."""
         self._settle()
         caller = x
-        x, target, pdf, routing = self._routed(x, target, instance, pdf, deferred=False)
-        ctx = self._forward(x, target, pdf, routing)
+        batch, target, pdf = self._batch(x, target, instance, pdf, deferred=False)
+        ctx = self._forward(batch, target, pdf)
         ctx.loss, ctx.instance_losses = callers_loss(ctx.loss, ctx.instance_losses, caller)
         ctx.instance_losses = np.asarray(ctx.instance_losses)
         return ctx
 
-    def _routed(self, x, target, instance, pdf, deferred: bool, reuse: bool = False) -> tuple:
-        """``(x, target, pdf, routing)``: the arguments of a step checked once, before anything runs (shapes and
+    def _batch(self, x, target, instance, pdf, deferred: bool, reuse: bool = False) -> tuple:
+        """``(batch, target, pdf)``: the arguments of a step checked once, before anything runs (shapes and
         dtypes; the values of host arrays and, unless ``deferred``, of device ones: see the module docstring),
-        of the path's kind, and the batch's :class:`Routing` (for device batches a census's, which checks them on
-        the device; ``reuse``: the census's step-only arrays are the trainer's, kept from step to step). The
-        routing records the checked arrays (``routing.checked``): the calls the step composes check none again."""
+        of the path's kind, and the :class:`~tinn.batch.batch.Batch` of ``x`` (for device batches a census's,
+        which checks them on the device; ``reuse``: the census's step-only arrays are the trainer's, kept from
+        step to step). The batch records the checked arrays (``batch.checked``): the calls the step composes
+        check none again."""
         self._check_runtime()
         model = self.model
         dense = model.n_instances > 1 and instance is None      # a (K, B_k, dims) batch
@@ -224,17 +225,15 @@ class Trainer(RuntimeBound):
                 raise ValueError(f"pdf must have the target's shape {tuple(target.shape)}, got {tuple(pdf.shape)}")
         sort = len(x.shape) == 2 or model._dense_needs_sort()           # (for device batches only)
         census = (model.n_output_dims, self._faults, reuse, False, sort)
-        x, routing = Routing.of(x, instance, model.n_instances, census=census)
-        routing.checked = (x, target, pdf)
-        return x, target, pdf, routing
+        batch = Batch.of(x, instance, model.n_instances, checked=(x, target, pdf), census=census)
+        return batch, target, pdf
 
-    def _forward(self, x, target, pdf, routing) -> Context:
-        """Forward and loss of a checked batch ``x`` (flat) and its ``routing``, which records the checked arrays."""
-        y, ctx = self.model.forward(x, routing)
-        routing.checked += (y,)
+    def _forward(self, batch: Batch, target, pdf) -> Context:
+        """Forward and loss of a checked ``batch``, which records the checked arrays (``target`` and ``pdf`` among
+        them)."""
+        y, ctx = self.model.forward(batch)
         ctx.loss, ctx.dL_doutput, ctx.instance_losses = self.loss.evaluate(
-            y, target, pdf, routing=routing, per_instance=True, loss_scale=self.loss_scale)
-        routing.checked += (ctx.dL_doutput,)            # the loss's gradient, for the model's backward
+            y, target, pdf, batch=batch, per_instance=True, loss_scale=self.loss_scale)
         return ctx
 
     def backward(self, ctx: Context):
@@ -267,28 +266,27 @@ class Trainer(RuntimeBound):
         arrays it is a float.
         """
         caller = x
-        x, target, pdf, routing = self._routed(x, target, instance, pdf, deferred=True, reuse=True)
-        if routing.on_device or routing.batch <= chunk_samples(self.model, training=True):
-            ctx = self._forward(x, target, pdf, routing)            # one pass (a device batch is never cut)
+        batch, target, pdf = self._batch(x, target, instance, pdf, deferred=True, reuse=True)
+        if batch.on_device or batch.size <= chunk_samples(self.model, training=True):
+            ctx = self._forward(batch, target, pdf)            # one pass (a device batch is never cut)
             self.backward(ctx)
             loss, losses = ctx.loss, ctx.instance_losses
         else:
-            loss, losses = self._chunked_gradients(x, target, pdf, routing)
-        self.optimizer_step(routing.step_mask)
+            loss, losses = self._chunked_gradients(batch, target, pdf)
+        self.optimizer_step(batch.step_mask)
         loss, losses = callers_loss(loss, losses, caller)
         return (loss, np.asarray(losses)) if per_instance else loss
 
-    def _chunked_gradients(self, x, target, pdf, whole: Routing):
+    def _chunked_gradients(self, whole: Batch, target, pdf):
         """``(loss, per-network losses)`` of a large host batch, its gradients accumulated chunk by chunk into the
         model's (the first chunk overwrites them)."""
-        target = target.reshape(whole.batch, -1)
-        pdf = None if pdf is None else pdf.reshape(whole.batch, -1)
+        target = target.reshape(whole.size, -1)
+        pdf = None if pdf is None else pdf.reshape(whole.size, -1)
         loss, losses, chunk = 0.0, 0.0, chunk_samples(self.model, training=True)
-        for lo in range(0, whole.batch, chunk):
-            hi = min(lo + chunk, whole.batch)
-            part = whole.chunk(lo, hi)
-            part.checked = (x[lo:hi], target[lo:hi], None if pdf is None else pdf[lo:hi])
-            ctx = self._forward(*part.checked, part)
+        for lo in range(0, whole.size, chunk):
+            hi = min(lo + chunk, whole.size)
+            t, q = target[lo:hi], None if pdf is None else pdf[lo:hi]
+            ctx = self._forward(whole.chunk(lo, hi, (t, q)), t, q)
             self.model.backward(ctx, ctx.dL_doutput, input_gradient=False,
                                 mode="overwrite" if lo == 0 else "accumulate")
             loss, losses = loss + ctx.loss, losses + ctx.instance_losses

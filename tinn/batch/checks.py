@@ -5,7 +5,7 @@ or torch tensors. :func:`as_batch` checks one against its kind's operations (``t
 returns it ready for the components: a ``ti.ndarray`` as it is on the device path, a contiguous numpy
 array on the host path. :func:`check_ids` is the one rule for a network array's per-sample ids,
 :func:`as_mask` for an optimizer step's networks, :func:`check_out` for an ``out`` argument. A public call
-checks each argument once: the calls it composes are told what was checked (``Routing.checked``).
+checks each argument once: the calls it composes are told what was checked (``Batch.checked``).
 """
 import numpy as np
 import taichi as ti
@@ -37,7 +37,7 @@ def as_batch(a, n_dims, name: str = "x", *, dtype=np.float32, allow_dense: bool 
              positive: bool = False, deferred: bool = False):
     """Check a ``(batch, n_dims)`` array and return it ready for the components, of the path's one kind: a
     ``ti.ndarray`` on the device path (a host array checked on the host, then uploaded once), a contiguous
-    numpy array on the host path. Inside a call every batch then has one kind, ``Routing.ops``.
+    numpy array on the host path. Inside a call every batch then has one kind, ``Batch.ops``.
 
     ``n_dims=None`` accepts any width. With ``allow_dense`` a ``(K, batch_k, n_dims)`` array is accepted
     too and returned unchanged in shape (the caller flattens it). ``finite`` rejects NaN and +-Inf,

@@ -15,6 +15,7 @@ import taichi as ti
 
 from ..runtime.types import ANY_2D, I32_1D
 from . import buffers as _buffers
+from .batch import Batch
 from .census import NONE, SCAN
 from .checks import check_id_range
 from .device_ops import DEVICE
@@ -256,12 +257,11 @@ class DeviceMoves:
         """The network's forward on the taken rows, routed by a census on the device (values checked already)."""
         network._check_runtime()
         if taken.inst is None:
-            routing = Routing(taken.n, 1, None, ops=DEVICE)
+            batch = Batch(taken.x, Routing(taken.n), DEVICE, checked=(taken.x,))
         else:
-            _, routing = Routing.of(taken.x, taken.inst, network.n_instances,
-                                    census=(network.n_output_dims, None, False))
-        routing.checked = (taken.x,)
-        return network._forward(taken.x, routing)
+            batch = Batch.of(taken.x, taken.inst, network.n_instances, checked=(taken.x,),
+                             census=(network.n_output_dims, None, False))
+        return network._forward(batch.x, batch)
 
     @staticmethod
     def put(stage, taken, values):

@@ -1,10 +1,10 @@
 """The kind of a batch, told once: :func:`ops_of` gives the operations of a batch's kind (``HOST`` for
 numpy, ``DEVICE`` for ``ti.ndarray``), and the few seams where a result changes kind for its caller.
 
-A call's batches get their kind once (``tinn.batch.checks.as_batch``) and its routing carries the operations
-(``routing.ops``): components call ``routing.ops.empty_like(x)``, ``routing.ops.columns(...)`` and so on;
-none asks what kind an array is. Results go back to the caller's kind here (:func:`callers_kind`,
-:func:`callers_output`, :func:`callers_loss`). Taichi has no empty ndarray, so a ``(batch, 0)`` result is
+A call's batches get their kind once (``tinn.batch.checks.as_batch``) and its
+:class:`~tinn.batch.batch.Batch` carries the operations (``batch.ops``): components call
+``batch.ops.empty_like(x)``, ``batch.ops.columns(...)`` and so on; none asks what kind an array is. Results
+go back to the caller's kind here (:func:`callers_kind`, :func:`callers_output`, :func:`callers_loss`). Taichi has no empty ndarray, so a ``(batch, 0)`` result is
 numpy whatever the path.
 """
 import numpy as np
@@ -14,9 +14,7 @@ from .buffers import buffer
 from .device_ops import DEVICE
 from .host_ops import HOST, ndarray_view
 
-__all__ = ["DEVICE", "HOST", "add", "callers_kind", "callers_loss", "callers_output",
-           "contiguous", "copy_into", "empty_like", "flatten", "full_like", "host",
-           "is_device", "ops_of", "unflatten"]
+__all__ = ["DEVICE", "HOST", "callers_kind", "callers_loss", "callers_output", "host", "is_device", "ops_of"]
 
 
 def is_device(a) -> bool:
@@ -68,42 +66,6 @@ def callers_loss(loss, per_network, caller):
     return float(loss), np.asarray(per_network)
 
 
-# -- one batch's operation, its kind picked from the batch (for callers that hold a single batch) -------
-def empty_like(a, shape=None):
-    """``ops_of(a).empty_like(a, shape)``: a new float32 batch of ``a``'s kind."""
-    return ops_of(a).empty_like(a, shape)
-
-
-def full_like(a, value: float, shape=None):
-    """``ops_of(a).full_like(a, value, shape)``: a new float32 batch of ``a``'s kind, every element ``value``."""
-    return ops_of(a).full_like(a, value, shape)
-
-
-def contiguous(a):
-    """``ops_of(a).contiguous(a)``: ``a`` as a kernel argument."""
-    return ops_of(a).contiguous(a)
-
-
 def host(a) -> np.ndarray:
-    """``ops_of(a).host(a)``: a numpy array of ``a`` (a download for a ``ti.ndarray``)."""
+    """A numpy array of any batch ``a`` (a download for a ``ti.ndarray``): for callers that read results."""
     return ops_of(a).host(a)
-
-
-def flatten(a):
-    """``ops_of(a).flatten(a)``: a dense ``(K, B, n)`` batch as ``(K * B, n)``."""
-    return ops_of(a).flatten(a)
-
-
-def unflatten(a, dense: tuple):
-    """``ops_of(a).unflatten(a, dense)``: a ``(K * B, n)`` batch as dense ``(K, B, n)``."""
-    return ops_of(a).unflatten(a, dense)
-
-
-def add(a, b):
-    """``ops_of(a, b).add(a, b)``: ``a + b`` element-wise, a ``ti.ndarray`` if either is one."""
-    return ops_of(a, b).add(a, b)
-
-
-def copy_into(dst, src):
-    """``ops_of(dst).copy_into(dst, src)``: ``dst[...] = src``, returns ``dst``."""
-    return ops_of(dst).copy_into(dst, src)

@@ -1,14 +1,95 @@
-"""A loss that stays on the device until it is read (``LossValue``) and its per-network values (``PerNetwork``):
-what a training step of device batches returns."""
+"""The loss of a batch per network: where the loss kernel leaves its values and how they become the batch's loss
+(:class:`HostSums`, :class:`DeviceSums`), and a loss that stays on the device until it is read (:class:`LossValue`,
+its per-network values :class:`PerNetwork`): what a training step of device batches returns.
+
+A network array's loss normalises each network's samples by that network's own count (``1 / (B_k D)``), and the
+batch's loss is the mean over the networks that got samples; a single network's is its mean per-element loss."""
 import numpy as np
 
+from . import buffers as _buffers
 from .census import N_ACTIVE
+from .device_ops import DEVICE
+from .host_ops import HOST
+
+
+def normalisers(routing, n_dims: int) -> np.ndarray:
+    """Per network, the ``1 / (B_k * n_dims)`` its samples' losses are scaled by, ``(n_instances,)`` float32 (a
+    chunk's are the whole batch's)."""
+    whole = routing.whole
+    if routing.routed and routing.dense is None:
+        with np.errstate(divide="ignore"):
+            return (1.0 / (whole.counts * n_dims)).astype(np.float32)       # inf only where never read
+    return np.full(routing.n_instances, 1.0 / (whole.batch // routing.n_instances * n_dims), np.float32)
+
+
+def mean(routing, per_network: np.ndarray, n_active: int | None = None) -> float:
+    """The batch's loss from its per-network losses: a single network's own, the mean over a dense array's
+    networks, or over the networks with samples of a routed one (``n_active`` of them: counted on the host
+    unless given)."""
+    if not routing.routed or routing.dense is not None:
+        return float(per_network.mean())
+    if n_active is None:
+        n_active = int(np.count_nonzero(routing.whole.counts))
+    return float(per_network.sum() / max(n_active, 1))
+
+
+class HostSums:
+    """A host batch's loss: the kernel leaves every sample's loss in ``rows`` ``(size,)``, summed here per network
+    in float64."""
+
+    def __init__(self, batch):
+        self.routing = batch.routing
+
+    def normalisers(self, n_dims: int) -> np.ndarray:
+        return normalisers(self.routing, n_dims)
+
+    def outputs(self, size: int) -> tuple:
+        """``(rows, sums)`` for the loss kernel (``sums`` an unread placeholder)."""
+        return np.empty(size, np.float32), HOST.unused((1,), np.float32)
+
+    def losses(self, rows, sums, census=None) -> tuple:
+        """``(loss, per-network losses)``: a float and a float64 ``(n_instances,)`` array."""
+        routing = self.routing
+        if not routing.routed:
+            per_network = np.array([rows.sum(dtype=np.float64)])
+        elif routing.dense is not None:
+            per_network = rows.reshape(routing.n_instances, -1).sum(axis=1, dtype=np.float64)
+        else:
+            per_network = np.bincount(routing.instance, weights=rows, minlength=routing.n_instances)
+        return mean(routing, per_network), per_network
+
+
+class DeviceSums:
+    """A device batch's loss: the kernel sums each network's losses into ``sums`` ``(n_instances,)`` itself (one
+    atomic add per run of one network's samples), and the loss is a :class:`LossValue`, read when someone reads
+    it. A census's batch has its normalisers on the device."""
+
+    def __init__(self, batch):
+        self.routing, self.census = batch.routing, batch.census
+
+    def normalisers(self, n_dims: int):
+        return normalisers(self.routing, n_dims) if self.census is None else self.census.inv
+
+    def outputs(self, size: int) -> tuple:
+        """``(rows, sums)`` for the loss kernel (``rows`` an unread placeholder)."""
+        return DEVICE.unused((1,), np.float32), _buffers.buffer((self.routing.n_instances,))
+
+    def losses(self, rows, sums, census=None) -> tuple:
+        """``(loss, per-network losses)``: a :class:`LossValue` and its :class:`PerNetwork` (reading it settles
+        ``census`` first: a trainer's step, whose loss kernel checked its target)."""
+        loss = LossValue(sums, self.routing, census)
+        return loss, PerNetwork(loss)
+
+
+def sums_of(batch):
+    """The loss sums of ``batch``'s kind: :class:`DeviceSums` on the device, else :class:`HostSums`."""
+    return DeviceSums(batch) if batch.on_device else HostSums(batch)
 
 
 class LossValue:
     """A loss that stays on the device until it is read: ``float(loss)``, formatting, comparisons and arithmetic
     read it (one wait for the device, then kept). ``sums``: the ``(K,)`` per-network sums of the loss kernel,
-    averaged as ``routing.mean`` says. With a ``census`` (a trainer's step), reading it first settles the
+    averaged as :func:`mean` says. With a ``census`` (a trainer's step), reading it first settles the
     trainer's faults (an earlier bad step raises its ``ValueError`` here), then raises if this step's batch
     was bad."""
 
@@ -25,7 +106,7 @@ class LossValue:
                 census.check()
                 n_active = int(census.read()[0][N_ACTIVE])
             sums = self._sums.to_numpy().astype(np.float64)
-            self._value, self._per_network = self._routing.mean(sums, n_active), sums
+            self._value, self._per_network = mean(self._routing, sums, n_active), sums
         return self._value
 
     @property

@@ -27,7 +27,7 @@ overlap (explicit ``dims_to_encode_begin``) tinn *sums* them, which is the true 
 tcnn lets the later slice overwrite the earlier. Input dims no entry reads get 0.
 
 Batches are numpy arrays or ``ti.ndarray``s (the device path): the slices, concatenations and
-element-wise sums and products are the batch's operations (``routing.ops``: numpy's for numpy, small
+element-wise sums and products are the batch's operations (``batch.ops``: numpy's for numpy, small
 kernels that keep a ``ti.ndarray`` on the device), picked once per call.
 
 ``hyperparams()`` lists every nested entry with its resolved ``n_dims_to_encode`` and
@@ -165,15 +165,15 @@ class CompositeEncoding(Encoding):
                               axis=-1)
 
     # -- batch API -------------------------------------------------------------------
-    def _run(self, x, routing, keep: bool):
-        ops, outs, ctxs = routing.ops, [], []
+    def _run(self, x, batch, keep: bool):
+        ops, outs, ctxs = batch.ops, [], []
         for e, (begin, n) in zip(self.nested, self.slices):
             xi = ops.columns(x, begin, n)
             if keep:
-                y, c = e._forward(xi, routing)
+                y, c = e._forward(xi, batch)
                 ctxs.append(c)
             else:
-                y = e._inference(xi, routing)
+                y = e._inference(xi, batch)
             outs.append(y)
         if self.reduction == "Concatenation":
             y = ops.concatenate(outs)
@@ -181,16 +181,16 @@ class CompositeEncoding(Encoding):
             y = ops.fold(outs, "+" if self.reduction == "Sum" else "*")
         if not keep:
             return y, None
-        return y, Context(self, x, routing, nested=ctxs, outs=outs if self.reduction == "Product" else None)
+        return y, Context(self, x, batch, nested=ctxs, outs=outs if self.reduction == "Product" else None)
 
     def _floats_per_sample(self, training):
         return self.padded_output_width + sum(e._floats_per_sample(training) for e in self.nested)
 
-    def _inference(self, x, routing):
-        return self._run(x, routing, keep=False)[0]
+    def _inference(self, x, batch):
+        return self._run(x, batch, keep=False)[0]
 
-    def _forward(self, x, routing):
-        return self._run(x, routing, keep=True)
+    def _forward(self, x, batch):
+        return self._run(x, batch, keep=True)
 
     # -- one sample inside a user's kernel ------------------------------------------------
     def _layout(self, weights, grads):
@@ -265,7 +265,7 @@ class CompositeEncoding(Encoding):
             yield k, e, begin, n, g
 
     def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
-        ops = ctx.routing.ops
+        ops = ctx.batch.ops
         dx = ops.full_like(ctx.x, 0.0) if input_gradient else None
         for k, e, begin, n, g in self._nested_gradients(ops, ctx, dL_dy):
             if not (input_gradient or e.n_params):
@@ -281,7 +281,7 @@ class CompositeEncoding(Encoding):
         dL2/d(dL_dy) concatenates or sums the ``t_k``. Product: ``g_k = dL_dy prod_(j != k) y_j``, so
         dL2/d(dL_dy) = ``sum_k t_k prod_(j != k) y_j``, and factor j also gets the first-order backward of
         ``dL_dy sum_(k != j) t_k prod_(i != j, k) y_i`` (its parameters' and inputs' share through the others)."""
-        ops = ctx.routing.ops
+        ops = ctx.batch.ops
         dx, ts = ops.full_like(ctx.x, 0.0), []
         for k, e, begin, n, g in self._nested_gradients(ops, ctx, dL_dy):
             t, dxi = e._backward_backward_input(ctx.nested[k], ops.columns(dL_ddLdx, begin, n), g, overwrite)

@@ -34,11 +34,11 @@ class EmptyEncoding(Encoding):
             return ti.Vector.zero(ti.f32, n)
         return forward, vjp
 
-    def _forward(self, x, routing):
-        return routing.ops.full_like(x, self.fill_value, (x.shape[0], self.padded_output_width)), Context(self, x, routing)
+    def _forward(self, x, batch):
+        return batch.ops.full_like(x, self.fill_value, (x.shape[0], self.padded_output_width)), Context(self, x, batch)
 
     def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
-        return ctx.routing.ops.full_like(ctx.x, 0.0) if input_gradient else None
+        return ctx.batch.ops.full_like(ctx.x, 0.0) if input_gradient else None
 
     def _backward_backward_input(self, ctx, dL_ddLdx, dL_dy, overwrite):
-        return ctx.routing.ops.full_like(ctx.x, 0.0, (ctx.x.shape[0], self.padded_output_width)), None
+        return ctx.batch.ops.full_like(ctx.x, 0.0, (ctx.x.shape[0], self.padded_output_width)), None

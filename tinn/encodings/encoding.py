@@ -83,21 +83,21 @@ class KernelEncoding(Encoding):
         kernels = self._kernels()                   # no parameters: the weights do not matter
         return kernels.func, kernels.backward_func
 
-    def _forward(self, x, routing):
-        y = routing.ops.empty_like(x, (x.shape[0], self.padded_output_width))
+    def _forward(self, x, batch):
+        y = batch.ops.empty_like(x, (x.shape[0], self.padded_output_width))
         self._kernels().forward(x, y)
-        return y, Context(self, x, routing)
+        return y, Context(self, x, batch)
 
     def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
         if not input_gradient:
             return None
-        ops = ctx.routing.ops
+        ops = ctx.batch.ops
         dx = ops.empty_like(ctx.x)
         self._kernels().backward(ctx.x, ops.contiguous(dL_dy), dx)
         return dx
 
     def _backward_backward_input(self, ctx, dL_ddLdx, dL_dy, overwrite):
-        ops = ctx.routing.ops
+        ops = ctx.batch.ops
         dy = ops.empty_like(ctx.x, (ctx.x.shape[0], self.padded_output_width))
         dx = ops.empty_like(ctx.x)
         self._kernels().backward_backward(ctx.x, ops.contiguous(dL_ddLdx), ops.contiguous(dL_dy), dy, dx)

@@ -90,9 +90,9 @@ class FrequencyEncoding(PerDimEncoding):
 
         return value, slope, curvature
 
-    def _forward(self, x, routing):
-        if routing.on_device or not is_cpu():                # numpy's sin/cos for host batches on the CPU
-            return super()._forward(x, routing)
+    def _forward(self, x, batch):
+        if batch.on_device or not is_cpu():                # numpy's sin/cos for host batches on the CPU
+            return super()._forward(x, batch)
         theta = np.multiply(np.float32(math.pi), x.T, order="C")      # phase() at octave 0, (D, B)
         n_restarts = -(-self.n_frequencies // RESTART)
         sincos = np.empty((n_restarts, 2) + theta.shape, np.float32)
@@ -107,4 +107,4 @@ class FrequencyEncoding(PerDimEncoding):
         y = np.empty((x.shape[0], self.padded_output_width), np.float32)
         _expand_kernel(self.n_frequencies, self.n_input_dims, self.n_padding,
                        float(self.fill_value))(sincos, y)
-        return y, Context(self, x, routing)
+        return y, Context(self, x, batch)

@@ -47,7 +47,6 @@ import math
 import numpy as np
 import taichi as ti
 
-from ..batch import kind as _kind
 from ..keys import OFF, POSITIVE_INT, Key, Options, above, between, one_of, reported
 from ..object import Context
 from ..registry import encodings
@@ -103,54 +102,55 @@ class TableEncoding(Encoding):
         return (rng.uniform_fill(self.n_params) * np.float32(2) - np.float32(1)) * np.float32(1e-4)
 
     # -- batch API ---------------------------------------------------------------
-    def _encode(self, weights, x, routing):
-        y = _kind.empty_like(x, (x.shape[0], self.padded_output_width))     # on the device for a device x
-        ids, routed = routing.kernel_ids()
-        self._get_kernels(routing).forward(weights, self._offset, x, ids, y, routed)
+    def _encode(self, weights, x, batch):
+        y = batch.ops.empty_like(x, (x.shape[0], self.padded_output_width))     # on the device for a device x
+        ids, routed = batch.kernel_ids()
+        self._get_kernels(batch).forward(weights, self._offset, x, ids, y, routed)
         return y
 
-    def _inference(self, x, routing):
-        return self._encode(self.store.inference_params, x, routing)
+    def _inference(self, x, batch):
+        return self._encode(self.store.inference_params, x, batch)
 
-    def _forward(self, x, routing):
-        return self._encode(self.store.params, x, routing), Context(self, x, routing)
+    def _forward(self, x, batch):
+        return self._encode(self.store.params, x, batch), Context(self, x, batch)
 
     def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
         k, dL_dy, inst, routed = self._scatter_gradients(ctx, dL_dy, overwrite)
         if not input_gradient:
             return None
-        dx = _kind.empty_like(ctx.x)
+        dx = ctx.batch.ops.empty_like(ctx.x)
         k.backward_input(self.store.params, self._offset, ctx.x, inst, dL_dy, dx, routed)
         return dx
 
     def _backward_backward_input(self, ctx, dL_ddLdx, dL_dy, overwrite):
         """tcnn's exact second order (every interpolation and dimension): dL2/dθ to the gradients, and
         ``(dL2/d(dL_dy), dL2/dx)``; padded columns of the first are 0, Nearest gives 0 throughout."""
-        dL_ddLdx = _kind.contiguous(dL_ddLdx)
+        ops = ctx.batch.ops
+        dL_ddLdx = ops.contiguous(dL_ddLdx)
         k, dL_dy, inst, routed = self._scatter_gradients(ctx, dL_dy, overwrite, dL_ddLdx)
-        d_dy = _kind.empty_like(ctx.x, (ctx.x.shape[0], self.padded_output_width))     # of ctx.x's kind
-        dx = _kind.empty_like(ctx.x)
+        d_dy = ops.empty_like(ctx.x, (ctx.x.shape[0], self.padded_output_width))
+        dx = ops.empty_like(ctx.x)
         k.backward_backward(self.store.params, self._offset, ctx.x, inst, dL_ddLdx, dL_dy, d_dy, dx, routed)
         return d_dy, dx
 
     def _scatter_gradients(self, ctx, dL_dy, overwrite, dL_ddLdx=None):
         """Add (write if ``overwrite``) dL/dθ, or dL2/dθ given ``dL_ddLdx``; the kernels, the contiguous dL_dy
-        and the routing for the per-sample kernel that follows."""
-        k = self._get_kernels(ctx.routing)
-        dL_dy = _kind.contiguous(dL_dy)
-        inst, routed = ctx.routing.kernel_ids()
+        and the batch for the per-sample kernel that follows."""
+        k = self._get_kernels(ctx.batch)
+        dL_dy = ctx.batch.ops.contiguous(dL_dy)
+        inst, routed = ctx.batch.kernel_ids()
         k.backward_params(self.store.grads, self._offset, ctx.x, inst, dL_dy, routed, overwrite, dL_ddLdx)
         return k, dL_dy, inst, routed
 
-    def _get_kernels(self, routing=None):
+    def _get_kernels(self, batch=None):
         """The kernels of this config, shared with every grid of the same config (fields and the column
         offset are arguments). Whether the batch's values were checked on the host is part of the config: a
-        host ``routing``'s were; a device batch's are checked by kernels, so its grid kernels take any input.
-        The per-sample funcs (no ``routing``) take any input too: whichever variant is built serves them."""
-        if routing is None:
+        host ``batch``'s were; a device batch's are checked by kernels, so its grid kernels take any input.
+        The per-sample funcs (no ``batch``) take any input too: whichever variant is built serves them."""
+        if batch is None:
             checked = next(iter(self._kernels), True)
         else:
-            checked = not routing.on_device
+            checked = not batch.on_device
         if checked not in self._kernels:
             self._kernels[checked] = self._build_kernels(checked)
         return self._kernels[checked]

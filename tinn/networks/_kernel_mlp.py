@@ -28,7 +28,7 @@ Weight gradients are reduced per tile: a tile is up to ``TILE`` consecutive samp
 (samples sorted by network for an array), one thread sums a weight's products over its tile, and a
 tile adds its sum to the gradient once. On CUDA the fused kernels of ``_fused_mlp.py`` take MLPs with
 layers up to 64 wide instead, single networks and arrays (a block's samples belong to one network, the
-routing's tiles); the second order of such a pass recomputes its layers with the per-layer kernels (the
+batch's tiles); the second order of such a pass recomputes its layers with the per-layer kernels (the
 fused kernels keep them in a layout of their own).
 """
 import numpy as np
@@ -37,7 +37,7 @@ import taichi as ti
 from taichi.lang import impl
 
 from ..batch import buffers as _buffers
-from ..batch import kind as _kind
+from ..batch.device_ops import DEVICE
 from ..batch.routing import TILE
 from ..object import Context
 from ..params import KEPT_ACTIVATIONS
@@ -100,7 +100,7 @@ def _slope_times(g, z, act: str):
     """``act'(z) * g`` as a new buffer (``g`` itself for the identity)."""
     if act == "None":
         return g
-    out = _kind.empty_like(g)
+    out = DEVICE.empty_like(g)
     _times_derivative(g, z, act, out)
     return out
 
@@ -193,25 +193,25 @@ class KernelMLP:
         """Where each matrix starts in the store (the MLP may be bound to a new offset at any time)."""
         return [self.mlp._offset + layer.start for layer in self.mlp.plan.layers]
 
-    def _fused_kernels(self, routing):
+    def _fused_kernels(self, batch):
         """The fused kernels where they apply (on a fused arch, a routed batch or a single network's), else ``None``."""
         plan = self.mlp.plan
-        if not takes_fused(plan) or not (routing.routed or self.mlp.n_instances == 1):
+        if not takes_fused(plan) or not (batch.routing.routed or self.mlp.n_instances == 1):
             return None
         return _fused_mlp.fused_kernels(plan, FUSED_TILINGS[impl.current_cfg().arch.name], self.kept == ti.f16)
 
-    def run(self, x, routing, keep: bool, out=None):
+    def run(self, x, batch, keep: bool, out=None):
         """``(y, ctx)``: outputs ``(batch, n_output_dims)`` (a ``ti.ndarray``: ``out`` if given, written by the
         last kernel) and, if ``keep``, what the backward needs (each layer's input and pre-activation)."""
         store = self.mlp.store
         weights = store.params if keep else store.inference_params
-        h = _kind.DEVICE.adopt(x)                                   # one upload, not one per kernel
-        fused = self._fused_kernels(routing)
+        h = DEVICE.adopt(x)                                   # one upload, not one per kernel
+        fused = self._fused_kernels(batch)
         if fused is not None:
-            return self._run_fused(fused, weights, x, h, routing, keep, out)
-        inst, routed = routing.kernel_ids()
+            return self._run_fused(fused, weights, x, h, batch, keep, out)
+        inst, routed = batch.kernel_ids()
         hs, zs = self._layers(weights, h, inst, routed, keep, out)
-        ctx = Context(self.mlp, x, routing, hs=hs, zs=zs, inst=inst, routed=routed) if keep else None
+        ctx = Context(self.mlp, x, batch, hs=hs, zs=zs, inst=inst, routed=routed) if keep else None
         return hs[-1], ctx
 
     def _layers(self, weights, h, inst, routed, keep: bool, y=None):
@@ -230,28 +230,28 @@ class KernelMLP:
             h = out
         return hs, zs
 
-    def _schedule(self, fused, routing, B: int) -> tuple:
+    def _schedule(self, fused, batch, B: int) -> tuple:
         """``(mode, n_blocks, per_network, order, offsets)`` of a fused pass over a batch of ``B``: a single network's
         batch in runs of tiles (at most ``tiling.blocks`` blocks), a dense array's networks (``(K, B_k)``: a block
         each) or a routed array's networks (a block each over its samples sorted by network)."""
         unused_1, unused_2 = self._no_order, self._no_offsets
-        if not routing.routed:
+        if not batch.routing.routed:
             return _fused_layout.SINGLE, max(min(-(-B // fused.S), fused.tiling.blocks), 1), B, unused_1, unused_2
-        if routing.dense is not None:
-            return _fused_layout.DENSE, routing.dense[0], routing.dense[1], unused_1, unused_2
-        order, offsets = routing.runs
+        if batch.dense is not None:
+            return _fused_layout.DENSE, batch.dense[0], batch.dense[1], unused_1, unused_2
+        order, offsets = batch.routing.runs
         return _fused_layout.ROUTED, self.mlp.n_instances, 0, order, offsets
 
-    def _run_fused(self, fused, weights, x, h, routing, keep, out=None):
+    def _run_fused(self, fused, weights, x, h, batch, keep, out=None):
         """The fused forward; what it keeps is indexed by position (sorted position for a routed array):
         ``zs`` ``(len(z_layers), z_rows, batch)``, ``hs`` ``(L - 1, width, batch)``, in :attr:`kept`'s dtype."""
         B, L = x.shape[0], fused.n_layers
-        ctx = Context(self.mlp, x, routing, fused=fused, h=h) if keep else None
+        ctx = Context(self.mlp, x, batch, fused=fused, h=h) if keep else None
         columns = max(B, 1)
         zs = self._pool.take((len(fused.z_layers), fused.z_rows, columns), ctx, self.kept) if keep else self._none3
         hs = self._pool.take((max(L - 1, 1), fused.width, columns), ctx, self.kept) if keep else self._none3
         y = _buffers.buffer((B, self.rows[-1])) if out is None else out
-        mode, blocks, per, order, offsets = self._schedule(fused, routing, B)
+        mode, blocks, per, order, offsets = self._schedule(fused, batch, B)
         fused.forward(weights, self.mlp._offset, h, mode, blocks, per, order, offsets, keep, zs, hs, y)
         if keep:
             ctx.zs, ctx.hs = zs, hs
@@ -270,8 +270,8 @@ class KernelMLP:
         reduced in the same kernel), dL/dx ``(batch, n_input_dims)`` if ``input_gradient``."""
         store, fused, B = self.mlp.store, ctx.fused, ctx.x.shape[0]
         dx = _buffers.buffer((B, self.mlp.n_input_dims) if input_gradient else (1, 1))
-        dy = _kind.DEVICE.adopt(dL_dy)
-        mode, blocks, per, order, offsets = self._schedule(fused, ctx.routing, B)
+        dy = DEVICE.adopt(dL_dy)
+        mode, blocks, per, order, offsets = self._schedule(fused, ctx.batch, B)
         if mode == _fused_layout.SINGLE:
             partials, sums = self._split_k(blocks)
         else:
@@ -286,14 +286,14 @@ class KernelMLP:
         if getattr(ctx, "fused", None) is not None:
             return self._backward_fused(ctx, dL_dy, input_gradient, overwrite)
         store = self.mlp.store
-        tile_table, order = self._tile_tables(ctx.routing, ctx.x.shape[0])
+        tile_table, order = self._tile_tables(ctx.batch, ctx.x.shape[0])
         offsets, zeroing = self.offsets, _Zeroing(self.mlp, overwrite)
-        delta = _slope_times(_kind.DEVICE.adopt(dL_dy), ctx.zs[-1], self.acts[-1])
+        delta = _slope_times(DEVICE.adopt(dL_dy), ctx.zs[-1], self.acts[-1])
         for i in reversed(range(len(self.rows))):
             _weight_grad(store.grads, offsets[i], delta, ctx.hs[i], tile_table, order, ctx.routed, *zeroing.args())
             if i == 0 and not input_gradient:
                 return None
-            below = _kind.empty_like(delta, (delta.shape[0], ctx.hs[i].shape[1]))
+            below = DEVICE.empty_like(delta, (delta.shape[0], ctx.hs[i].shape[1]))
             z, act = (ctx.zs[i - 1], self.acts[i - 1]) if i > 0 else (below, "None")
             _input_grad(store.params, offsets[i], delta, ctx.inst, ctx.routed, z, act, below)
             delta = below
@@ -305,7 +305,7 @@ class KernelMLP:
         kernels (their own layout) recomputed by the per-layer kernels from its input."""
         if getattr(ctx, "fused", None) is None:
             return ctx.hs, ctx.zs, ctx.inst, ctx.routed
-        inst, routed = ctx.routing.kernel_ids()
+        inst, routed = ctx.batch.kernel_ids()
         return (*self._layers(self.mlp.store.params, ctx.h, inst, routed, keep=True), inst, routed)
 
     def output_adjoints(self, ctx, dL_dy, input_gradient: bool):
@@ -317,7 +317,7 @@ class KernelMLP:
         weights, offsets, n = self.mlp.store.params, self.offsets, len(self.rows)
         curved = [activations.ACTIVATIONS[act].host_second is not None for act in self.acts]
         deltas, ybars = [None] * n, [None] * n
-        ybar = _kind.DEVICE.adopt(dL_dy)
+        ybar = DEVICE.adopt(dL_dy)
         for i in reversed(range(n)):
             deltas[i] = _slope_times(ybar, zs[i], self.acts[i])
             ybars[i] = ybar if curved[i] else None
@@ -341,8 +341,8 @@ class KernelMLP:
         ``dL2/dx`` ``(batch, n_input_dims)`` or ``None)``, of ``ctx.x``'s kind."""
         hs, zs, inst, routed, deltas, ybars = state
         store, offsets, zeroing = self.mlp.store, self.offsets, _Zeroing(self.mlp, overwrite)
-        tile_table, order = self._tile_tables(ctx.routing, ctx.x.shape[0])
-        xdots, zdots = [_kind.DEVICE.adopt(dL_ddLdx)], []
+        tile_table, order = self._tile_tables(ctx.batch, ctx.x.shape[0])
+        xdots, zdots = [DEVICE.adopt(dL_ddLdx)], []
         for i, rows in enumerate(self.rows):
             zdot = _buffers.buffer((xdots[i].shape[0], rows))
             _layer_forward(store.params, offsets[i], xdots[i], inst, routed, "None", False, zdot, zdot)
@@ -353,23 +353,23 @@ class KernelMLP:
             _weight_grad(store.grads, offsets[i], deltas[i], xdots[i], tile_table, order, routed, *zeroing.args())
             zbar = below
             if ybars[i] is not None:
-                zbar = _kind.empty_like(zdots[i]) if below is None else below
+                zbar = DEVICE.empty_like(zdots[i]) if below is None else below
                 _curvature(zs[i], zdots[i], ybars[i], self.acts[i], below is not None, zbar)
             if zbar is None:
                 continue
             _weight_grad(store.grads, offsets[i], zbar, hs[i], tile_table, order, routed, *zeroing.args())
-            below = _kind.empty_like(zbar, (zbar.shape[0], hs[i].shape[1]))
+            below = DEVICE.empty_like(zbar, (zbar.shape[0], hs[i].shape[1]))
             z, act = (zs[i - 1], self.acts[i - 1]) if i > 0 else (below, "None")
             _input_grad(store.params, offsets[i], zbar, inst, routed, z, act, below)
         return xdots[-1], below
 
-    def _tile_tables(self, routing, batch):
-        """``(table, order)`` of the batch's tiles (``Routing.tiles``); a single network's batch is tiled in
-        order (its table kept per batch size, ``order`` a placeholder)."""
-        if routing.routed:
-            return routing.tiles
-        if batch not in self._tiles:
-            starts = np.arange(0, batch, TILE, dtype=np.int32)
-            table = np.stack([starts, np.minimum(starts + TILE, batch), np.zeros_like(starts)], axis=1)
-            self._tiles = {batch: (_buffers.put(table, ti.i32), _buffers.zeros_i32())}
-        return self._tiles[batch]
+    def _tile_tables(self, batch, size):
+        """``(table, order)`` of the batch's tiles (``batch.routing.tiles``); a single network's batch is
+        tiled in order (its table kept per batch size, ``order`` a placeholder)."""
+        if batch.routing.routed:
+            return batch.routing.tiles
+        if size not in self._tiles:
+            starts = np.arange(0, size, TILE, dtype=np.int32)
+            table = np.stack([starts, np.minimum(starts + TILE, size), np.zeros_like(starts)], axis=1)
+            self._tiles = {size: (_buffers.put(table, ti.i32), _buffers.zeros_i32())}
+        return self._tiles[size]

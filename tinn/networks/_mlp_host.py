@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..batch.groups import Groups
-from ..batch.routing import Routing
 from ..object import Context
 from ..params import FLOAT16_MAX
 from ..runtime import blas as _blas
@@ -150,10 +149,10 @@ class HostMLP:
         return self._split(groups.per_row(flat))
 
     # -- forward ------------------------------------------------------------------------
-    def run(self, x: np.ndarray, routing: Routing, keep: bool):
+    def run(self, x: np.ndarray, batch, keep: bool):
         """``(y (batch, computed outputs), ctx or None)``; ``keep`` keeps what backward needs."""
         mlp = self.mlp
-        groups = routing.groups
+        groups = batch.routing.groups
         weights = self._weights(groups, mlp.store.params if keep else mlp.store.inference_params)
         blocks, n = Blocks(groups), len(weights)
         stack, half = (groups.n_rows, groups.size), mlp.store.precision == "float16"
@@ -181,7 +180,7 @@ class HostMLP:
 
         blocks.run(block)
         y = groups.scatter(layers[-1].y)
-        return y, (Context(mlp, x, routing, groups=groups, blocks=blocks, layers=layers) if keep else None)
+        return y, (Context(mlp, x, batch, groups=groups, blocks=blocks, layers=layers) if keep else None)
 
     # -- backward -----------------------------------------------------------------------
     def _gradient_buffer(self, ctx, overwrite: bool):

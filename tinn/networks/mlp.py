@@ -19,7 +19,7 @@ rule). The class holds the config, the layout (``MLP.plan``, a ``_mlp_plan.MLPPl
 initialisation; the work is done by a backend, each reading the plan:
 batches by ``_mlp_host.HostMLP`` on the CPU (numpy's BLAS on tinn's worker threads) or
 ``_kernel_mlp.KernelMLP`` on other archs (Taichi kernels on device buffers), chosen per call by the
-batch's kind (``routing.on_device``) in ``MLP._batch_path``, and samples inside users' kernels by the
+batch's kind (``batch.on_device``) in ``MLP._batch_path``, and samples inside users' kernels by the
 ``ti.func``s of ``_mlp_funcs``.
 """
 import warnings
@@ -104,11 +104,11 @@ class MLP(Network):
         return sample_funcs(self.plan, self._offset, weights, grads)
 
     # -- batch API ---------------------------------------------------------------
-    def _batch_path(self, routing):
-        """The backend that runs a batch of ``routing``'s kind (``routing.on_device``, told once per call by
+    def _batch_path(self, batch):
+        """The backend that runs a batch of ``batch``'s kind (``batch.on_device``, told once per call by
         ``tinn.batch.checks.as_batch``): numpy's BLAS for host batches, Taichi kernels for device buffers. Each is
         made on first use and kept."""
-        on_device = routing.on_device
+        on_device = batch.on_device
         paths = self.__dict__.setdefault("_paths", {})
         if on_device not in paths:
             paths[on_device] = KernelMLP(self) if on_device else HostMLP(self)
@@ -118,30 +118,30 @@ class MLP(Network):
         return not takes_fused(self.plan)
 
     def _sorts_routed(self):
-        """An array's device inference on the fused kernels reads the routing's tiles."""
+        """An array's device inference on the fused kernels reads the batch's tiles."""
         return self.n_instances > 1 and takes_fused(self.plan)
 
-    def _inference(self, x, routing):
-        return self._batch_path(routing).run(x, routing, keep=False)[0]
+    def _inference(self, x, batch):
+        return self._batch_path(batch).run(x, batch, keep=False)[0]
 
-    def _inference_into(self, x, routing, out):
+    def _inference_into(self, x, batch, out):
         """The last kernel writes straight into the device buffer ``out``."""
-        return self._batch_path(routing).run(x, routing, keep=False, out=out)[0]
+        return self._batch_path(batch).run(x, batch, keep=False, out=out)[0]
 
-    def _forward(self, x, routing):
-        return self._batch_path(routing).run(x, routing, keep=True)
+    def _forward(self, x, batch):
+        return self._batch_path(batch).run(x, batch, keep=True)
 
     def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
-        return self._batch_path(ctx.routing).backward(ctx, dL_dy, input_gradient, overwrite)
+        return self._batch_path(ctx.batch).backward(ctx, dL_dy, input_gradient, overwrite)
 
     # -- second order: two halves, so that NetworkWithInputEncoding can run its encoding's between them --
     def _second_order_begin(self, ctx, dL_dy, input_gradient: bool):
         """``(dL/dx or None, state)``: the first-order input gradient (no parameter gradients) and what
         :meth:`_second_order_end` needs."""
-        return self._batch_path(ctx.routing).output_adjoints(ctx, dL_dy, input_gradient)
+        return self._batch_path(ctx.batch).output_adjoints(ctx, dL_dy, input_gradient)
 
     def _second_order_end(self, ctx, state, dL_ddLdx, overwrite: bool):
-        return self._batch_path(ctx.routing).second_order(ctx, state, dL_ddLdx, overwrite)
+        return self._batch_path(ctx.batch).second_order(ctx, state, dL_ddLdx, overwrite)
 
     def _backward_backward_input(self, ctx, dL_ddLdx, dL_dy, overwrite):
         _, state = self._second_order_begin(ctx, dL_dy, input_gradient=False)
