@@ -23,8 +23,7 @@ network) is not an error: it gives a non-finite loss, as in tcnn.
 import numpy as np
 import taichi as ti
 
-from .batch import census as _census
-from .batch.census import ROWS_PER_TASK, loss_checks
+from .batch.census import ROWS_PER_TASK, find_bad_targets, loss_checks, settle_step
 from .batch.checks import as_batch
 from .batch.batch import Batch
 from .batch.kind import callers_kind, callers_loss
@@ -67,11 +66,12 @@ def _kernel(cls, rows_per_task: int):
     def evaluate(pred: F32_2D, target: F32_2D, pdf: F32_2D, weighted: ti.template(), ids: I32_1D,
                  routed: ti.template(), inv: F32_1D, loss_scale: ti.f32, grad: F32_2D, rows: F32_1D,
                  on_device: ti.template(), sums: F32_1D, check: ti.template(), facts: I32_1D, values: F32_1D,
-                 mask: I32_1D, faults: I32_1D, fault_values: F32_1D, step: ti.i32, n_tasks: ti.i32):
+                 mask: I32_1D, record: I32_1D, recorded: F32_1D, step: ti.i32, n_tasks: ti.i32):
         """Per sample b of network k = ids[b]: the loss ``sum_d l(p, t) * inv[k] / q`` and its gradient. On the
         host every sample's loss goes to ``rows``; on the device (``on_device``) they are summed per network into
         ``sums`` (``rows_per_task`` samples per task, one atomic add per run of one network), and with a
-        census (``check``) ``target`` and ``pdf`` are checked as they are read (module ``tinn.batch.census``)."""
+        census (``check``) the census's checks of ``target`` and ``pdf`` run around the loss (its arguments
+        ``facts`` to ``step``: ``tinn.batch.census.find_bad_targets``, ``settle_step``)."""
         B = pred.shape[0]
         if ti.static(not on_device):
             for b in range(B):
@@ -81,12 +81,7 @@ def _kernel(cls, rows_per_task: int):
             for k in range(sums.shape[0]):
                 sums[k] = 0.0
             if ti.static(check):
-                for b in range(B):
-                    if _census.row_is_bad(target, b, False):
-                        ti.atomic_min(facts[_census.TARGET_ROW], b)
-                    if ti.static(weighted):
-                        if _census.row_is_bad(pdf, b, True):
-                            ti.atomic_min(facts[_census.PDF_ROW], b)
+                find_bad_targets(target, pdf, weighted, facts)
             for task in range(n_tasks):                  # ceil(B / rows_per_task), from the host (SPIR-V)
                 acc, current = 0.0, 0
                 for b in range(task * rows_per_task, ti.min(task * rows_per_task + rows_per_task, B)):
@@ -97,17 +92,7 @@ def _kernel(cls, rows_per_task: int):
                     acc += row(pred, target, pdf, weighted, inv[k], loss_scale, grad, b)
                 ti.atomic_add(sums[current], acc)
             if ti.static(check):
-                for _ in range(1):
-                    _census.record_bad_value(target, facts[_census.TARGET_ROW], False, values, _census.TARGET_ROW)
-                    if ti.static(weighted):
-                        _census.record_bad_value(pdf, facts[_census.PDF_ROW], True, values, _census.PDF_ROW)
-                    if _census.bad(facts, mask.shape[0]) and faults[0] == 0:
-                        faults[0], faults[1] = 1, step
-                        for i in ti.static(range(_census.N_FACTS)):
-                            faults[2 + i], fault_values[i] = facts[i], values[i]
-                for k in range(mask.shape[0]):
-                    if _census.bad(facts, mask.shape[0]):
-                        mask[k] = 0
+                settle_step(target, pdf, weighted, facts, values, mask, record, recorded, step)
 
     return evaluate
 
@@ -209,11 +194,17 @@ class Loss(Object, RuntimeBound):
         q = ops.unused((1, 1), np.float32) if q is None else q
         grad, (rows, sums) = ops.empty_like(p), sums_kind.outputs(B)
         per_task = ROWS_PER_TASK if is_cpu() else 16
+        checks = _unchecked(ops) if census is None else loss_checks(census)
         _kernel(type(self), per_task)(p, t, q, weighted, ids, routed, inv, float(loss_scale), grad, rows,
-                                      batch.on_device, sums, census is not None, *loss_checks(census, ops),
-                                      -(-B // per_task))
+                                      batch.on_device, sums, census is not None, *checks, -(-B // per_task))
         loss, per_network = sums_kind.losses(rows, sums, census)
         return loss, grad, per_network
+
+
+def _unchecked(ops) -> tuple:
+    """The loss kernel's census arguments for a batch without a census: unread placeholders of ``ops``' kind."""
+    ints, floats = ops.unused((1,), np.int32), ops.unused((1,), np.float32)
+    return ints, floats, ints, ints, floats, 0
 
 
 def _loss(name: str, doc: str, **attrs):

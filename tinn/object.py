@@ -320,7 +320,8 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         if mode not in GRADIENT_MODES:
             raise ValueError(f"mode must be one of {GRADIENT_MODES}, got {mode!r}")
         batch = ctx.batch
-        g = as_batch(dL_doutput, self.n_output_dims, "dL_doutput", allow_dense=batch.dense is not None)
+        g = dL_doutput if batch.has_checked(dL_doutput) else \
+            as_batch(dL_doutput, self.n_output_dims, "dL_doutput", allow_dense=batch.dense is not None)
         g = batch.ops.rows(g)
         if g.shape[0] != batch.size:
             raise ValueError(f"dL_doutput has {g.shape[0]} samples, the forward pass had {batch.size}")

@@ -233,7 +233,8 @@ class Trainer(RuntimeBound):
         them)."""
         y, ctx = self.model.forward(batch)
         ctx.loss, ctx.dL_doutput, ctx.instance_losses = self.loss.evaluate(
-            y, target, pdf, batch=batch, per_instance=True, loss_scale=self.loss_scale)
+            y, target, pdf, batch=batch.trusting(y), per_instance=True, loss_scale=self.loss_scale)
+        ctx.batch = ctx.batch.trusting(ctx.dL_doutput)          # the loss's gradient, for the model's backward
         return ctx
 
     def backward(self, ctx: Context):

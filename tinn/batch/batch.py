@@ -21,10 +21,13 @@ class Batch:
     network), ``routing`` (:class:`~tinn.batch.routing.Routing`), ``ops`` (its kind's operations), ``census``
     (:class:`~tinn.batch.census.Census` of a device batch whose values and ids are checked on the device, or
     ``None``) and ``checked`` (the arrays whose values were checked: the calls a trainer composes check none
-    again)."""
+    again). Read-only facts, set once: ``size`` (samples), ``dense`` (``(K, B_k)`` when the batch came as a dense
+    ``(K, B_k, dims)`` array, else ``None``: flat) and ``on_device`` (``ops`` is ``DEVICE``: its components run
+    Taichi kernels on it)."""
 
     def __init__(self, x, routing: Routing, ops, *, census: Census | None = None, checked: tuple = ()):
         self.x, self.routing, self.ops, self.census, self.checked = x, routing, ops, census, checked
+        self.size, self.dense, self.on_device = routing.batch, routing.dense, ops is DEVICE
 
     @classmethod
     def of(cls, x, instance, n_instances: int | None, *, checked: tuple = (), census: tuple | None = None) -> "Batch":
@@ -77,20 +80,10 @@ class Batch:
         return cls(census.x, routing, DEVICE, census=census,
                    checked=checked + (census.x,) if any(x is c for c in checked) else checked)
 
-    @property
-    def size(self) -> int:
-        """Samples in the batch."""
-        return self.routing.batch
-
-    @property
-    def dense(self) -> tuple | None:
-        """``(K, B_k)`` when the batch came as a dense ``(K, B_k, dims)`` array, else ``None`` (flat)."""
-        return self.routing.dense
-
-    @property
-    def on_device(self) -> bool:
-        """Whether the batch is on the device (``ops`` is ``DEVICE``): its components run Taichi kernels on it."""
-        return self.ops is DEVICE
+    def trusting(self, *arrays) -> "Batch":
+        """This batch with ``arrays`` added to the checked ones (a new value; this one is unchanged): what a trainer
+        hands on with the model's output and the loss's gradient, which tinn made."""
+        return Batch(self.x, self.routing, self.ops, census=self.census, checked=self.checked + arrays)
 
     def has_checked(self, a) -> bool:
         """Whether ``a`` is one of the arrays whose values were checked for this batch (``checked``)."""

@@ -87,6 +87,45 @@ def bad(facts: ti.template(), n_instances) -> ti.i32:
 
 
 @ti.func
+def record_fault(facts: ti.template(), values: ti.template(), n_instances, record: ti.template(),
+                 recorded: ti.template(), call):
+    """Write a bad batch's ``facts`` and ``values`` into a fault record (:class:`Faults`) as call number ``call``,
+    unless the record holds an earlier one."""
+    if bad(facts, n_instances) and record[0] == 0:
+        record[0], record[1] = 1, call
+        for i in ti.static(range(N_FACTS)):
+            record[2 + i], recorded[i] = facts[i], values[i]
+
+
+@ti.func
+def find_bad_targets(target: ti.template(), pdf: ti.template(), weighted: ti.template(), facts: ti.template()):
+    """The loss kernel's check of a census's ``target`` (and ``pdf`` if ``weighted``), before its loss: their first
+    rows that hold NaN or +-Inf (or a ``pdf`` <= 0) into ``facts``. A parallel loop: call it at a kernel's top level."""
+    for b in range(target.shape[0]):
+        if row_is_bad(target, b, False):
+            ti.atomic_min(facts[TARGET_ROW], b)
+        if ti.static(weighted):
+            if row_is_bad(pdf, b, True):
+                ti.atomic_min(facts[PDF_ROW], b)
+
+
+@ti.func
+def settle_step(target: ti.template(), pdf: ti.template(), weighted: ti.template(), facts: ti.template(),
+                values: ti.template(), mask: ti.template(), record: ti.template(), recorded: ti.template(), call):
+    """The loss kernel's end of a census's step: the bad values of ``target`` and ``pdf`` found, the step written
+    into the trainer's fault record if anything in it was bad (:func:`record_fault`), and then the step's mask
+    cleared, so the optimizer steps no network. Top-level loops: call it at a kernel's top level."""
+    for _ in range(1):
+        record_bad_value(target, facts[TARGET_ROW], False, values, TARGET_ROW)
+        if ti.static(weighted):
+            record_bad_value(pdf, facts[PDF_ROW], True, values, PDF_ROW)
+        record_fault(facts, values, mask.shape[0], record, recorded, call)
+    for k in range(mask.shape[0]):
+        if bad(facts, mask.shape[0]):
+            mask[k] = 0
+
+
+@ti.func
 def place(ids: ti.template(), offsets: ti.template(), cursor: ti.template(), order: ti.template(), b):
     """Sample ``b`` takes the next place of its network k in the sorted order: ``order[first[k] + p] = b`` for
     the p-th sample of k to arrive (atomic counters ``cursor``; ``first = offsets[0]``); an id outside
@@ -180,10 +219,7 @@ def _census_kernel(source: F32_ANY, dense: ti.template(), x: F32_2D, ids: I32_1D
     for _ in range(1):
         record_bad_value(x, facts[X_ROW], False, values, X_ROW)
         if ti.static(final):
-            if bad(facts, K) and record[0] == 0:
-                record[0], record[1] = 1, call
-                for i in range(N_FACTS):
-                    record[2 + i], recorded[i] = facts[i], values[i]
+            record_fault(facts, values, K, record, recorded, call)
     if ti.static(not final):                                # a step's mask and normalisers
         for k in range(K):
             count = B // K
@@ -329,12 +365,9 @@ class Faults:
             raise_for(record[2:], values, n_instances, f" (in {self.event.format(int(record[1]))})")
 
 
-def loss_checks(census: "Census | None", ops) -> tuple:
-    """The loss kernel's census arguments ``(facts, values, mask, fault record, fault values, step)``: a census's
-    (its ``target`` and ``pdf`` are then checked by the loss kernel), or unused placeholders of ``ops``' kind."""
-    if census is None:
-        ints, floats = ops.unused((1,), np.int32), ops.unused((1,), np.float32)
-        return ints, floats, ints, ints, floats, 0
+def loss_checks(census: Census) -> tuple:
+    """The loss kernel's arguments for :func:`find_bad_targets` and :func:`settle_step` of a census's batch:
+    ``(facts, values, mask, fault record, fault values, step)``."""
     faults = census.faults
     if faults is None:
         return census.facts, census.values, census.mask, unused((1,)), unused((1,), ti.f32), 0
