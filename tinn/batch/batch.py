@@ -55,8 +55,7 @@ class Batch:
             raise ValueError(f"a dense batch needs shape ({n_instances}, batch, {x.shape[-1]}), got {tuple(x.shape)}")
         k, b = x.shape[:2]
         flat = ops.flatten(x)
-        return cls(flat, Routing(k * b, k, ops.dense_ids(k, b), (k, b)), ops,
-                   checked=checked + (flat,) if any(x is c for c in checked) else checked)
+        return cls(flat, Routing(k * b, k, ops.dense_ids(k, b), (k, b)), ops, checked=_also(checked, x, flat))
 
     @classmethod
     def _described(cls, x, instance, n_instances: int, checked: tuple, n_dims: int, faults, reuse: bool,
@@ -77,8 +76,7 @@ class Batch:
             ids = DEVICE.put_ids(as_instances(instance, x.shape[0], n_instances))
         census = Census(x, ids, n_instances, n_dims, faults, reuse, sort=sort, final=final)
         routing = Routing(census.x.shape[0], n_instances, census.ids, dense, described=census)
-        return cls(census.x, routing, DEVICE, census=census,
-                   checked=checked + (census.x,) if any(x is c for c in checked) else checked)
+        return cls(census.x, routing, DEVICE, census=census, checked=_also(checked, x, census.x))
 
     def trusting(self, *arrays) -> "Batch":
         """This batch with ``arrays`` added to the checked ones (a new value; this one is unchanged): what a trainer
@@ -119,3 +117,7 @@ class Batch:
         mine = (x,) if self.has_checked(self.x) else ()
         return Batch(x, self.routing.chunk(lo, hi), self.ops, checked=mine + tuple(checked))
 
+
+def _also(checked: tuple, x, flat) -> tuple:
+    """``checked`` with the flat copy ``flat`` of ``x`` added if ``x`` was checked."""
+    return checked + (flat,) if any(x is c for c in checked) else checked
