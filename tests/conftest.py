@@ -6,11 +6,14 @@ so a run meant for Vulkan never quietly tests the CPU. Tests that only make sens
 carry ``@pytest.mark.x64_only(reason)`` and are skipped elsewhere, with that reason. Tests whose kernels
 take minutes to compile through Mesa's software Vulkan driver carry ``@pytest.mark.long_compile(reason)``
 and are skipped on Vulkan unless ``TINN_LONG_COMPILES=1`` (CI's time; the same code paths stay covered
-there by smaller tests). ``TINN_SHARD=i/n`` runs the i-th of n parts of the suite (whole test files, picked
-by a hash of their names), so that CI can run one arch's pass as n processes side by side.
+there by smaller tests). ``TINN_SHARD=i/n`` runs the i-th of n parts of the suite, so that CI can run one arch's
+pass as n processes side by side: whole test files, dealt longest first to the part with the least time so far,
+by the seconds ``shard_costs.json`` holds for the arch (measured: ``.ci/shard_costs.py``; a file not measured
+counts as the median one).
 """
+import json
 import os
-import zlib
+import statistics
 
 import numpy as np
 import pytest
@@ -51,13 +54,26 @@ def _shard():
     return i, n
 
 
+def _parts(files, n: int, costs: dict) -> dict:
+    """Each test file's part (0 to n - 1): longest first, each to the part with the least time so far."""
+    default = statistics.median(costs.values()) if costs else 1.0
+    loads, part = [0.0] * n, {}
+    for f in sorted(files, key=lambda f: (-costs.get(f, default), f)):
+        j = loads.index(min(loads))
+        part[f], loads[j] = j, loads[j] + costs.get(f, default)
+    return part
+
+
 def pytest_collection_modifyitems(config, items):
     shard = _shard()
     if shard is not None:
         i, n = shard
+        with open(os.path.join(os.path.dirname(__file__), "shard_costs.json")) as f:
+            costs = json.load(f).get("cpu" if ARCH == "cpu" else ARCH, {})
+        part = _parts({item.nodeid.split("::")[0] for item in items}, n, costs)
         mine, others = [], []
         for item in items:
-            (mine if zlib.crc32(item.nodeid.split("::")[0].encode()) % n == i - 1 else others).append(item)
+            (mine if part[item.nodeid.split("::")[0]] == i - 1 else others).append(item)
         config.hook.pytest_deselected(items=others)
         items[:] = mine
     if impl.current_cfg().arch == ti.x64:

@@ -276,20 +276,30 @@ def test_first_model_of_a_config_in_a_worker_thread_works_or_names_the_thread_ru
 def test_six_models_of_one_config_compile_no_kernel_of_their_own_whatever_chunk_they_land_in():
     """Models of ``config_hash``'s size, some kept and some dropped, so that later ones land in new chunks and in
     chunks emptied by others: after the first, each compiles at most the address probe of a new chunk
-    (``_addresses``, docs/memory.md), never a kernel of its own, and trains as a first model of its seed does."""
-    from compiles import compilations
+    (``_addresses``, docs/memory.md), never a kernel of its own, and trains as a first model of its seed does.
+    Off the CPU (no host memory: kernels take the chunk's fields, docs/memory.md) a model that lands in a chunk
+    already used compiles nothing, and one that opens a chunk compiles only kernels that take parameter memory,
+    once for that chunk (which chunks exist depends on what ran before in the process: both cases are told apart)."""
+    from compiles import compilations, takes_parameter_memory
+    from tinn.runtime.memory import host_memory
     cfg = {"encoding": {"otype": "HashGrid", "n_levels": 16, "log2_hashmap_size": 15, "per_level_scale": 1.5},
            "network": {"otype": "FullyFusedMLP", "n_neurons": 64, "n_hidden_layers": 2}}
     x, y = np.random.default_rng(0).random((1024, 2), dtype=np.float32), np.zeros((1024, 3), np.float32)
-    kept, losses = [], []
+    kept, losses, used = [], [], set()
     for i in range(6):
         with compilations() as names:
             m = tinn.create_from_config(2, 3, cfg, seed=i)
             losses.append(m.trainer.training_step(x, y))
             m.network.inference(x)
             m.trainer.training_step(x, y)
-        if i:
+        chunk = id(m.network.store._chunk)
+        if i and host_memory():
             assert set(names) <= {"_addresses"}, (i, names)
+        elif i and chunk in used:
+            assert names == [], (i, names)
+        elif i:
+            assert all(takes_parameter_memory(k) for k in names.kernels), (i, names)
+        used.add(chunk)
         if i % 2 == 0:
             kept.append(m)
         del m

@@ -21,7 +21,7 @@ import taichi as ti
 from ..keys import NON_NEGATIVE, Key
 from ..registry import optimizers
 from ..runtime.device import is_cpu
-from ..runtime.kernels import FLAT, at, flat_args, set_at, specialised
+from ..runtime.kernels import ARENA, FLAT, at, flat_args, set_at, specialised
 from .step import counted, one_minus_pow
 from .optimizer import (ABSOLUTE_DECAY, EPSILON, F32_1D, I32_1D, LEARNING_RATE, RELATIVE_DECAY, Optimizer, beta,
                         l2_reg, zeros)
@@ -120,7 +120,7 @@ def _adam_kernel(n_matrix: int, n: int, flags: tuple, flat: bool):
             w = ti.math.clamp(w, -wclip, wclip)
         return w, m, v
 
-    Rows = FLAT if flat else ti.template()
+    Rows = FLAT if flat else ARENA
 
     @ti.kernel
     def step(P: Rows, ps: ti.i32, po: ti.i32, I: Rows, is_: ti.i32, io: ti.i32, G: Rows, gs: ti.i32, go: ti.i32,

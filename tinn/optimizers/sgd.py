@@ -6,7 +6,7 @@ State: ``current_step``.
 import taichi as ti
 
 from ..registry import optimizers
-from ..runtime.kernels import FLAT, at, columns_per_task, flat_args, set_at, specialised
+from ..runtime.kernels import ARENA, FLAT, at, columns_per_task, flat_args, set_at, specialised
 from .optimizer import F32_1D, I32_1D, LEARNING_RATE, Optimizer, l2_reg
 
 
@@ -16,7 +16,7 @@ def _sgd_kernel(n: int, flat: bool, mirror: bool):
     + l2_reg w)``, a task per network and run of ``columns_per_task()`` parameters (``P``, ``I``, ``G`` as
     :func:`~tinn.runtime.kernels.flat_args` gives them); ``mirror``: each stepped weight also to ``I[k, io + i]``
     (the model's inference weights, instead of a copy after the step)."""
-    Rows = FLAT if flat else ti.template()
+    Rows = FLAT if flat else ARENA
     C = columns_per_task()
     tasks = -(-n // C)
 

@@ -137,7 +137,7 @@ def flat_args(*fields):
 
 
 FLAT = F32_1D
-"""The annotation of a :func:`flat_rows` array where it is flat (a ``ti.template()`` where it is a field)."""
+"""The annotation of a :func:`flat_rows` array where it is flat (``ARENA`` where it is a field)."""
 
 
 @ti.func
