@@ -53,3 +53,16 @@ def test_a_hundred_thousand_networks_each_initialised_from_its_own_sequence():
     shapes = mlp_shapes(3, 8, 1, 2)
     for k in (0, 1, 54_321, K - 1):
         np.testing.assert_allclose(params[k], mlp_init_ref(Pcg32Ref(seed, seq=k + 1), shapes), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("deltas", [[0, 1, 2, 65535, 65536, 65537], list(range(0, 1 << 20, 4099)),
+                                    [2 ** 31 - 1, 2 ** 40 + 12345, 2 ** 64 - 1]])
+def test_jump_coefficients_are_mult_to_the_d_and_the_geometric_sum(deltas):
+    """``d`` steps of ``s -> M s + inc`` are ``s -> M^d s + inc (M^(d-1) + ... + 1)`` mod 2^64: both coefficients from
+    Python's integers (the sum as ``(M^d - 1) / (M - 1)``, taken modulo ``(M - 1) 2^64`` so the division is exact)."""
+    from tinn.runtime.rng import _MULT, _jump_coeffs
+    M, mod = int(_MULT), 1 << 64
+    mults, totals = _jump_coeffs(np.array(deltas, dtype=np.uint64))
+    for d, m, s in zip(deltas, mults, totals):
+        assert int(m) == pow(M, d, mod)
+        assert int(s) == (pow(M, d, (M - 1) * mod) - 1) // (M - 1) % mod

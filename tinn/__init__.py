@@ -8,6 +8,10 @@
 """
 from importlib import metadata as _metadata
 
+from .runtime import parsing as _parsing
+
+_parsing.apply()                                # before tinn's own kernels are decorated (see its docstring)
+
 from . import ad, encodings, losses, networks, optimizers
 from .config import TrainableModel, create_from_config
 from .encodings import Encoding

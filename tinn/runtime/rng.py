@@ -18,22 +18,35 @@ _U64 = np.uint64
 CHUNK = 1 << 20             # elements drawn at a time (a few 8-byte temporaries each)
 
 
-def _jump_coeffs(deltas: np.ndarray):
-    """``(MULT^d, MULT^(d-1) + ... + 1)`` mod 2^64 for each delta d (square-and-multiply)."""
-    deltas = deltas.astype(np.uint64)
-    acc_mult = np.ones_like(deltas)
-    acc_sum = np.zeros_like(deltas)
-    cur_mult, cur_sum = _MULT, _U64(1)
+LOW_BITS = 16
+"""Jumps are split ``d = hi 2^LOW_BITS + lo``: the low part's coefficients come from a table, the high part's the
+same way in jumps of ``2^LOW_BITS``."""
+
+
+def _table(mult, total, n: int):
+    """The coefficients of the jumps ``j * step`` for ``j < n``, given those of one ``step`` (``mult``, ``total``):
+    built by doubling, ``(M_a M_b, S_a + M_a S_b)`` for the jump ``a + b``."""
+    mults, totals = np.ones(1, np.uint64), np.zeros(1, np.uint64)
     with np.errstate(over="ignore"):
-        for bit in range(64):
-            if not (deltas >> _U64(bit)).any():
-                break
-            sel = ((deltas >> _U64(bit)) & _U64(1)).astype(bool)
-            acc_mult = np.where(sel, acc_mult * cur_mult, acc_mult)
-            acc_sum = np.where(sel, acc_sum * cur_mult + cur_sum, acc_sum)
-            cur_sum = (cur_mult + _U64(1)) * cur_sum
-            cur_mult = cur_mult * cur_mult
-    return acc_mult, acc_sum
+        while len(mults) < n:
+            mults, totals = np.concatenate([mults, mults * mult]), np.concatenate([totals, total + mult * totals])
+            mult, total = mult * mult, (mult + _U64(1)) * total
+    return mults[:n], totals[:n]
+
+
+def _jump_coeffs(deltas: np.ndarray, mult=_MULT, total=_U64(1)):
+    """``(MULT^d, MULT^(d-1) + ... + 1)`` mod 2^64 for each delta d (more generally, the coefficients of ``d`` jumps of
+    one whose own are ``(mult, total)``): ``d = hi 2^16 + lo``, the low part looked up in a table (:func:`_table`),
+    the high part the same way in jumps of 2^16, and the two joined, ``(M_lo M_hi, S_lo + M_lo S_hi)``."""
+    deltas = deltas.astype(np.uint64)
+    lo, hi = deltas & _U64((1 << LOW_BITS) - 1), deltas >> _U64(LOW_BITS)
+    low_mults, low_totals = _table(mult, total, min(1 << LOW_BITS, int(deltas.max(initial=0)) + 1))
+    if not hi.any():
+        return low_mults[lo], low_totals[lo]
+    with np.errstate(over="ignore"):                    # (the low table is whole: its last jump is 2^16 - 1)
+        high_mults, high_totals = _jump_coeffs(hi, low_mults[-1] * mult, low_totals[-1] + low_mults[-1] * total)
+        m_lo = low_mults[lo]
+        return m_lo * high_mults, low_totals[lo] + m_lo * high_totals
 
 
 def _output_float(states: np.ndarray) -> np.ndarray:
