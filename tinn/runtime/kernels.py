@@ -6,16 +6,19 @@ forgets the kernels of a program once ``ti.init`` has replaced it. Kernels take 
 ``ARENA`` arguments (:func:`arena_kernel`) and offsets as runtime arguments, so that every model of one
 config runs the same compiled kernel, whichever arena chunk (``tinn.params``) holds its parameters.
 
-Copies run as one parallel loop over (row, block of ``CHUNK`` columns) on the CPU: contiguous work per
-task that the compiler vectorises. On a GPU a task is one element (a warp's threads then touch
-consecutive memory), and no thread runs a long serial loop (Mesa's software Vulkan driver stops a
-shader invocation after 65,535 loop iterations).
+The copies (``rows_copy``, ``copy_columns``, ``fill_columns``) run in the fields' own memory as numpy operations
+where the fields have host views (float32 fields on x64) and the other arrays are numpy: no kernel to compile or
+launch. Otherwise they are kernels, one parallel loop over (row, block of ``CHUNK`` columns) on the CPU:
+contiguous work per task that the compiler vectorises. On a GPU a task is one element (a warp's threads then touch
+consecutive memory), and no thread runs a long serial loop (Mesa's software Vulkan driver stops a shader
+invocation after 65,535 loop iterations).
 """
 
 import functools
 import inspect
 import types
 
+import numpy as np
 import taichi as ti
 from taichi._lib import core as _ti_core
 from taichi.lang.any_array import AnyArray
@@ -172,10 +175,32 @@ def static_chunks(items, size: int = 32):
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
+def _host_view(field, *arrays):
+    """``field``'s memory as numpy (:func:`~tinn.runtime.memory.view_of`) when it has such a view (a float32 field on
+    x64) and ``arrays`` are numpy arrays: the copies below then run as numpy operations, no kernel; else ``None``."""
+    if not isinstance(field, Field) or not all(isinstance(a, np.ndarray) for a in arrays):
+        return None
+    return view_of(field)
+
+
+def rows_copy(field, offset: int, rows, values, mode: int):
+    """Between ``field[rows[g], offset + i]`` and ``values[g, i]`` (rows distinct): mode 0 reads into ``values``, 1
+    writes them, 2 adds them (rounded to the field's dtype: float16 for a half-precision store). In the field's own
+    memory where it has a host view (:func:`_host_view`), else by a kernel."""
+    view = _host_view(field, rows, values)
+    if view is None:
+        return _rows_copy(field, offset, rows, values, mode)
+    columns = view[:, offset:offset + values.shape[1]]
+    if mode == 0:
+        values[...] = columns[rows]
+    elif mode == 1:
+        columns[rows] = values
+    else:
+        columns[rows] += values
+
+
 @arena_kernel
-def rows_copy(field: ARENA, offset: ti.i32, rows: I32_1D, values: F32_2D, mode: ti.template()):
-    """Between ``field[rows[g], offset + i]`` and ``values[g, i]``: mode 0 reads into ``values``,
-    1 writes them, 2 adds them (rounded to the field's dtype: float16 for a half-precision store)."""
+def _rows_copy(field: ARENA, offset: ti.i32, rows: I32_1D, values: F32_2D, mode: ti.template()):
     n = values.shape[1]
     C = ti.static(columns_per_task())
     tasks = (n + C - 1) // C
@@ -193,8 +218,7 @@ def rows_copy(field: ARENA, offset: ti.i32, rows: I32_1D, values: F32_2D, mode: 
 
 
 @arena_kernel
-def _copy_columns(dst: ARENA, dst_off: ti.i32, src: ARENA, src_off: ti.i32, n: ti.i32,
-                  active: I32_1D):
+def _copy_columns_kernel(dst: ARENA, dst_off: ti.i32, src: ARENA, src_off: ti.i32, n: ti.i32, active: I32_1D):
     C = ti.static(columns_per_task())
     tasks = (n + C - 1) // C
     for t in range(active.shape[0] * tasks):
@@ -204,15 +228,26 @@ def _copy_columns(dst: ARENA, dst_off: ti.i32, src: ARENA, src_off: ti.i32, n: t
                 dst[k, dst_off + i] = ti.static(cast_to(dst))(src[k, src_off + i])
 
 
+def _copy_columns(dst, dst_off: int, src, src_off: int, n: int, active):
+    source, target = _host_view(src, active), _host_view(dst, active)
+    if source is None or target is None:
+        return _copy_columns_kernel(dst, dst_off, src, src_off, n, active)
+    rows = np.flatnonzero(active)
+    if len(rows) == len(active):
+        rows = slice(None)
+    target[rows, dst_off:dst_off + n] = source[rows, src_off:src_off + n]
+
+
 def copy_columns(dst, dst_off: int, src, src_off: int, n: int, active):
     """``dst[k, dst_off + i] = src[k, src_off + i]`` for ``i < n`` and every ``k`` with ``active[k] != 0``
-    (``active``: an int32 kernel array, numpy or a ``ti.ndarray``: an optimizer's mask)."""
+    (``active``: an int32 kernel array, numpy or a ``ti.ndarray``: an optimizer's mask). In the fields' own memory
+    where both have host views and ``active`` is numpy, else by a kernel."""
     if n:
         _copy_columns(dst, dst_off, src, src_off, n, active)
 
 
 @arena_kernel
-def _fill_columns(dst: ARENA, offset: ti.i32, n: ti.i32, n_rows: ti.i32, value: ti.f32):
+def _fill_columns_kernel(dst: ARENA, offset: ti.i32, n: ti.i32, n_rows: ti.i32, value: ti.f32):
     C = ti.static(columns_per_task())
     tasks = (n + C - 1) // C
     for t in range(n_rows * tasks):
@@ -221,7 +256,15 @@ def _fill_columns(dst: ARENA, offset: ti.i32, n: ti.i32, n_rows: ti.i32, value: 
             dst[k, offset + i] = ti.static(cast_to(dst))(value)
 
 
+def _fill_columns(dst, offset: int, n: int, n_rows: int, value: float):
+    view = _host_view(dst)
+    if view is None:
+        return _fill_columns_kernel(dst, offset, n, n_rows, value)
+    view[:n_rows, offset:offset + n] = value
+
+
 def fill_columns(dst, offset: int, n: int, n_rows: int, value: float):
-    """``dst[k, offset + i] = value`` for ``k < n_rows``, ``i < n``."""
+    """``dst[k, offset + i] = value`` for ``k < n_rows``, ``i < n`` (in the field's own memory where it has a host
+    view, else by a kernel)."""
     if n:
         _fill_columns(dst, offset, n, n_rows, value)

@@ -187,23 +187,26 @@ def host_views(fields) -> list | None:
 
 
 _VIEWS: dict = {}
-"""``id(field)`` -> (the field, weakly; its host view) for every field viewed so far."""
+"""``id(field)`` -> (the field, weakly; its host view; the Taichi program whose memory it is) for every field viewed
+so far."""
 
 
 def register_views(fields, views):
     """Remember ``views[i]`` as the host memory of ``fields[i]`` (:func:`view_of`) while the field lives."""
+    program = impl.get_runtime().prog
     for f, v in zip(fields, views):
         key = id(f)
-        _VIEWS[key] = (weakref.ref(f, lambda _, key=key: _VIEWS.pop(key, None)), v)
+        _VIEWS[key] = (weakref.ref(f, lambda _, key=key: _VIEWS.pop(key, None)), v, program)
 
 
 def view_of(field) -> np.ndarray | None:
     """A 2-D float32 field's memory as a numpy array (x64 only, else ``None``): the view its owner
     registered, or one made now (a compile of the address kernel for this field) and kept while the
-    field lives."""
+    field lives. ``None`` too for a field of a Taichi program that ``ti.init`` has replaced (its memory is
+    freed: the callers' kernels then report it, as for any field of an old program)."""
     entry = _VIEWS.get(id(field))
     if entry is not None and entry[0]() is field:
-        return entry[1]
+        return entry[1] if entry[2] is impl.get_runtime().prog else None
     views = host_views([field])
     if views is not None:
         register_views([field], views)

@@ -1,4 +1,4 @@
-"""Faster parsing of tinn's own kernels by Taichi: the same IR and the same messages, less repeated work.
+"""Faster parsing of tinn's kernels by Taichi: the same IR and the same messages, less repeated work.
 
 Taichi turns a kernel's Python into its IR on every start of a process (its offline cache keys the compiled code
 by that IR), and it inlines every ``ti.func`` at every call site, and every ``ti.static`` loop's body once per
@@ -13,13 +13,13 @@ on every such pass:
 * and, for every ``ti.kernel`` / ``ti.func`` decorated, whether the decorating line is inside a class
   (``kernel_impl._inside_class``: the caller's source line, found the same way).
 
-For functions defined in tinn's own files, these are computed once and remembered: a function's source lines
-per code object, a node's position text per (code object, node position and kind), and ``textwrap.fill`` per
-line; the class test of a tinn frame (or of importlib's, above a tinn module) reads its line from
-``linecache`` (where ``inspect`` reads it too) and applies Taichi's own patterns. The results are the values Taichi
-computes itself, so the IR, Taichi's offline-cache keys and every error message are unchanged
-(``tests/test_parsing.py`` compares them). The kernels of other packages and of the user's own code are
-parsed as Taichi parses them (only their lines' ``fill`` is remembered: a pure function of the line).
+For functions defined in tinn's own files and Taichi's (``ti.math``, the matrix operations), these are computed
+once and remembered: a function's source lines per code object, a node's position text per (code object, node
+position and kind), and ``textwrap.fill`` per line; the class test of such a frame (or of importlib's, above a
+module's top level) reads its line from ``linecache`` (where ``inspect`` reads it too) and applies Taichi's own
+patterns. The results are the values Taichi computes itself, so the IR, Taichi's offline-cache keys and every
+error message are unchanged (``tests/test_parsing.py`` compares them). A user's own code is parsed as Taichi
+parses it (only its lines' ``fill`` is remembered: a pure function of the line).
 
 Applied on ``import tinn`` for the Taichi version it is written against (:data:`TAICHI_VERSION`) when the
 functions it wraps are there; otherwise, or with the environment variable ``TINN_PLAIN_PARSE=1``, Taichi is left
@@ -36,9 +36,12 @@ import taichi as ti
 TAICHI_VERSION = (1, 7, 4)
 """The Taichi release whose parser this module wraps (its functions' names and arguments)."""
 
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_PACKAGES = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+             os.path.dirname(os.path.abspath(ti.__file__)) + os.sep)
+"""tinn's and Taichi's own source folders: the functions whose parse is remembered (installed code, fixed while a
+process runs; a user's code is parsed as Taichi parses it)."""
 _SOURCES: dict = {}
-"""code object -> (source file, (source lines, first line number)) of a tinn function."""
+"""code object -> (source file, (source lines, first line number)) of a tinn or Taichi function."""
 _POSITIONS: dict = {}
 """(code object, function name, node kind, lineno, col_offset, end_lineno, end_col_offset, first body line)
 -> a node's position text."""
@@ -51,11 +54,11 @@ APPLIED = {"patched": False}
 
 def _ours(func) -> bool:
     code = getattr(func, "__code__", None)
-    return code is not None and code.co_filename.startswith(_PACKAGE)
+    return code is not None and code.co_filename.startswith(_PACKAGES)
 
 
 def _remembered(getsourcefile, getsourcelines):
-    """``(getsourcefile, getsourcelines)`` that remember a tinn function's answers (the lines as a new list each time)."""
+    """``(getsourcefile, getsourcelines)`` that remember a tinn or Taichi function's answers (the lines as a new list each time)."""
 
     def source(func):
         entry = _SOURCES.get(func.__code__)
@@ -76,7 +79,7 @@ def _remembered(getsourcefile, getsourcelines):
 
 
 def _remembered_positions(get_pos_info):
-    """``get_pos_info`` remembering a tinn function's node positions (what the text depends on: the function's
+    """``get_pos_info`` remembering a tinn or Taichi function's node positions (what the text depends on: the function's
     source, fixed per code object, and the node's position and kind)."""
 
     def pos_info(ctx, node):
@@ -96,7 +99,7 @@ def _remembered_positions(get_pos_info):
 
 
 def _class_test(inside_class, patterns):
-    """``kernel_impl._inside_class(level)`` for a tinn frame: Taichi's test of the frame ``level`` above the caller
+    """``kernel_impl._inside_class(level)`` for a tinn or Taichi frame: Taichi's test of the frame ``level`` above the caller
     (whether its current line, stripped, starts a class or ``@ti.data_oriented``, by Taichi's own ``patterns``),
     with the line read from ``linecache`` as ``inspect.getframeinfo`` reads it, without searching ``sys.modules``
     for the frame's module. A func decorated at a module's top level has its test look one frame further, into
@@ -110,7 +113,7 @@ def _class_test(inside_class, patterns):
         except ValueError:
             return inside_class(level + 1)
         file = frame.f_code.co_filename
-        if not (file.startswith(_PACKAGE) or file.startswith("<frozen ")):
+        if not file.startswith(_PACKAGES + ("<frozen ",)):
             return inside_class(level + 1)
         line = linecache.getline(file, frame.f_lineno).strip()       # ("" for importlib's frozen code)
         return any(p.match(line) for p in patterns)
