@@ -228,7 +228,12 @@ def _copy_columns_kernel(dst: ARENA, dst_off: ti.i32, src: ARENA, src_off: ti.i3
                 dst[k, dst_off + i] = ti.static(cast_to(dst))(src[k, src_off + i])
 
 
-def _copy_columns(dst, dst_off: int, src, src_off: int, n: int, active):
+def copy_columns(dst, dst_off: int, src, src_off: int, n: int, active):
+    """``dst[k, dst_off + i] = src[k, src_off + i]`` for ``i < n`` and every ``k`` with ``active[k] != 0``
+    (``active``: an int32 kernel array, numpy or a ``ti.ndarray``: an optimizer's mask). In the fields' own memory
+    where both have host views and ``active`` is numpy, else by a kernel."""
+    if not n:
+        return
     source, target = _host_view(src, active), _host_view(dst, active)
     if source is None or target is None:
         return _copy_columns_kernel(dst, dst_off, src, src_off, n, active)
@@ -236,14 +241,6 @@ def _copy_columns(dst, dst_off: int, src, src_off: int, n: int, active):
     if len(rows) == len(active):
         rows = slice(None)
     target[rows, dst_off:dst_off + n] = source[rows, src_off:src_off + n]
-
-
-def copy_columns(dst, dst_off: int, src, src_off: int, n: int, active):
-    """``dst[k, dst_off + i] = src[k, src_off + i]`` for ``i < n`` and every ``k`` with ``active[k] != 0``
-    (``active``: an int32 kernel array, numpy or a ``ti.ndarray``: an optimizer's mask). In the fields' own memory
-    where both have host views and ``active`` is numpy, else by a kernel."""
-    if n:
-        _copy_columns(dst, dst_off, src, src_off, n, active)
 
 
 @arena_kernel
