@@ -5,8 +5,11 @@ those tables, so a key added later is checked automatically: each must reject va
 wrong type, NaN / ±Inf and values outside its range with a ``ValueError`` that names the
 component and the key.
 """
+import json
 import math
 import os
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -201,6 +204,24 @@ def test_invalid_json_file_gives_line_and_column(tmp_path):
         if col is not None:
             assert f"line {line}, column {col}:" in msg, msg
         assert err.value.__cause__ is None and err.value.__suppress_context__
+
+
+def test_a_config_with_comments_reads_as_the_same_config_without_them(tmp_path):
+    plain = tinn.load_config("config_hash")
+    text = json.dumps(plain, indent=1).replace('"encoding": {', '"encoding": { // the grid\n', 1)
+    path = tmp_path / "commented.json"
+    path.write_text("// tcnn's config_hash\n" + text + "\n// the end\n")
+    assert "//" in path.read_text() and tinn.load_config(path) == plain
+
+
+def test_plain_json_is_read_without_importing_commentjson_and_nan_is_still_refused(tmp_path):
+    code = ("import sys, tinn; tinn.load_config('config_hash'); print('commentjson' in sys.modules); "
+            "tinn.load_config(sys.argv[1])")
+    path = tmp_path / "nan.json"
+    path.write_text('{"optimizer": {"learning_rate": NaN}}')                   # NaN at column 33
+    run = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=300)
+    assert run.stdout.strip().splitlines()[-1] == "False", run.stdout + run.stderr
+    assert f"ValueError: {path}: invalid JSON at line 1, column 33" in run.stderr, run.stderr
 
 
 def test_json_top_level_must_be_an_object(tmp_path):

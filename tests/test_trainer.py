@@ -16,7 +16,7 @@ SMALL = {"loss": {"otype": "L2"}, "optimizer": {"otype": "Adam", "learning_rate"
          "network": {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1}}
 
 
-def test_create_from_config_reads_tcnn_json_with_comments():
+def test_create_from_config_reads_tcnns_config_by_name():
     model = tinn.create_from_config(2, 3, CONFIG_HASH)
     assert isinstance(model.network, tinn.NetworkWithInputEncoding)
     assert isinstance(model.trainer, tinn.Trainer)
