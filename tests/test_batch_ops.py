@@ -10,9 +10,8 @@ import taichi as ti
 from taichi.lang._ndarray import Ndarray
 
 import tinn
-from tinn.batch.checks import as_batch, check_id_range, check_ids
+from tinn.batch.kind import DEVICE, HOST, as_batch, check_id_range, check_ids, ops_of
 from tinn.batch.buffers import put
-from tinn.batch.kind import DEVICE, HOST, ops_of
 from tinn.registry import build_encoding
 
 rng = np.random.default_rng(3)
@@ -147,7 +146,7 @@ def test_a_step_checks_each_argument_once(path, routing, monkeypatch):
     """A training step (and the trainer's ``forward``) checks the shape and dtype of ``x``, ``target``, ``pdf``
     and the ids once, at the step's entry: the calls it composes (the model's forward, the loss) check none
     of them again, nor the model's output."""
-    import tinn.batch.checks as batch
+    import tinn.batch.kind as batch
     monkeypatch.setattr(tinn.runtime.device, "FORCE", path == "device")
     K = 1 if routing == "single" else 2
     model = tinn.NetworkWithInputEncoding(2, 3, {"otype": "Identity"}, {"otype": "FullyFusedMLP", "n_neurons": 16,

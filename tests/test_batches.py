@@ -6,7 +6,7 @@ import pytest
 import taichi as ti
 
 import tinn
-from tinn.batch.checks import as_batch, as_instances
+from tinn.batch.kind import as_batch, as_instances
 
 CONFIG = {"encoding": {"otype": "HashGrid", "n_levels": 2, "log2_hashmap_size": 6, "base_resolution": 4},
           "network": {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1}}

@@ -23,10 +23,9 @@ network) is not an error: it gives a non-finite loss, as in tcnn.
 import numpy as np
 import taichi as ti
 
-from .batch.census import ROWS_PER_TASK, find_bad_targets, loss_checks, settle_step
-from .batch.checks import as_batch
 from .batch.batch import Batch
-from .batch.kind import callers_kind, callers_loss
+from .batch.census import ROWS_PER_TASK, find_bad_targets, loss_checks, settle_step
+from .batch.kind import as_batch, callers_kind, callers_loss
 from .batch.loss_value import sums_of
 from .keys import Options
 from .object import Object

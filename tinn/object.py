@@ -8,7 +8,7 @@
   ``backward(ctx, dL_dy) -> dL_dx`` and the second order
   ``backward_backward_input(ctx, dL_ddLdx, dL_dy) -> (dL_ddLdy, dL_dx)``. Public methods check their
   arguments and hand each batch, of the path's one kind (a contiguous numpy array on the host path, a
-  ``ti.ndarray`` on the device path: ``tinn.batch.checks.as_batch``), to the private ``_inference`` / ``_forward`` /
+  ``ti.ndarray`` on the device path: ``tinn.batch.kind.as_batch``), to the private ``_inference`` / ``_forward`` /
   ``_backward`` / ``_backward_backward_input`` of each component, whose outputs are at least
   ``n_output_dims`` wide (an encoding's own padding included) and whose output gradients are
   ``n_output_dims`` wide.
@@ -24,8 +24,7 @@ import numpy as np
 
 from .batch.batch import Batch
 from .batch.census import Faults
-from .batch.checks import as_batch, check_out
-from .batch.kind import callers_kind, callers_output, is_device
+from .batch.kind import as_batch, callers_kind, callers_output, check_out, is_device
 from .keys import check_int, check_seed
 from .params import ParamStore
 from .runtime.device import active
@@ -218,7 +217,7 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         return x
 
     def _input(self, x, instance, deferred: bool):
-        """The batch ``x`` checked (:func:`~tinn.batch.checks.as_batch`; a device batch's values left to the census if
+        """The batch ``x`` checked (:func:`~tinn.batch.kind.as_batch`; a device batch's values left to the census if
         ``deferred``), of the path's kind, not yet flattened."""
         return as_batch(x, self.n_input_dims, allow_dense=self.n_instances > 1 and instance is None, finite=True,
                         deferred=deferred)

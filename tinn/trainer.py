@@ -45,10 +45,9 @@ from __future__ import annotations
 import numpy as np
 
 from . import serialization, tcnn_snapshot
-from .batch.census import Faults
-from .batch.checks import as_batch
 from .batch.batch import Batch
-from .batch.kind import callers_loss
+from .batch.census import Faults
+from .batch.kind import as_batch, callers_loss
 from .mixed_precision import LossScale, MasterWeights
 from .object import Context, DifferentiableObject, chunk_samples
 from .runtime.program import RuntimeBound

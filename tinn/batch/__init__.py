@@ -1,6 +1,6 @@
-"""What one call carries, below every component: the batch checks (``checks``), the operations of each
-kind (``host_ops`` for numpy, ``device_ops`` for ``ti.ndarray``), device buffers (``buffers``), the ``Batch``
-value one call carries (``batch``), how a batch spreads over a network array (``routing``, ``groups``), the
-device census of a step (``census``), a batch's loss per network (``loss_value``), the seam
-back to the caller's kind (``kind``) and the moves between a user's fields and batches (``fields``).
-Imports only ``tinn.runtime``."""
+"""What one call carries, below every component: what kind a batch is, its checks and the seams back to the
+caller's kind (``kind``), the operations of each kind (``host_ops`` for numpy, ``device_ops`` for
+``ti.ndarray``), device buffers (``buffers``), the ``Batch`` value one call carries (``batch``), how a batch
+spreads over a network array, its host row blocks included (``routing``), the device census of a step
+(``census``), a batch's loss per network (``loss_value``) and the moves between a user's fields and batches
+(``fields``). Imports only ``tinn.runtime``."""

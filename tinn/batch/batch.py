@@ -1,7 +1,7 @@
 """What one call carries: a :class:`Batch`, made once where a call enters tinn.
 
 The public entry points (``DifferentiableObject.inference`` / ``forward``, ``Loss.evaluate``, a ``Trainer``'s
-steps, ``tinn.ad``'s stages) check their arguments (``tinn.batch.checks``) and turn them into one ``Batch``:
+steps, ``tinn.ad``'s stages) check their arguments (``tinn.batch.kind``) and turn them into one ``Batch``:
 its input as a flat ``(size, dims)`` array, the operations of its kind (``ops``: ``HOST`` for numpy, ``DEVICE``
 for ``ti.ndarray``), its layout (``dense``), how it reaches a network array's networks (``routing``), the
 device census that checks its values on the device (``census``) and which of its arrays were checked
@@ -10,9 +10,8 @@ device census that checks its values on the device (``census``) and which of its
 import numpy as np
 
 from .census import Census
-from .checks import as_instances
 from .host_ops import to_numpy
-from .kind import DEVICE, ops_of
+from .kind import DEVICE, as_instances, ops_of
 from .routing import Routing, check_device_ids, device_ids
 
 
@@ -31,7 +30,7 @@ class Batch:
 
     @classmethod
     def of(cls, x, instance, n_instances: int | None, *, checked: tuple = (), census: tuple | None = None) -> "Batch":
-        """The batch of a checked array ``x`` (``tinn.batch.checks.as_batch``): ``instance`` ids (checked here),
+        """The batch of a checked array ``x`` (``tinn.batch.kind.as_batch``): ``instance`` ids (checked here),
         or none for a dense ``(n_instances, B_k, dims)`` batch, which is flattened network by network.
         ``n_instances=None`` (a loss's routed batch): the largest id + 1. ``checked``: arrays of the call whose
         values were checked (``x`` is added when it is flattened).

@@ -17,7 +17,7 @@ from ..runtime.types import ANY_2D, I32_1D
 from . import buffers as _buffers
 from .batch import Batch
 from .census import NONE, SCAN
-from .checks import check_id_range
+from .kind import check_id_range
 from .device_ops import DEVICE
 from .routing import Routing
 

@@ -1,21 +1,26 @@
-"""The kind of a batch, told once: :func:`ops_of` gives the operations of a batch's kind (``HOST`` for
-numpy, ``DEVICE`` for ``ti.ndarray``), and the few seams where a result changes kind for its caller.
+"""What kind a batch is, told and checked once, and the seams where results go back to the caller's kind.
 
-A call's batches get their kind once (``tinn.batch.checks.as_batch``) and its
-:class:`~tinn.batch.batch.Batch` carries the operations (``batch.ops``): components call
-``batch.ops.empty_like(x)``, ``batch.ops.columns(...)`` and so on; none asks what kind an array is. Results
-go back to the caller's kind here (:func:`callers_kind`, :func:`callers_output`, :func:`callers_loss`). Taichi has no empty ndarray, so a ``(batch, 0)`` result is
-numpy whatever the path.
+Batches cross the public API as row-major ``(batch, dims)`` float32 arrays: numpy arrays, ``ti.ndarray``\ s
+or torch tensors. :func:`ops_of` gives the operations of a batch's kind (``HOST`` for numpy, ``DEVICE`` for
+``ti.ndarray``); :func:`as_batch` checks a batch (shape, dtype, finite values) against them and returns it
+ready for the components: a ``ti.ndarray`` as it is on the device path, a contiguous numpy array on the host
+path. A call's batches get their kind there once and its :class:`~tinn.batch.batch.Batch` carries the
+operations (``batch.ops``): components call ``batch.ops.empty_like(x)``, ``batch.ops.columns(...)`` and so on;
+none asks what kind an array is. :func:`check_ids` is the one rule for a network array's per-sample ids,
+:func:`as_mask` for an optimizer step's networks, :func:`check_out` for an ``out`` argument. A public call
+checks each argument once: the calls it composes are told what was checked (``Batch.checked``).
+
+Results go back to the caller's kind here (:func:`callers_kind`, :func:`callers_output`, :func:`callers_loss`).
+Taichi has no empty ndarray, so a ``(batch, 0)`` result is numpy whatever the path.
 """
 import numpy as np
 import taichi as ti
 
+from ..runtime.device import active
+from ..runtime.program import check_live
 from .buffers import buffer
 from .device_ops import DEVICE
-from .host_ops import HOST, ndarray_view
-
-__all__ = ["DEVICE", "HOST", "callers_kind", "callers_loss", "callers_output", "host", "is_device", "ops_of"]
-
+from .host_ops import HOST, ndarray_view, to_numpy
 
 def is_device(a) -> bool:
     """Whether ``a`` is a ``ti.ndarray`` (the one place that asks)."""
@@ -25,6 +30,131 @@ def is_device(a) -> bool:
 def ops_of(*arrays):
     """The operations for these batches: ``DEVICE`` if any is a ``ti.ndarray``, else ``HOST``."""
     return DEVICE if any(isinstance(a, ti.Ndarray) for a in arrays) else HOST
+
+
+def _dtype_name(a) -> str:
+    return {ti.f32: "float32", ti.i32: "int32"}.get(a.dtype, str(a.dtype)) if is_device(a) \
+        else str(a.dtype)
+
+
+def check_array(a, name: str, dtype, shapes: str, fits):
+    """``TypeError`` unless ``a`` (numpy or ``ti.ndarray``) has ``dtype``; ``ValueError`` unless
+    ``fits(shape)`` (``shapes`` says what fits) and the batch has a sample."""
+    if _dtype_name(a) != np.dtype(dtype).name:
+        raise TypeError(f"{name} must have dtype {np.dtype(dtype).name}, got {_dtype_name(a)} "
+                        f"(convert with .astype(np.{np.dtype(dtype).name}))")
+    shape = tuple(a.shape)
+    if not fits(shape):
+        raise ValueError(f"{name} must have shape {shapes}, got {shape}")
+    if 0 in shape[:-1]:                           # (batch, 0) is fine: an Empty encoding's output
+        raise ValueError(f"{name} is an empty batch; a batch needs at least one sample")
+
+
+def as_batch(a, n_dims, name: str = "x", *, dtype=np.float32, allow_dense: bool = False, finite: bool = False,
+             positive: bool = False, deferred: bool = False):
+    """Check a ``(batch, n_dims)`` array and return it ready for the components, of the path's one kind: a
+    ``ti.ndarray`` on the device path (a host array checked on the host, then uploaded once), a contiguous
+    numpy array on the host path. Inside a call every batch then has one kind, ``Batch.ops``.
+
+    ``n_dims=None`` accepts any width. With ``allow_dense`` a ``(K, batch_k, n_dims)`` array is accepted
+    too and returned unchanged in shape (the caller flattens it). ``finite`` rejects NaN and +-Inf,
+    ``positive`` also values <= 0 (:func:`check_values`); with ``deferred`` the values of a batch that stays
+    on the device are left to the kernels that read it (a training step's census and loss kernel).
+    """
+    if is_device(a):
+        check_live(a, name)
+    if not (is_device(a) and active() and len(a.shape) in (2, 3)):
+        a = to_numpy(a, name)                     # the host path (a ti.ndarray read in place on x64)
+    width = n_dims or "dims"
+    shapes = f"(batch, {width})" + (f" or (n_instances, batch, {width})" if allow_dense else "")
+    check_array(a, name, dtype, shapes,
+                lambda s: len(s) in ((2, 3) if allow_dense else (2,)) and (n_dims is None or s[-1] == n_dims))
+    ops = ops_of(a)
+    a = ops.contiguous(a)
+    if (finite or positive) and not (deferred and ops is DEVICE):
+        check_values(a, name, positive=positive, ops=ops)
+    return DEVICE.adopt(a) if active() and ops is HOST and a.shape[-1] else a   # (no empty ndarray)
+
+
+def check_values(a, name: str, *, positive: bool = False, ops=HOST):
+    """``ValueError`` naming the first row of a batch (of ``ops``' kind) that holds NaN or +-Inf (or, with
+    ``positive``, a value <= 0). ``ops.has_bad`` decides; only a failing batch is searched for its row,
+    on the host."""
+    if not a.shape[-1] or not ops.has_bad(a, positive):
+        return
+    arr = ops.host(a)
+    rows = arr.reshape(-1, arr.shape[-1])
+    bad = ~np.isfinite(rows)
+    if positive:
+        bad |= ~(rows > 0)
+    first = int(np.flatnonzero(bad.any(axis=1))[0])
+    where = first if arr.ndim == 2 else tuple(int(i) for i in np.unravel_index(first, arr.shape[:-1]))
+    value = rows[first][bad[first]][0]
+    rule = "finite and > 0" if positive else "finite"
+    raise ValueError(f"{name} must be {rule}: row {where} holds {value}")
+
+
+def check_id_range(lo: int, hi: int, n_instances: int):
+    """The rule for network ids: every id lies in ``[0, n_instances)``, given their least ``lo`` and
+    greatest ``hi`` (however they were found: on the host, or by a census on the device)."""
+    if lo < 0 or hi >= n_instances:
+        raise ValueError(f"instance ids must lie in [0, {n_instances}), got values in [{lo}, {hi}]")
+
+
+def check_ids(ids, batch: int, name: str = "instance"):
+    """``TypeError`` / ``ValueError`` unless ``ids`` (numpy or ``ti.ndarray``) is int32 of shape ``(batch,)``."""
+    check_array(ids, name, np.int32, f"({batch},)", lambda s: s == (batch,))
+
+
+def as_instances(instance, batch: int, n_instances: int) -> np.ndarray | None:
+    """Check the per-sample routing array ``instance`` (int32, shape ``(batch,)``, ids in
+    ``[0, n_instances)``) and return it as a contiguous numpy array."""
+    if instance is None:
+        if n_instances != 1:
+            raise ValueError(f"this object holds {n_instances} networks: pass instance=(batch,) int32 ids "
+                             "or a dense (n_instances, batch, dims) array")
+        return None
+    arr = to_numpy(instance, "instance")
+    check_ids(arr, batch)
+    check_id_range(int(arr.min()), int(arr.max()), n_instances)
+    return np.ascontiguousarray(arr)
+
+
+def check_out(out, caller, shape: tuple) -> bool:
+    """An ``out`` argument: float32, ``shape``, C-contiguous and of the kind of the array the caller passed
+    (``TypeError`` / ``ValueError``). Returns whether it is a device buffer (which a device batch's last
+    kernel can write)."""
+    if is_device(caller) != is_device(out) or not (is_device(out) or isinstance(out, np.ndarray)):
+        raise TypeError(f"out must be of x's kind ({type(caller).__name__}), got {type(out).__name__}")
+    if _dtype_name(out) != "float32":
+        raise TypeError(f"out must have dtype float32, got {out.dtype}")
+    if tuple(out.shape) != shape:
+        raise ValueError(f"out must have shape {shape}, got {tuple(out.shape)}")
+    if not is_device(out) and not out.flags.c_contiguous:
+        raise ValueError("out must be C-contiguous")
+    return is_device(out)
+
+
+def as_mask(active, n_instances: int, kernel_array=lambda mask: mask):
+    """The ``active`` argument of an optimizer step as the int32 ``(n_instances,)`` mask its kernels read (1: step
+    that network): an int32 ``ti.ndarray`` mask as it is (its kind, dtype and shape checked; its values are read
+    on the device), else host network ids (``None``: every network) as a host mask handed to ``kernel_array``
+    (an optimizer's upload of its small tables). ``ValueError`` for anything else."""
+    if is_device(active):
+        check_live(active, "active")
+        if active.dtype != ti.i32 or tuple(active.shape) != (n_instances,):
+            raise ValueError(f"a device 'active' must be an int32 mask of shape ({n_instances},), "
+                             f"got {active.dtype} {tuple(active.shape)}")
+        return active
+    if active is None:
+        return kernel_array(np.ones(n_instances, np.int32))
+    ids = np.asarray(active)
+    if ids.ndim != 1 or not (ids.size == 0 or np.issubdtype(ids.dtype, np.integer)) or (
+            ids.size and (ids.min() < 0 or ids.max() >= n_instances)):
+        raise ValueError(f"active must be a list of network ids in [0, {n_instances}), got {active!r}")
+    mask = np.zeros(n_instances, np.int32)
+    mask[ids.astype(np.int64)] = 1
+    return kernel_array(mask)
 
 
 def callers_kind(a, caller):

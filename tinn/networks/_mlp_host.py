@@ -1,6 +1,6 @@
 """The MLP's host batch path: numpy's BLAS for the products, on tinn's worker threads.
 
-Samples are grouped per network (``_groups.Groups``: a zero-padded ``(R, S, n)`` stack of *row
+Samples are grouped per network (``tinn.batch.routing.Groups``: a zero-padded ``(R, S, n)`` stack of *row
 blocks*, R of them with S samples each), cut into cache-sized blocks of samples, and each block
 goes through every layer (the activation applied while the block is in cache). When a batch reaches
 every network of a large array, the products read the weights and write the gradients in the
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..batch.groups import Groups
+from ..batch.routing import Groups
 from ..object import Context
 from ..params import FLOAT16_MAX
 from ..runtime import blas as _blas

@@ -41,7 +41,7 @@ import numpy as np
 import taichi as ti
 
 from ..batch import buffers as _buffers
-from ..batch.checks import as_mask
+from ..batch.kind import as_mask
 from ..runtime.types import F32_1D, F32_2D, F32_3D, I32_1D, I32_2D  # noqa: F401 (the optimizers' aliases)
 from ..keys import NON_NEGATIVE, UNIT_INTERVAL, Key, Options
 from ..object import Object, ParametricObject

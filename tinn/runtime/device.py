@@ -11,7 +11,7 @@ import taichi as ti
 from taichi.lang import impl
 
 FORCE = False
-"""Use the device path on the CPU too (read at every call, by ``tinn.batch.checks.as_batch``: the kind of the call's
+"""Use the device path on the CPU too (read at every call, by ``tinn.batch.kind.as_batch``: the kind of the call's
 batches then picks every backend)."""
 
 
