@@ -1,6 +1,6 @@
 """What kind a batch is, told and checked once, and the seams where results go back to the caller's kind.
 
-Batches cross the public API as row-major ``(batch, dims)`` float32 arrays: numpy arrays, ``ti.ndarray``\ s
+Batches cross the public API as row-major ``(batch, dims)`` float32 arrays: numpy arrays, ``ti.ndarray`` arrays
 or torch tensors. :func:`ops_of` gives the operations of a batch's kind (``HOST`` for numpy, ``DEVICE`` for
 ``ti.ndarray``); :func:`as_batch` checks a batch (shape, dtype, finite values) against them and returns it
 ready for the components: a ``ti.ndarray`` as it is on the device path, a contiguous numpy array on the host
