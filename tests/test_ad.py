@@ -359,3 +359,47 @@ def test_gradient_stage_with_routing_and_a_mask_and_one_adam_step(rng):
     prog.gradients()
     trainer.optimizer_step()
     assert prog.gradients()[0] < loss
+
+
+# ---- the gradient stage's forward: dL/dx alone, tcnn's GradientMode::Ignore ----
+GRID = {"otype": "HashGrid", "n_levels": 2, "n_features_per_level": 2, "base_resolution": 4, "per_level_scale": 2.0,
+        "log2_hashmap_size": 6}
+INPUT_GRADIENT_CASES = {
+    "grid and MLP, two networks": lambda: tinn.NetworkWithInputEncoding(3, 1, GRID, EIK_NET, n_instances=2),
+    "composite with a grid": lambda: tinn.create_encoding(3, {"otype": "Composite", "nested": [
+        dict(GRID, n_dims_to_encode=2), {"otype": "Frequency", "n_frequencies": 2}]}),
+    "permutohedral": lambda: tinn.create_encoding(3, dict(GRID, otype="Permutohedral")),
+    "MLP": lambda: tinn.create_network(3, 2, EIK_NET),
+    "frequency (no parameters)": lambda: tinn.create_encoding(3, SMOOTH),
+}
+
+
+@pytest.mark.parametrize("make", INPUT_GRADIENT_CASES.values(), ids=INPUT_GRADIENT_CASES.keys())
+def test_input_gradient_alone_is_the_backward_input_gradient_and_leaves_the_parameter_gradients(make, rng):
+    """A component's ``_input_gradient(ctx, dL_dy)``: the ``dL/dx`` that ``backward`` returns (checked against
+    finite differences in each component's tests), with every parameter gradient left as it was, bit for bit."""
+    obj = make()
+    n = 40
+    x = rng.uniform(0.05, 0.95, (n, obj.n_input_dims)).astype(np.float32)
+    ids = (np.arange(n) % obj.n_instances).astype(np.int32) if obj.n_instances > 1 else None
+    dy = rng.normal(size=(n, obj.n_output_dims)).astype(np.float32)
+    _, ctx = obj.forward(x, ids)
+    dx = tinn.batch.kind.host(obj.backward(ctx, dy))
+    before = obj.gradients()
+    assert obj.n_params == 0 or np.abs(before).max() > 0           # (there is something to leave alone)
+    alone = tinn.batch.kind.host(obj._input_gradient(ctx, ctx.batch.ops.adopt(dy)))
+    np.testing.assert_array_equal(obj.gradients(), before)
+    np.testing.assert_allclose(alone, dx, rtol=1e-6, atol=1e-7 * np.abs(dx).max())
+
+
+def test_gradient_stage_of_a_grid_model_is_its_input_gradient_and_its_forward_touches_no_gradient(rng):
+    net = tinn.NetworkWithInputEncoding(3, 1, GRID, EIK_NET)
+    base = rng.uniform(0.1, 0.9, (50, 3)).astype(np.float32)
+    prog = EikonalProgram(net, base)
+    _, ctx = net.forward(base)
+    dx = net.backward(ctx, np.ones((len(base), 1), np.float32))
+    before = net.gradients()
+    prog.place()                                   # x = base (no shift)
+    prog.stage()                                   # outside a Tape: the forward alone
+    np.testing.assert_allclose(prog.g.to_numpy(), dx, rtol=1e-6, atol=1e-7 * np.abs(dx).max())
+    np.testing.assert_array_equal(net.gradients(), before)

@@ -16,8 +16,8 @@ by Taichi and the parameter gradients go through the batch path (no per-sample w
 ``stage(network, x, y)``: forward ``y[I] = network(x[I])``; reverse ``x.grad[I] += J(x[I])^T y.grad[I]``
 and ``dθ += Σ_I (∂y[I]/∂θ)^T y.grad[I]`` (``network.backward(..., mode="accumulate")``).
 
-``gradient_stage(network, x, g)`` for a network with one output f: forward ``g[I] = ∇ₓ f(x[I])`` (the
-per-sample vjp of ``backward_func`` at the training weights, touching no gradients); reverse
+``gradient_stage(network, x, g)`` for a network with one output f: forward ``g[I] = ∇ₓ f(x[I])`` (the batch
+forward at the training weights and its input gradient, touching no parameter gradient); reverse
 ``x.grad[I] += H(x[I]) g.grad[I]`` and ``dθ += Σ_I ∂⟨g.grad[I], ∇ₓf(x[I])⟩/∂θ`` through the batch
 ``backward_backward_input(ctx, g.grad, 1, mode="accumulate")``: an Eikonal loss on ``g`` trains f.
 
@@ -145,13 +145,10 @@ class Stage(_Stage):
 
 
 class GradientStage(_Stage):
-    """``g[I] = ∇ₓ f(x[I])`` of a one-output network; reverse through ``backward_backward_input``."""
+    """``g[I] = ∇ₓ f(x[I])`` of a one-output network: the batch forward and its input gradient, no parameter
+    gradient touched; reverse through ``backward_backward_input`` on the forward's context."""
 
     out_name = "g"
-
-    def __init__(self, network, x, g, instance=None, mask=None):
-        super().__init__(network, x, g, instance, mask)
-        self._kernel = None
 
     @staticmethod
     def _out_dims(network):
@@ -159,39 +156,19 @@ class GradientStage(_Stage):
             raise ValueError(f"gradient_stage needs a network with one output, got {network.n_output_dims}")
         return network.n_input_dims
 
-    def _gradient_kernel(self):
-        """The kernel ``g[I] = J(x[I])^T 1`` over the fields (per sample, training weights, no gradients)."""
-        if self._kernel is None:
-            vjp = self.network._cached_funcs("training")[1]
-            x, g, instance, mask = self.x, self.out, self.instance, self.mask
-            routed, masked = instance is not None, mask is not None
-
-            @ti.kernel
-            def gradient():
-                for I in ti.grouped(x):
-                    take, k = 1, 0
-                    if ti.static(masked):
-                        take = mask[I]
-                    if ti.static(routed):
-                        k = instance[I]
-                    v = ti.Vector.zero(ti.f32, x.n)
-                    if take != 0:
-                        v = vjp(x[I], ti.Vector([1.0]), k)
-                    g[I] = v
-            self._kernel = gradient
-        return self._kernel
-
     def _forward(self, call):
         self._take(call)
-        self.network._check_runtime()
-        self._gradient_kernel()()
+        g = None
+        if call.taken.n:
+            _, call.ctx = call.moves.forward(self.network, call.taken)
+            g = self.network._input_gradient(call.ctx, call.moves.ones(call.taken.n))
+        call.moves.put(self, call.taken, g)
 
     def _backward(self, call):
         dg = call.moves.take_gradient(self, call.taken)
-        if not call.taken.n:
+        if call.ctx is None:
             return
-        _, ctx = call.moves.forward(self.network, call.taken)
-        _, dx = self.network.backward_backward_input(ctx, dg, call.moves.ones(call.taken.n), mode="accumulate")
+        _, dx = self.network.backward_backward_input(call.ctx, dg, call.moves.ones(call.taken.n), mode="accumulate")
         self._add_input_gradient(call, dx)
 
 

@@ -105,6 +105,9 @@ class NetworkWithInputEncoding(DifferentiableObject):
             return None
         return self.encoding._backward(ctx.enc_ctx, dL_dencoded, input_gradient, overwrite)
 
+    def _input_gradient(self, ctx, dL_dy):
+        return self.encoding._input_gradient(ctx.enc_ctx, self.network._input_gradient(ctx.net_ctx, dL_dy))
+
     def _backward_backward_input(self, ctx, dL_ddLdx, dL_dy, overwrite):
         """With e = encoding(x): ``L2 = <v, J_e^T ebar> = <J_e v, ebar>``, ``ebar = J_net^T dL_dy``. So the network's
         first-order input gradient ``ebar`` comes first (no parameter gradients), the encoding's second order

@@ -373,6 +373,13 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         batch reached every network); return ``dL/dx`` if ``input_gradient``, else ``None``."""
         raise NotImplementedError
 
+    def _input_gradient(self, ctx: Context, dL_dy: np.ndarray):
+        """``dL/dx`` alone, every parameter gradient left as it is (tcnn's ``GradientMode::Ignore``): the forward
+        of ``tinn.ad.gradient_stage``. A component with parameters gives its own; one without has none to leave."""
+        if self.n_params:
+            raise TypeError(f"{type(self).__name__} holds parameters: it must give its own _input_gradient")
+        return self._backward(ctx, dL_dy, True)
+
     def _backward_backward_input(self, ctx: Context, dL_ddLdx: np.ndarray, dL_dy: np.ndarray, overwrite: bool):
         """For ``L2 = <dL_ddLdx, dL/dx>`` (``dL_ddLdx`` is ``(batch, n_input_dims)``, ``dL_dy`` is
         ``(batch, n_output_dims)``): add (``overwrite``: write) dL2/dparams to the gradients and return ``(dL2/d(dL_dy), dL2/dx)``,

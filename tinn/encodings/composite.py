@@ -275,6 +275,13 @@ class CompositeEncoding(Encoding):
                 ops.add_to_columns(dx, begin, dxi)
         return dx
 
+    def _input_gradient(self, ctx, dL_dy):
+        ops = ctx.batch.ops
+        dx = ops.full_like(ctx.x, 0.0)
+        for k, e, begin, n, g in self._nested_gradients(ops, ctx, dL_dy):
+            ops.add_to_columns(dx, begin, e._input_gradient(ctx.nested[k], g))
+        return dx
+
     def _backward_backward_input(self, ctx, dL_ddLdx, dL_dy, overwrite):
         """``dL/dx`` sums the nested encodings' input gradients, so each one's second order takes its input slice
         of ``dL_ddLdx`` and its output gradient ``g_k``, and gives ``t_k = dL2/dg_k``. Concatenation and Sum:

@@ -115,11 +115,15 @@ class TableEncoding(Encoding):
         return self._encode(self.store.params, x, batch), Context(self, x, batch)
 
     def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
-        k, dL_dy, inst, routed = self._scatter_gradients(ctx, dL_dy, overwrite)
-        if not input_gradient:
-            return None
-        dx = ctx.batch.ops.empty_like(ctx.x)
-        k.backward_input(self.store.params, self._offset, ctx.x, inst, dL_dy, dx, routed)
+        dL_dy = self._scatter_gradients(ctx, dL_dy, overwrite)[1]
+        return self._input_gradient(ctx, dL_dy) if input_gradient else None
+
+    def _input_gradient(self, ctx, dL_dy):
+        ops = ctx.batch.ops
+        inst, routed = ctx.batch.kernel_ids()
+        dx = ops.empty_like(ctx.x)
+        self._get_kernels(ctx.batch).backward_input(self.store.params, self._offset, ctx.x, inst,
+                                                    ops.contiguous(dL_dy), dx, routed)
         return dx
 
     def _backward_backward_input(self, ctx, dL_ddLdx, dL_dy, overwrite):
@@ -135,7 +139,7 @@ class TableEncoding(Encoding):
 
     def _scatter_gradients(self, ctx, dL_dy, overwrite, dL_ddLdx=None):
         """Add (write if ``overwrite``) dL/dθ, or dL2/dθ given ``dL_ddLdx``; the kernels, the contiguous dL_dy
-        and the batch for the per-sample kernel that follows."""
+        and the batch's ids for a per-sample kernel that follows."""
         k = self._get_kernels(ctx.batch)
         dL_dy = ctx.batch.ops.contiguous(dL_dy)
         inst, routed = ctx.batch.kernel_ids()

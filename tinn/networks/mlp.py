@@ -134,6 +134,9 @@ class MLP(Network):
     def _backward(self, ctx, dL_dy, input_gradient, overwrite=False):
         return self._batch_path(ctx.batch).backward(ctx, dL_dy, input_gradient, overwrite)
 
+    def _input_gradient(self, ctx, dL_dy):
+        return self._second_order_begin(ctx, dL_dy, input_gradient=True)[0]
+
     # -- second order: two halves, so that NetworkWithInputEncoding can run its encoding's between them --
     def _second_order_begin(self, ctx, dL_dy, input_gradient: bool):
         """``(dL/dx or None, state)``: the first-order input gradient (no parameter gradients) and what
