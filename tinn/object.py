@@ -9,7 +9,7 @@
   ``backward_backward_input(ctx, dL_ddLdx, dL_dy) -> (dL_ddLdy, dL_dx)``. Public methods check their
   arguments and hand each batch, of the path's one kind (a contiguous numpy array on the host path, a
   ``ti.ndarray`` on the device path: ``tinn.batch.kind.as_batch``), to the private ``_inference`` / ``_forward`` /
-  ``_backward`` / ``_backward_backward_input`` of each component, whose outputs are at least
+  ``_backward`` / ``_backward_backward_input`` (and ``_input_gradient``: dL/dx alone) of each component, whose outputs are at least
   ``n_output_dims`` wide (an encoding's own padding included) and whose output gradients are
   ``n_output_dims`` wide.
 
