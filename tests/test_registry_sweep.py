@@ -141,7 +141,9 @@ def test_encoding_forward(encoding_case, name, i, batch):
 
 @pytest.mark.parametrize("name, i", ENCODING_PARAMS)
 def test_encoding_input_gradient(encoding_case, name, i):
-    """dL/dx vs central differences (float64) of the reference; dL/dy on padded columns is ignored."""
+    """dL/dx vs central differences (float64) of the reference; dL/dy on padded columns is ignored. The input
+    gradient alone (``_input_gradient``: ``tinn.ad.gradient_stage``'s forward) is the same, and leaves the
+    parameter gradients as they were."""
     case, enc, ref = encoding_case(name, i)
     rng = np.random.default_rng(3)
     theta = set_random_params(enc, ref, rng)
@@ -152,6 +154,9 @@ def test_encoding_input_gradient(encoding_case, name, i):
     assert dx.shape == x.shape and dx.dtype == np.float32
     fd = fd_input_gradient(lambda z: ref.forward(z, theta, enc.n_output_dims, exact=True), x, dL_dy, 1e-6)
     assert_close(dx, fd, rtol=1e-3, atol_rel=1e-4, atol=1e-6)
+    gradients = enc.gradients()
+    assert_close(enc._input_gradient(ctx, dL_dy), fd, rtol=1e-3, atol_rel=1e-4, atol=1e-6)
+    np.testing.assert_array_equal(enc.gradients(), gradients)
     assert enc.backward(ctx, dL_dy, input_gradient=False) is None
 
 
