@@ -12,13 +12,12 @@ every round; prints the medians (ms) and their ratio:
 """
 import argparse
 import json
-import statistics
-import time
 
 import numpy as np
 import taichi as ti
 
 import tinn
+from _timing import alternating_medians
 
 
 def main():
@@ -58,15 +57,7 @@ def main():
         norm = np.maximum(np.linalg.norm(dx, axis=1, keepdims=True), 1e-12)
         net.backward_backward_input(ctx, (2 * (norm - 1) / norm * dx / n).astype(np.float32), ones)
 
-    times = {"stage": [], "batch": []}
-    for f in (stage, batch):                                    # compile and warm up
-        f(), f()
-    for _ in range(args.rounds):
-        for name, f in (("stage", stage), ("batch", batch)):
-            t = time.perf_counter()
-            f()
-            times[name].append(time.perf_counter() - t)
-    med = {name: 1e3 * statistics.median(t) for name, t in times.items()}
+    med = alternating_medians({"stage": stage, "batch": batch}, args.rounds)
     for name, ms in med.items():
         print(f"{name:6s} {ms:8.1f} ms")
     print(f"stage / batch: {med['stage'] / med['batch']:.2f}")

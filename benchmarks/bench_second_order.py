@@ -10,13 +10,12 @@ model is ``config_hash`` (HashGrid + 64-wide ReLU MLP) with one output (an SDF-l
 """
 import argparse
 import json
-import statistics
-import time
 
 import numpy as np
 import taichi as ti
 
 import tinn
+from _timing import alternating_medians
 
 
 
@@ -42,15 +41,7 @@ def main():
     def second():
         model.backward_backward_input(ctx, dL_ddLdx, dL_dy)
 
-    times = {"backward": [], "backward_backward_input": []}
-    for f in (first, second):                                   # compile and warm up
-        f(), f()
-    for _ in range(args.rounds):
-        for name, f in (("backward", first), ("backward_backward_input", second)):
-            t = time.perf_counter()
-            f()
-            times[name].append(time.perf_counter() - t)
-    med = {name: 1e3 * statistics.median(t) for name, t in times.items()}
+    med = alternating_medians({"backward": first, "backward_backward_input": second}, args.rounds)
     for name, ms in med.items():
         print(f"{name:24s} {ms:8.1f} ms")
     print(f"backward_backward_input / backward: {med['backward_backward_input'] / med['backward']:.2f}")
