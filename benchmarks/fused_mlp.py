@@ -10,7 +10,7 @@ compile) and a second one (they run): ``compile = first - again``, wall and CPU 
 kernels (it only names ``tinn.networks._kernel_mlp.FUSED_ARCHS``).
 
 ``sweep``: times forward + backward of the same MLP at ``--batch`` for each tiling of ``SWEEP`` (samples per
-tile, threads, blocks), medians of ``--reps`` after a warm-up, synchronised; prints ms and the implied FP32
+tile, threads, blocks, shared KiB), medians of ``--reps`` after a warm-up, synchronised; prints ms and the implied FP32
 TFLOP/s (3 x 2 x 6,336 multiply-adds per sample). The tiling the plan uses per arch is
 ``tinn.networks._mlp_plan.FUSED_TILINGS``.
 """
@@ -26,8 +26,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NET = {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation": "None", "n_neurons": 64,
        "n_hidden_layers": 2}
-SWEEP = [(64, 64, 264), (64, 64, 528), (64, 64, 1056), (32, 32, 528), (32, 32, 1056), (32, 64, 1056),
-         (64, 128, 528)]
+SWEEP = [(64, 64, 264, 48), (64, 64, 528, 48), (64, 64, 1056, 48), (32, 32, 528, 48), (32, 32, 1056, 48),
+         (32, 64, 1056, 48), (64, 128, 528, 48), (64, 64, 396, 64), (64, 64, 264, 96)]
+"""(samples per tile, threads, blocks, KiB of shared memory a block may use); above 48 KiB Taichi allocates CUDA's
+dynamic shared memory, and with 64 KiB config_hash's backward keeps every layer's weights staged for a run."""
 
 
 def _cpu() -> float:
@@ -73,8 +75,9 @@ def sweep(arch: str, batch: int, reps: int) -> list:
     from tinn.batch import buffers as _buffers
     x, dy = _buffers.put(rng.random((batch, 32), np.float32)), _buffers.put(rng.random((batch, 3), np.float32))
     base, rows = _mlp_plan.FUSED_TILINGS[arch], []
-    for samples, threads, blocks in SWEEP:
-        _mlp_plan.FUSED_TILINGS[arch] = replace(base, samples=samples, threads=threads, blocks=blocks)
+    for samples, threads, blocks, kib in SWEEP:
+        _mlp_plan.FUSED_TILINGS[arch] = replace(base, samples=samples, threads=threads, blocks=blocks,
+                                                shared_bytes=kib * 1024)
         try:
             for _ in range(3):
                 net.backward(net.forward(x)[1], dy)
@@ -86,10 +89,11 @@ def sweep(arch: str, batch: int, reps: int) -> list:
                 ti.sync()
                 ms.append(1e3 * (time.perf_counter() - t))
             med = sorted(ms)[len(ms) // 2]
-            rows.append({"samples": samples, "threads": threads, "blocks": blocks, "ms": med,
+            rows.append({"samples": samples, "threads": threads, "blocks": blocks, "shared_kib": kib, "ms": med,
                          "tflops": 3 * 2 * 6336 * batch / (med * 1e-3) / 1e12})
         except Exception as e:                       # a tiling the arch cannot run (shared memory, registers)
-            rows.append({"samples": samples, "threads": threads, "blocks": blocks, "error": str(e)[:200]})
+            rows.append({"samples": samples, "threads": threads, "blocks": blocks, "shared_kib": kib,
+                         "error": str(e)[:200]})
     _mlp_plan.FUSED_TILINGS[arch] = base
     return rows
 

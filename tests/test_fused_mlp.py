@@ -40,8 +40,27 @@ def test_a_hidden_layer_reads_one_shared_value_per_register_tile_side(arch):
     assert loads["total"] < 1.2 * 2 / p
     assert FUSED_TILINGS["cuda"].register == 8
     assert _fused_layout.fits(CONFIG_HASH_PLAN, tiling)
-    resident = _fused_layout.resident(CONFIG_HASH_PLAN, tiling)
-    assert 4 * _fused_layout.shared_words(CONFIG_HASH_PLAN, tiling, 1, resident) <= tiling.shared_bytes
+    for tiles in (1, 2):                                   # the forward's one activation tile, the backward's two
+        resident = _fused_layout.resident(CONFIG_HASH_PLAN, tiling, tiles)
+        assert 4 * _fused_layout.shared_words(CONFIG_HASH_PLAN, tiling, tiles, resident) <= tiling.shared_bytes
+
+
+@pytest.mark.parametrize("arch", sorted(FUSED_TILINGS))
+def test_weights_are_staged_once_per_run_where_they_fit(arch):
+    """Every layer's weights stay in shared memory for a run of tiles where they fit beside the kernel's tiles:
+    a 32-wide MLP's in both kernels on every arch (so the value tests on Vulkan run that path), config_hash's in
+    the forward on CUDA (32 KiB of weights, a 16 KiB tile), its backward staging each layer per tile there (its two
+    tiles make 64 KiB), and per tile in both kernels on Vulkan (32 KiB in all)."""
+    tiling = FUSED_TILINGS[arch]
+    small = MLPPlan.build(8, 3, 16, 32, 2, "ReLU", "None")
+    assert _fused_layout.resident(small, tiling, 1) and _fused_layout.resident(small, tiling, 2)
+    weights = sum(4 * layer.cols * -(-max(layer.rows, 32) // 32) * 32 for layer in CONFIG_HASH_PLAN.layers)
+    tile = 4 * tiling.samples * 64
+    assert weights == 32 * 1024
+    for tiles in (1, 2):
+        assert _fused_layout.resident(CONFIG_HASH_PLAN, tiling, tiles) == (weights + tiles * tile <= tiling.shared_bytes)
+    assert _fused_layout.resident(CONFIG_HASH_PLAN, tiling, 1) == (arch == "cuda")
+    assert not _fused_layout.resident(CONFIG_HASH_PLAN, tiling, 2)
 
 
 @pytest.mark.parametrize("a, b, threads", [(64, 64, 64), (3, 64, 64), (64, 32, 32), (13, 64, 64), (64, 3, 64)])

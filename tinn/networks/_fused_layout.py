@@ -63,9 +63,10 @@ def fits(plan, tiling) -> bool:
     return plan.width <= MAX_WIDTH and 4 * shared_words(plan, tiling, 2, False) <= tiling.shared_bytes
 
 
-def resident(plan, tiling) -> bool:
-    """Whether the forward keeps every layer's weights in shared memory for a whole run of tiles."""
-    return 4 * shared_words(plan, tiling, 1, True) <= tiling.shared_bytes
+def resident(plan, tiling, tiles: int) -> bool:
+    """Whether a kernel with ``tiles`` activation tiles (the forward 1, the backward 2) keeps every layer's weights
+    in shared memory for a whole run of tiles, staged once per run (else each layer's once per tile)."""
+    return 4 * shared_words(plan, tiling, tiles, True) <= tiling.shared_bytes
 
 
 def shared_loads_per_fma(plan, tiling) -> dict:

@@ -15,9 +15,9 @@ shared loads per multiply-add of the inner loops from the same choices. Shared a
 with the column index XOR-ed with the row's low five bits (``_fused_layout._at``), so that a warp reading a row or
 a column of a tile hits distinct banks.
 
-Weights: the forward stages every layer's weights once per run when they fit beside the activation tile
-(``resident``), else each layer's once per tile; the backward stages each layer's weights once per tile and
-layer (its shared array holds the deltas and the layer's input too).
+Weights: each kernel stages every layer's weights once per run of tiles when they fit beside its activation
+tiles (``resident``: the forward's one tile; the backward's two, the deltas and the layer's input), else each
+layer's once per tile.
 
 Kept for the backward (``(layer, neuron, position)`` buffers, float16 under half precision): the hidden layers'
 outputs ``hs``; pre-activations ``zs`` only of the output layer and of hidden layers whose activation is not
@@ -36,14 +36,10 @@ combination (:func:`fused_kernels`): models of one config share them.
 import taichi as ti
 
 from ..runtime.kernels import ARENA, arena_kernel, cast_to, specialised
-from ..runtime.types import ANY_3D
+from ..runtime.types import ANY_3D, F32_2D, I32_1D, I32_2D
 from . import activations
 from ._fused_layout import SEGMENTS, SINGLE, _at, _below, _Layout, _row, _run, resident, z_layers
 
-_f32_1d = ti.types.ndarray(dtype=ti.f32, ndim=1)
-_f32_2d = ti.types.ndarray(dtype=ti.f32, ndim=2)
-_i32_1d = ti.types.ndarray(dtype=ti.i32, ndim=1)
-_i32_2d = ti.types.ndarray(dtype=ti.i32, ndim=2)
 
 class FusedKernels:
     """The fused forward and backward of one MLP plan and tiling. Both take how their blocks find samples
@@ -64,7 +60,7 @@ class FusedKernels:
         self.S, self.T, self.n_layers, self.width = tiling.samples, tiling.threads, len(plan.layers), plan.width
         self.z_layers = z_layers(plan)
         self.z_rows = max(plan.layers[i].rows for i in self.z_layers)
-        self.resident = resident(plan, tiling)
+        self.resident = {"forward": resident(plan, tiling, 1), "backward": resident(plan, tiling, 2)}
         passes = _Passes(plan, tiling, half, self.resident, self.z_layers)
         self.forward = passes.forward_kernel()
         self.backward = passes.backward_kernel()
@@ -142,10 +138,10 @@ class _Passes:
         layers = plan.layers
         L, n_in = len(layers), plan.n_inputs
         S, T = tiling.samples, tiling.threads
-        lay = _Layout(plan, tiling, 1, self.resident)
+        resident_, z_index = self.resident["forward"], self.z_index
+        lay = _Layout(plan, tiling, 1, resident_)
         CP, A, words = lay.CP, lay.tiles[0], lay.words
         stage, load = self._stage(lay), self._load_rows(lay)
-        resident_, z_index = self.resident, self.z_index
         acts = [layer.activation for layer in layers]
 
         @ti.func
@@ -201,8 +197,8 @@ class _Passes:
                     ti.simt.block.sync()                           # before the next tile's inputs
 
         @arena_kernel
-        def forward(W: ARENA, off: ti.i32, x: _f32_2d, mode: ti.template(), n_blocks: ti.i32, per_network: ti.i32,
-                    order: _i32_1d, offsets: _i32_2d, keep: ti.template(), zs: ANY_3D, hs: ANY_3D, y: _f32_2d):
+        def forward(W: ARENA, off: ti.i32, x: F32_2D, mode: ti.template(), n_blocks: ti.i32, per_network: ti.i32,
+                    order: I32_1D, offsets: I32_2D, keep: ti.template(), zs: ANY_3D, hs: ANY_3D, y: F32_2D):
             n_tiles = (x.shape[0] + S - 1) // S
             ti.loop_config(block_dim=T)
             for i in range(n_blocks * T):
@@ -235,7 +231,8 @@ class _Passes:
         layers = plan.layers
         L, n_in, n_out, n_params, padding = len(layers), plan.n_inputs, plan.n_outputs, plan.n_params, plan.padding_start
         S, T = tiling.samples, tiling.threads
-        lay = _Layout(plan, tiling, 2, False)
+        resident_ = self.resident["backward"]
+        lay = _Layout(plan, tiling, 2, resident_)
         CP, D, H, words = lay.CP, lay.tiles[0], lay.tiles[1], lay.words
         stage, load_rows, load_kept = self._stage(lay), self._load_rows(lay), self._load_kept(lay)
         z_index = self.z_index
@@ -336,7 +333,8 @@ class _Passes:
             """Every layer of one tile, from the output down: its weight-gradient sums and its deltas."""
             output_deltas(sh, dy, zs, mode, order, j0, end, s)
             for li in ti.static(list(reversed(range(L)))):
-                stage(W, off, k, sh, s, li)
+                if ti.static(not resident_):
+                    stage(W, off, k, sh, s, li)
                 if ti.static(li > 0):
                     load_kept(sh, H, hs, li - 1, j0, end, s, layers[li].cols)
                 else:
@@ -359,9 +357,9 @@ class _Passes:
                     target[row, col0 + p] = 0.0
 
         @arena_kernel
-        def backward(W: ARENA, G: ARENA, off: ti.i32, n_rows: ti.i32, x: _f32_2d, dy: _f32_2d, zs: ANY_3D, hs: ANY_3D,
-                     mode: ti.template(), n_blocks: ti.i32, per_network: ti.i32, order: _i32_1d, offsets: _i32_2d,
-                     partials: _f32_2d, sums: _f32_2d, need_dx: ti.template(), overwrite: ti.template(), dx: _f32_2d):
+        def backward(W: ARENA, G: ARENA, off: ti.i32, n_rows: ti.i32, x: F32_2D, dy: F32_2D, zs: ANY_3D, hs: ANY_3D,
+                     mode: ti.template(), n_blocks: ti.i32, per_network: ti.i32, order: I32_1D, offsets: I32_2D,
+                     partials: F32_2D, sums: F32_2D, need_dx: ti.template(), overwrite: ti.template(), dx: F32_2D):
             n_tiles = (x.shape[0] + S - 1) // S
             ti.loop_config(block_dim=T)
             for i in range(n_blocks * T):
@@ -375,6 +373,10 @@ class _Passes:
                     clear(partials, blk, 0, s, 0, padding)         # the block's row of partial sums
                 elif ti.static(overwrite):
                     clear(G, k, off, s, 0, n_params)               # the network's gradients (and padding rows)
+                if ti.static(resident_):
+                    if begin < end:                                # (read after the first tile's sync)
+                        for li in ti.static(range(L)):
+                            stage(W, off, k, sh, s, li)
                 for t in range((end - begin + S - 1) // S):        # (the first tile synchronises before adding)
                     tile_pass(W, G, partials, off, k, blk, sh, s, begin + t * S, end, x, dy, zs, hs, mode,
                               order, need_dx, dx)
