@@ -139,6 +139,24 @@ def test_a_bad_device_batch_skips_its_update_and_raises_when_read(rng, device_pa
     assert not np.array_equal(model.network.params(), params)
 
 
+@pytest.mark.parametrize("what, message", [("target", "target must be finite: row 37 holds inf"),
+                                           ("pdf", r"pdf must be finite and > 0: row 37 holds -1\.0")])
+def test_a_bad_dense_device_batch_names_its_flat_row(rng, device_path, what, message):
+    """A dense ``(K, B_k, D)`` step's census checks its ``target`` and ``pdf`` in their own layout and names a bad
+    value of network k's sample b by its row ``k B_k + b`` of the flattened batch (2 x 16 + 5); the step updates
+    nothing."""
+    K, B = 4, 16
+    model = tinn.create_from_config(2, 3, config_hash(), n_instances=K)
+    x, t = rng.random((K, B, 2), dtype=np.float32), rng.random((K, B, 3), dtype=np.float32)
+    pdf = rng.random((K, B, 3), dtype=np.float32) + 0.5
+    {"target": t, "pdf": pdf}[what][2, 5, 1] = np.inf if what == "target" else -1.0
+    params = model.network.params().copy()
+    loss = model.trainer.training_step(_buffers.put(x), _buffers.put(t), pdf=_buffers.put(pdf))
+    with pytest.raises(ValueError, match=message):
+        float(loss)
+    np.testing.assert_array_equal(model.network.params(), params)
+
+
 def test_a_bad_device_step_raises_at_the_trainers_next_read(rng, device_path):
     """Unread, a bad step's error comes from the next call that reads from the device: a later step's loss, or
     ``params()``; the steps between them update as usual."""

@@ -24,7 +24,6 @@ import numpy as np
 import taichi as ti
 
 from .batch.batch import Batch
-from .batch.census import ROWS_PER_TASK, find_bad_targets, loss_checks, settle_step
 from .batch.kind import as_batch, callers_kind, callers_loss
 from .batch.loss_value import sums_of
 from .keys import Options
@@ -34,6 +33,9 @@ from .runtime.device import is_cpu
 from .runtime.kernels import specialised
 from .runtime.program import RuntimeBound
 from .runtime.types import F32_1D, F32_2D, I32_1D
+
+ROWS_PER_TASK = 256
+"""Samples per task of the loss kernel on the CPU, summed in a register before one atomic add (16 on GPUs)."""
 
 
 @specialised
@@ -64,13 +66,10 @@ def _kernel(cls, rows_per_task: int):
     @ti.kernel
     def evaluate(pred: F32_2D, target: F32_2D, pdf: F32_2D, weighted: ti.template(), ids: I32_1D,
                  routed: ti.template(), inv: F32_1D, loss_scale: ti.f32, grad: F32_2D, rows: F32_1D,
-                 on_device: ti.template(), sums: F32_1D, check: ti.template(), facts: I32_1D, values: F32_1D,
-                 mask: I32_1D, record: I32_1D, recorded: F32_1D, step: ti.i32, n_tasks: ti.i32):
+                 on_device: ti.template(), sums: F32_1D, n_tasks: ti.i32):
         """Per sample b of network k = ids[b]: the loss ``sum_d l(p, t) * inv[k] / q`` and its gradient. On the
         host every sample's loss goes to ``rows``; on the device (``on_device``) they are summed per network into
-        ``sums`` (``rows_per_task`` samples per task, one atomic add per run of one network), and with a
-        census (``check``) the census's checks of ``target`` and ``pdf`` run around the loss (its arguments
-        ``facts`` to ``step``: ``tinn.batch.census.find_bad_targets``, ``settle_step``)."""
+        ``sums`` (``rows_per_task`` samples per task, one atomic add per run of one network)."""
         B = pred.shape[0]
         if ti.static(not on_device):
             for b in range(B):
@@ -79,8 +78,6 @@ def _kernel(cls, rows_per_task: int):
         else:
             for k in range(sums.shape[0]):
                 sums[k] = 0.0
-            if ti.static(check):
-                find_bad_targets(target, pdf, weighted, facts)
             for task in range(n_tasks):                  # ceil(B / rows_per_task), from the host (SPIR-V)
                 acc, current = 0.0, 0
                 for b in range(task * rows_per_task, ti.min(task * rows_per_task + rows_per_task, B)):
@@ -90,8 +87,6 @@ def _kernel(cls, rows_per_task: int):
                         acc, current = 0.0, k
                     acc += row(pred, target, pdf, weighted, inv[k], loss_scale, grad, b)
                 ti.atomic_add(sums[current], acc)
-            if ti.static(check):
-                settle_step(target, pdf, weighted, facts, values, mask, record, recorded, step)
 
     return evaluate
 
@@ -171,7 +166,7 @@ class Loss(Object, RuntimeBound):
 
     def _evaluate(self, p, t, q, batch: Batch, loss_scale, checked: bool = False):
         """``(loss, gradient, per-network losses)`` (on the device the per-network losses are read when
-        someone reads them: :class:`~tinn.batch.census.PerNetwork`).
+        someone reads them: :class:`~tinn.batch.loss_value.PerNetwork`).
 
         With a routed batch, each network's samples are normalised by that network's own
         ``N_k = B_k * D``, so a network in an array gets exactly the gradient it would get
@@ -183,27 +178,20 @@ class Loss(Object, RuntimeBound):
         One path for every batch: the batch's loss sums (``tinn.batch.loss_value.sums_of``) say where the kernel
         leaves the losses and how they become the loss: on the host per sample, then per network in float64;
         on the device the kernel's own per-network sums, and the loss is a :class:`~tinn.batch.loss_value.LossValue`,
-        read when someone reads it. With a census (a trainer's step of device batches, ``checked``) the kernel
-        also checks ``target`` and ``pdf`` there.
+        read when someone reads it; a trainer's step of device batches (``checked``: its census checked ``target``
+        and ``pdf``) is settled by that census's findings when the loss is read.
         """
         B, D = t.shape
-        ops, weighted, census = batch.ops, q is not None, batch.census if checked else None
+        ops, weighted = batch.ops, q is not None
         sums_kind = sums_of(batch)
         inv, (ids, routed) = ops.adopt(sums_kind.normalisers(D)), batch.kernel_ids()
         q = ops.unused((1, 1), np.float32) if q is None else q
         grad, (rows, sums) = ops.empty_like(p), sums_kind.outputs(B)
         per_task = ROWS_PER_TASK if is_cpu() else 16
-        checks = _unchecked(ops) if census is None else loss_checks(census)
         _kernel(type(self), per_task)(p, t, q, weighted, ids, routed, inv, float(loss_scale), grad, rows,
-                                      batch.on_device, sums, census is not None, *checks, -(-B // per_task))
-        loss, per_network = sums_kind.losses(rows, sums, census)
+                                      batch.on_device, sums, -(-B // per_task))
+        loss, per_network = sums_kind.losses(rows, sums, settles=checked)
         return loss, grad, per_network
-
-
-def _unchecked(ops) -> tuple:
-    """The loss kernel's census arguments for a batch without a census: unread placeholders of ``ops``' kind."""
-    ints, floats = ops.unused((1,), np.int32), ops.unused((1,), np.float32)
-    return ints, floats, ints, ints, floats, 0
 
 
 def _loss(name: str, doc: str, **attrs):

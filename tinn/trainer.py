@@ -23,7 +23,7 @@ and ``pdf`` finite, ``pdf > 0``; a ``ValueError`` names the argument and the fir
 so a rejected step leaves the model and the optimizer exactly as they were.
 
 A step of device batches (``ti.ndarray``s on the device path) never waits for the device: its values and
-network ids are checked there, by a census kernel and the loss kernel (``tinn.batch.census``), and the loss it
+network ids are checked there, by the step's census kernel (``tinn.batch.census``), and the loss it
 returns is a :class:`~tinn.batch.loss_value.LossValue` read when someone reads it (``float(loss)``). A step whose
 batch holds NaN or +-Inf (or a ``pdf`` <= 0, or an id out of range) skips its update on the device: every
 parameter and all optimizer state stay as they were (the gradients hold what the bad batch gave). Its
@@ -223,7 +223,7 @@ class Trainer(RuntimeBound):
             if pdf.shape != target.shape:
                 raise ValueError(f"pdf must have the target's shape {tuple(target.shape)}, got {tuple(pdf.shape)}")
         sort = len(x.shape) == 2 or model._dense_needs_sort()           # (for device batches only)
-        census = (model.n_output_dims, self._faults, reuse, False, sort)
+        census = (model.n_output_dims, self._faults, reuse, False, sort, target, pdf)
         batch = Batch.of(x, instance, model.n_instances, checked=(x, target, pdf), census=census)
         return batch, target, pdf
 

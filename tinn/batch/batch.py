@@ -35,8 +35,9 @@ class Batch:
         ``n_instances=None`` (a loss's routed batch): the largest id + 1. ``checked``: arrays of the call whose
         values were checked (``x`` is added when it is flattened).
 
-        ``census=(n_target_dims, faults, reuse)``: a training step's device batch, described by a census on the
-        device (device ids are then checked there too, not here; ``reuse``: see :class:`~tinn.batch.census.Census`);
+        ``census=(n_target_dims, faults, reuse, False, sort, target, pdf)``: a training step's device batch, described
+        by a census on the device, which checks ``x``, ``target``, ``pdf`` and device ids there, not here (``reuse``:
+        see :class:`~tinn.batch.census.Census`);
         ``census=(1, faults, True, True, sort)``: an inference's, whose census writes ``faults`` itself (``final``)
         and sorts the samples into tiles only if ``sort`` (else when ``tiles`` is first asked for)."""
         ops = ops_of(x)                         # the batch's kind, told here once
@@ -58,7 +59,7 @@ class Batch:
 
     @classmethod
     def _described(cls, x, instance, n_instances: int, checked: tuple, n_dims: int, faults, reuse: bool,
-                   final: bool = False, sort: bool = True) -> "Batch":
+                   final: bool = False, sort: bool = True, target=None, pdf=None) -> "Batch":
         """:meth:`of` for a device batch whose values and ids a census checks on the device."""
         dense = None
         if len(x.shape) == 3:
@@ -73,7 +74,7 @@ class Batch:
             ids = check_device_ids(instance, x.shape[0])
         else:
             ids = DEVICE.put_ids(as_instances(instance, x.shape[0], n_instances))
-        census = Census(x, ids, n_instances, n_dims, faults, reuse, sort=sort, final=final)
+        census = Census(x, ids, n_instances, n_dims, faults, reuse, sort=sort, final=final, target=target, pdf=pdf)
         routing = Routing(census.x.shape[0], n_instances, census.ids, dense, described=census)
         return cls(census.x, routing, DEVICE, census=census, checked=_also(checked, x, census.x))
 

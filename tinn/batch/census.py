@@ -9,18 +9,18 @@ built) looks at the batch once and leaves its findings on the device for the ker
   the model's kernels read, so a bad id never indexes outside the parameters), the samples sorted by
   network and cut into tiles of at most ``TILE`` samples of one network (``Routing.tiles``), and each
   network's loss normaliser ``1 / (count * D)``;
+* a training step's ``target`` and ``pdf`` rows holding NaN or +-Inf, or a ``pdf`` <= 0 (``facts[TARGET_ROW]``,
+  ``facts[PDF_ROW]``);
 * the step *mask*: 1 for a network that got samples, 0 for the others, and 0 for every network when
   anything in the batch is bad, so the optimizer leaves every parameter and all its state untouched.
 
-The loss kernel then checks ``target`` and ``pdf`` as it reads them (``facts[TARGET_ROW]``,
-``facts[PDF_ROW]``), clears the mask if they are bad, sums the loss per network and, for the first bad
-step of a trainer, records what was wrong in the trainer's fault record (:class:`Faults`). The loss
-value (:class:`~tinn.batch.loss_value.LossValue`) and the trainer's reads settle them: the ``ValueError`` comes when the step's
-loss is read, or at the trainer's next call that reads from the device, whichever is first.
+For the first bad call of a trainer (or of an object's inferences) the census writes what was wrong into their
+fault record (:class:`Faults`), so the kernels after it (the model's, the loss's, the optimizer's) only compute.
+The loss value (:class:`~tinn.batch.loss_value.LossValue`) and the trainer's reads settle them: the ``ValueError``
+comes when the step's loss is read, or at the trainer's next call that reads from the device, whichever is first.
 
-An inference of a device batch has no loss kernel after its census: its census (``final``) writes the
-object's own fault record itself, and sorts no tiles unless asked (the per-layer MLP kernels read each
-sample's network directly; ``Census.tiles`` sorts on first use, with one more launch and no read-back).
+An inference's census writes no mask or normalisers, and sorts no tiles unless asked (the per-layer MLP kernels
+read each sample's network directly; ``Census.tiles`` sorts on first use, with one more launch and no read-back).
 """
 
 import numpy as np
@@ -38,9 +38,6 @@ TILE = 128
 NONE = 2 ** 31 - 1
 """A first bad row of an array that has none."""
 
-ROWS_PER_TASK = 256
-"""Samples per task of the loss kernel on the CPU, summed in a register before one atomic add (16 on GPUs)."""
-
 SCAN = 256
 """Networks per parallel task of the prefix sums over the networks (the serial pass runs over tasks)."""
 
@@ -48,12 +45,32 @@ NAMES = {X_ROW: "x", TARGET_ROW: "target", PDF_ROW: "pdf"}
 
 
 @ti.func
+def _rows(a: ti.template()):
+    """The rows of a ``(B, n)`` array, or of a dense ``(K, B_k, n)`` one read as ``(K B_k, n)``."""
+    n = a.shape[0]
+    if ti.static(len(a.shape) == 3):
+        n *= a.shape[1]
+    return n
+
+
+@ti.func
+def _value(a: ti.template(), b, j):
+    """Element ``j`` of row ``b`` of ``a`` (rows as :func:`_rows` counts them)."""
+    v = 0.0
+    if ti.static(len(a.shape) == 3):
+        v = a[b // a.shape[1], b % a.shape[1], j]
+    else:
+        v = a[b, j]
+    return v
+
+
+@ti.func
 def row_is_bad(a: ti.template(), b, positive: ti.template()) -> ti.i32:
     """1 if row ``b`` of ``a`` holds NaN or +-Inf (or, ``positive``, a value <= 0), else 0 (the kernels keep the
     least such row with an atomic min)."""
     bad = 0
-    for j in range(a.shape[1]):
-        v = a[b, j]
+    for j in range(a.shape[ti.static(len(a.shape) - 1)]):
+        v = _value(a, b, j)
         if not (ti.abs(v) <= 3.4028234663852886e38):            # NaN and +-Inf fail the comparison
             bad = 1
         if ti.static(positive):
@@ -67,8 +84,8 @@ def record_bad_value(a: ti.template(), row, positive: ti.template(), values: ti.
     """``values[slot]``: the first bad value of row ``row`` of ``a`` (nothing if ``row`` is ``NONE``)."""
     if row != NONE:
         found = 0
-        for j in range(a.shape[1]):
-            v = a[row, j]
+        for j in range(a.shape[ti.static(len(a.shape) - 1)]):
+            v = _value(a, row, j)
             bad = not (ti.abs(v) <= 3.4028234663852886e38)
             if ti.static(positive):
                 bad = bad or not (v > 0.0)
@@ -95,34 +112,6 @@ def record_fault(facts: ti.template(), values: ti.template(), n_instances, recor
         record[0], record[1] = 1, call
         for i in ti.static(range(N_FACTS)):
             record[2 + i], recorded[i] = facts[i], values[i]
-
-
-@ti.func
-def find_bad_targets(target: ti.template(), pdf: ti.template(), weighted: ti.template(), facts: ti.template()):
-    """The loss kernel's check of a census's ``target`` (and ``pdf`` if ``weighted``), before its loss: their first
-    rows that hold NaN or +-Inf (or a ``pdf`` <= 0) into ``facts``. A parallel loop: call it at a kernel's top level."""
-    for b in range(target.shape[0]):
-        if row_is_bad(target, b, False):
-            ti.atomic_min(facts[TARGET_ROW], b)
-        if ti.static(weighted):
-            if row_is_bad(pdf, b, True):
-                ti.atomic_min(facts[PDF_ROW], b)
-
-
-@ti.func
-def settle_step(target: ti.template(), pdf: ti.template(), weighted: ti.template(), facts: ti.template(),
-                values: ti.template(), mask: ti.template(), record: ti.template(), recorded: ti.template(), call):
-    """The loss kernel's end of a census's step: the bad values of ``target`` and ``pdf`` found, the step written
-    into the trainer's fault record if anything in it was bad (:func:`record_fault`), and then the step's mask
-    cleared, so the optimizer steps no network. Top-level loops: call it at a kernel's top level."""
-    for _ in range(1):
-        record_bad_value(target, facts[TARGET_ROW], False, values, TARGET_ROW)
-        if ti.static(weighted):
-            record_bad_value(pdf, facts[PDF_ROW], True, values, PDF_ROW)
-        record_fault(facts, values, mask.shape[0], record, recorded, call)
-    for k in range(mask.shape[0]):
-        if bad(facts, mask.shape[0]):
-            mask[k] = 0
 
 
 @ti.func
@@ -157,21 +146,22 @@ def tile_row(offsets: ti.template(), tiles: ti.template(), t):
 
 @ti.kernel
 def _census_kernel(source: F32_ANY, dense: ti.template(), x: F32_2D, ids: I32_1D, routed: ti.template(),
-                   sort: ti.template(), n_dims: ti.i32,
+                   sort: ti.template(), n_dims: ti.i32, target: F32_ANY, pdf: F32_ANY, checks: ti.template(),
                    facts: I32_1D, values: F32_1D, counts: I32_1D, mask: I32_1D, inv: F32_1D, safe: I32_1D,
                    offsets: I32_2D, cursor: I32_1D, totals: I32_2D, order: I32_1D, tiles: I32_2D,
-                   final: ti.template(), record: I32_1D, recorded: F32_1D, call: ti.i32):
+                   step: ti.template(), settle: ti.template(), record: I32_1D, recorded: F32_1D, call: ti.i32):
     """The census of a batch ``x`` ``(B, n)`` with, if ``routed``, network ids ``ids`` ``(B,)`` of ``K`` networks
     (the module docstring); if ``dense``, ``x`` is first written from the dense ``source`` ``(K, B_k, n)`` (row
     ``k * B_k + b`` from ``source[k, b]``; else ``source`` is ``x``). The routed samples are sorted into tiles if
-    ``sort``. If ``final`` (no loss kernel follows), a bad batch is written into the fault record ``record`` /
-    ``recorded`` (:class:`Faults`) as call number ``call``, unless the record holds an earlier one. Top-level
-    loops run in order, each finished before the next starts."""
+    ``sort``. ``checks``: 1 checks ``target`` too, 2 ``target`` and ``pdf`` (``(B, D)``, or dense ``(K, B_k, D)``).
+    If ``step``, the step's mask and normalisers are written; if ``settle``, a bad batch is written into the fault
+    record ``record`` / ``recorded`` (:class:`Faults`) as call number ``call``, unless the record holds an earlier
+    one. Top-level loops run in order, each finished before the next starts."""
     B, K = x.shape[0], counts.shape[0]
     if ti.static(dense):
         for k, b, j in ti.ndrange(source.shape[0], source.shape[1], source.shape[2]):
             x[k * source.shape[1] + b, j] = source[k, b, j]
-    counted = ti.static(routed and (sort or not final))       # an unsorted inference needs no counts
+    counted = ti.static(routed and (sort or step))            # an unsorted inference needs no counts
     if ti.static(counted):
         for k in range(K):
             counts[k] = 0
@@ -192,6 +182,13 @@ def _census_kernel(source: F32_ANY, dense: ti.template(), x: F32_2D, ids: I32_1D
             if ti.static(counted):
                 if inside:
                     ti.atomic_add(counts[k], 1)
+    if ti.static(checks > 0):
+        for b in range(_rows(target)):
+            if row_is_bad(target, b, False):
+                ti.atomic_min(facts[TARGET_ROW], b)
+            if ti.static(checks > 1):
+                if row_is_bad(pdf, b, True):
+                    ti.atomic_min(facts[PDF_ROW], b)
     if ti.static(routed and sort):
         for c in range(totals.shape[0] - 1):               # prefix sums of samples and tiles within a task
             samples, n_tiles = 0, 0
@@ -218,17 +215,18 @@ def _census_kernel(source: F32_ANY, dense: ti.template(), x: F32_2D, ids: I32_1D
             tile_row(offsets, tiles, t)
     for _ in range(1):
         record_bad_value(x, facts[X_ROW], False, values, X_ROW)
-        if ti.static(final):
+        if ti.static(checks > 0):
+            record_bad_value(target, facts[TARGET_ROW], False, values, TARGET_ROW)
+        if ti.static(checks > 1):
+            record_bad_value(pdf, facts[PDF_ROW], True, values, PDF_ROW)
+        if ti.static(settle):
             record_fault(facts, values, K, record, recorded, call)
-    if ti.static(not final):                                # a step's mask and normalisers
+    if ti.static(step):                                     # a step's mask and normalisers
         for k in range(K):
             count = B // K
             if ti.static(routed):
                 count = counts[k]
-            ok = facts[X_ROW] == NONE
-            if ti.static(routed):
-                ok = ok and facts[ID_LO] >= 0 and facts[ID_HI] < K
-            mask[k] = ti.select(ok and count > 0, 1, 0)
+            mask[k] = ti.select(not bad(facts, K) and count > 0, 1, 0)
             inv[k] = ti.select(count > 0, 1.0 / ti.cast(count * n_dims, ti.f32), 0.0)
             if count > 0:
                 ti.atomic_add(facts[N_ACTIVE], 1)
@@ -244,9 +242,9 @@ class Census:
     the device. ``x``: ``(B, n)``, or a dense ``(K, B_k, n)`` batch, which the kernel flattens into ``self.x``
     ``(K * B_k, n)`` (the batch the model reads). ``ids``: a routed batch's ``(B,)`` int32 device ids (``None``:
     one network; a dense batch's are ``k`` repeated ``B_k`` times). ``n_dims``: the target's width (the
-    normaliser's ``D``); ``faults``: the trainer's record the loss kernel writes a bad step into, or with
-    ``final`` (an inference: no loss kernel follows) the object's record that the census writes itself;
-    ``sort``: whether the kernel sorts a routed batch into tiles now (else :attr:`tiles` does, when asked; an
+    normaliser's ``D``); ``target`` and ``pdf``: a training step's, checked here too; ``faults``: the record the
+    census writes a bad call into (a trainer's, or an object's for its inferences); ``final``: an inference (no
+    mask or normalisers); ``sort``: whether the kernel sorts a routed batch into tiles now (else :attr:`tiles` does, when asked; an
     inference's census writes no mask or normalisers, and no counts unless it sorts);
     ``reuse``: the arrays that only the step's own kernels read (mask, counts, ids, tiles, ...) are the
     ``faults``' own, kept from step to step (a training step's: the device runs its kernels in order, so the
@@ -254,7 +252,7 @@ class Census:
     this census's own, for a loss read later (kept too for an inference, which no loss reads)."""
 
     def __init__(self, x, ids, n_instances: int, n_dims: int, faults=None, reuse: bool = False, *,
-                 sort: bool = True, final: bool = False):
+                 sort: bool = True, final: bool = False, target=None, pdf=None):
         source, dense = x, len(x.shape) == 3
         if dense:                                   # flattened by the census kernel
             x = _buffers.buffer((x.shape[0] * x.shape[1], x.shape[2]))
@@ -278,10 +276,14 @@ class Census:
         else:
             self.ids = self.order = self._tiles = self._offsets = None
             sorting = (unused((1, 1)), unused((1,)), unused((1, 1)), unused((1,)), unused((1, 3)))
-        record = (faults.record, faults.values, faults.next_step()) if final else (unused((1,)), unused((1,), ti.f32), 0)
-        self.x, self._args = x, (n_dims, self.facts, self.values, self.counts, self.mask, self.inv,
+        settle = faults is not None
+        record = (faults.record, faults.values, faults.next_step()) if settle else (unused((1,)), unused((1,), ti.f32), 0)
+        checks = 0 if target is None else 1 if pdf is None else 2
+        targets = (unused((1, 1), ti.f32) if target is None else target, unused((1, 1), ti.f32) if pdf is None else pdf)
+        self.x, self._args = x, (n_dims, *targets, checks, self.facts, self.values, self.counts, self.mask, self.inv,
                                  self.ids if routed else unused((1,)), *sorting)
-        _census_kernel(source, dense, x, ids if routed else unused((1,)), routed, sort, *self._args, final, *record)
+        _census_kernel(source, dense, x, ids if routed else unused((1,)), routed, sort, *self._args, not final, settle,
+                       *record)
         self._sorted = sort or not routed
         self._read = None
 
@@ -290,7 +292,7 @@ class Census:
         """A routed batch's tile table (see ``Routing.tiles``): sorted by this census's kernel, or (a census that
         did not sort) now, by its kernel run again over the ids it clamped (one launch, nothing read back)."""
         if not self._sorted:
-            _census_kernel(self.x, False, self.x, self.ids, True, True, *self._args, False, unused((1,)),
+            _census_kernel(self.x, False, self.x, self.ids, True, True, *self._args, False, False, unused((1,)),
                            unused((1,), ti.f32), 0)
             self._sorted = True
         return self._tiles
@@ -308,7 +310,7 @@ class Census:
         return self._read
 
     def check(self):
-        """``ValueError`` naming what this census (and the loss kernel after it) found wrong, if anything."""
+        """``ValueError`` naming what this census found wrong, if anything."""
         facts, values = self.read()
         raise_for(facts, values, self.n_instances, "")
 
@@ -330,9 +332,9 @@ TRAINING_STEP = "training step {} of this trainer's device batches, whose update
 
 class Faults:
     """A record of the first deferred call whose device batch was bad (a census found NaN or +-Inf, a ``pdf`` <= 0,
-    or an id out of range): a trainer's, written by the loss kernel of a bad training step, or an object's, written by
-    the census of a bad inference (``final``); on the device, read by :meth:`settle`. ``step`` counts the deferred
-    calls (the kernels are told each one's number); ``event`` names one in the ``ValueError`` (``{}``: its number)."""
+    or an id out of range), written by that call's census: a trainer's (a bad training step) or an object's (a bad
+    inference); on the device, read by :meth:`settle`. ``step`` counts the deferred calls (each census is told its
+    call's number); ``event`` names one in the ``ValueError`` (``{}``: its number)."""
 
     def __init__(self, event: str = TRAINING_STEP):
         self.record, self.values = _buffers.buffer((2 + N_FACTS,), ti.i32), _buffers.buffer((N_FACTS,))
@@ -363,12 +365,3 @@ class Faults:
             values = self.values.to_numpy()
             self.record.fill(0)
             raise_for(record[2:], values, n_instances, f" (in {self.event.format(int(record[1]))})")
-
-
-def loss_checks(census: Census) -> tuple:
-    """The loss kernel's arguments for :func:`find_bad_targets` and :func:`settle_step` of a census's batch:
-    ``(facts, values, mask, fault record, fault values, step)``."""
-    faults = census.faults
-    if faults is None:
-        return census.facts, census.values, census.mask, unused((1,)), unused((1,), ti.f32), 0
-    return census.facts, census.values, census.mask, faults.record, faults.values, faults.next_step()

@@ -59,7 +59,7 @@ def as_batch(a, n_dims, name: str = "x", *, dtype=np.float32, allow_dense: bool 
     ``n_dims=None`` accepts any width. With ``allow_dense`` a ``(K, batch_k, n_dims)`` array is accepted
     too and returned unchanged in shape (the caller flattens it). ``finite`` rejects NaN and +-Inf,
     ``positive`` also values <= 0 (:func:`check_values`); with ``deferred`` the values of a batch that stays
-    on the device are left to the kernels that read it (a training step's census and loss kernel).
+    on the device are left to the census kernel that reads it first (a training step's, an inference's).
     """
     if is_device(a):
         check_live(a, name)
