@@ -8,6 +8,7 @@ import taichi as ti
 
 import tinn
 from tinn.batch import buffers as _buffers
+from tinn.runtime import device as _device
 from tinn.runtime.probe import counting
 from tinn.networks import _fused_layout, _fused_mlp
 from tinn.networks._mlp_plan import FUSED_TILINGS, MLPPlan, thread_tile
@@ -136,3 +137,41 @@ def test_what_the_forward_keeps_is_the_bytes_it_reports(rng, monkeypatch, device
     assert ctx.zs.shape == (1, 3, B) and ctx.hs.shape == (2, 32, B)
     kept = sum(a.shape[0] * a.shape[1] * a.shape[2] for a in (ctx.zs, ctx.hs)) * 4
     assert kept == _fused_layout.kept_bytes_per_sample(net.plan, half=False) * B == (2 * 32 + 3) * 4 * B
+
+
+GRIDS = {"HashGrid": {"otype": "HashGrid", "n_levels": 6, "n_features_per_level": 2, "log2_hashmap_size": 8,
+                      "base_resolution": 4, "per_level_scale": 1.6},
+         "DenseGrid": {"otype": "DenseGrid", "n_levels": 3, "n_features_per_level": 4, "base_resolution": 3,
+                       "per_level_scale": 2.0, "interpolation": "Smoothstep"},
+         "TiledGrid": {"otype": "TiledGrid", "n_levels": 3, "n_features_per_level": 1, "log2_hashmap_size": 6,
+                       "base_resolution": 5, "per_level_scale": 1.5, "interpolation": "Nearest"}}
+
+
+@pytest.mark.parametrize("grid, routing, precision", [("HashGrid", "single", "float32"), ("HashGrid", "routed", "float32"),
+                                                      ("HashGrid", "dense", "float32"), ("DenseGrid", "routed", "float32"),
+                                                      ("TiledGrid", "single", "float32"), ("HashGrid", "routed", "float16")])
+def test_an_inference_runs_the_grid_inside_the_fused_kernel(rng, monkeypatch, device_path, grid, routing, precision):
+    """A grid model's inference on the fused kernels is one launch after the census: each tile's samples are encoded
+    into shared memory by the grid's per-level formulas, and the outputs land in the caller's layout. It equals the
+    forward (the grid's own kernel, then the fused MLP) and, in float32, the host path."""
+    use_mlp_kernels(monkeypatch, "fused")
+    K = 1 if routing == "single" else 3
+    net = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1, "activation": "Tanh"}
+    model = tinn.NetworkWithInputEncoding(3, 2, GRIDS[grid], net, n_instances=K, precision=precision)
+    model.set_params((rng.normal(size=model.params().shape) * 0.5).astype(np.float32))
+    B = 3 * 70
+    xh = rng.random((K, B // K, 3) if routing == "dense" else (B, 3), dtype=np.float32)
+    ids = rng.integers(0, K, B).astype(np.int32) if routing == "routed" else None
+    x, inst = _buffers.put(xh), None if ids is None else _buffers.put(ids, ti.i32)
+    model.inference(x, inst)
+    with counting() as seen:
+        y = model.inference(x, inst)
+    assert seen.launches == 2 and set(seen.kernels) == {"_census_kernel", "forward"}, seen.kernels
+    assert y.shape == xh.shape[:-1] + (2,)
+    y_forward = model.forward(x, inst)[0]
+    assert_close(y.to_numpy(), y_forward.to_numpy(), rtol=1e-6, atol_rel=1e-6)
+    if precision == "float32":
+        with monkeypatch.context() as m:
+            m.setattr(_device, "FORCE", False)
+            host = model.inference(xh, ids)
+        assert_close(y.to_numpy(), host, rtol=1e-5, atol_rel=1e-5)

@@ -88,10 +88,17 @@ class NetworkWithInputEncoding(DifferentiableObject):
         return self.network._dense_needs_sort()
 
     def _inference(self, x, batch):
-        return self.network._inference(self.encoding._inference(x, batch), batch)
+        return self._inference_into(x, batch, None)
 
     def _inference_into(self, x, batch, out):
-        return self.network._inference_into(self.encoding._inference(x, batch), batch, out)
+        """The encoding's kernel, then the network's (into ``out``, or ``None``: a new array); one launch for both
+        where the network's kernel runs the encoding sample by sample itself (the fused MLP kernels with a grid, on
+        device batches: ``Network._runs_encoding``)."""
+        network = self.network
+        if network._runs_encoding(self.encoding, batch):
+            return network._inference_into(x, batch, out, encoding=self.encoding)
+        encoded = self.encoding._inference(x, batch)
+        return network._inference(encoded, batch) if out is None else network._inference_into(encoded, batch, out)
 
     def _forward(self, x, batch):
         encoded, enc_ctx = self.encoding._forward(x, batch)

@@ -255,10 +255,11 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         device_out = out is not None and check_out(out, caller, tuple(arr.shape[:-1]) + (self.n_output_dims,))
         batch = self._batch(arr, instance, deferred=active())
         x, ops, chunk = batch.x, batch.ops, chunk_samples(self, training=False)
+        if batch.on_device and batch.dense is not None and is_device(caller) and out is None:
+            out = ops.empty(tuple(arr.shape[:-1]) + (self.n_output_dims,))   # written in the dense layout
+            device_out = True
         if device_out and batch.on_device:
-            if batch.dense is None:
-                return self._inference_into(x, batch, out)
-            return ops.copy_into(out, self._inference(x, batch))         # flat outputs regrouped into out
+            return self._inference_into(x, batch, out)
         if batch.size <= chunk or batch.on_device:       # a device batch is not cut
             y = self._finish(self._inference(x, batch), batch, caller)
             return y if out is None else ops.copy_into(out, y)
@@ -272,9 +273,10 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         return callers_kind(y.reshape(batch.dense + (-1,)) if batch.dense else y, caller)
 
     def _inference_into(self, x, batch: Batch, out):
-        """Outputs of a flat device batch written into the device buffer ``out`` ``(batch, n_output_dims)`` (a
-        component whose last kernel can write there overrides this); returns ``out``."""
-        return batch.ops.copy_into(out, self._finish(self._inference(x, batch), batch, out))
+        """Outputs of a device batch written into the device buffer ``out`` ``(batch, n_output_dims)``, or a dense
+        batch's ``(K, B_k, n_output_dims)`` (a component whose last kernel can write there overrides this);
+        returns ``out``."""
+        return batch.ops.copy_into(out, self._finish(self._inference(x, batch), batch, out, flat=True))
 
     def forward(self, x, instance=None):
         """``(output, ctx)``: the output as :meth:`inference` gives it, at the training weights; keep

@@ -338,6 +338,17 @@ class _GridKernels:
                 scatter_atomic = scatter_kernel(atomic_runs)
                 run_scatter_atomic = run_scatter_kernel(atomic_runs)
 
+        @ti.func
+        def features_into(weights: ti.template(), base, k, xs, put: ti.template(), sh: ti.template(), tile, q):
+            """Sample ``xs``'s features for network ``k``, each handed to ``put(sh, tile, q, column, value)`` (a
+            fused MLP kernel's shared tile: the encoding inside the MLP's launch); the padded columns are the
+            caller's (0 for grids)."""
+            for mode, first, stop in ti.static(runs):
+                for l in range(first, stop):
+                    acc = level_features(weights, base, k, xs, geometry[l], mode)
+                    for f in ti.static(range(F)):
+                        put(sh, tile, q, l * F + f, acc[f])
+
         # -- one sample inside a user's kernel --------------------------------------
         def sample_funcs(weights, grads, base: int):
             """``(forward, vjp)`` ti.funcs of one sample reading ``weights[k, base + i]``; the vjp scatters
@@ -373,5 +384,5 @@ class _GridKernels:
         self.private, self.cpu = private, cpu
         self.block_levels = sum(stop - first for _, first, stop in block_runs)    # aggregated per block
         self.forward, self.backward_params, self.backward_input = forward, backward_params, backward_input
-        self.backward_backward = backward_backward
+        self.backward_backward, self.features_into = backward_backward, features_into
         self.sample_funcs = sample_funcs

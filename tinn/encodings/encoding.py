@@ -53,6 +53,13 @@ class Encoding(DifferentiableObject):
             raise ValueError(f"padded width {width} is below the encoding's width {self.n_raw_output_dims}")
         self.padded_output_width = width
 
+    def _features_into(self, batch):
+        """``ti.func (weights, base, k, xs, put, sh, tile, q)`` handing each raw feature of one sample ``xs`` of network
+        ``k`` (parameters ``weights[k, base + i]``) to ``put(sh, tile, q, column, value)``, for an MLP kernel that
+        runs the encoding inside its own launch (``NetworkWithInputEncoding``'s inference); ``None`` (the default):
+        the encoding runs its own kernel first."""
+        return None
+
     def set_alignment(self, alignment: int):
         """Pad the output to a multiple of lcm(alignment, required_output_alignment)."""
         if alignment > 0:

@@ -111,6 +111,9 @@ class TableEncoding(Encoding):
     def _inference(self, x, batch):
         return self._encode(self.store.inference_params, x, batch)
 
+    def _features_into(self, batch):
+        return self._get_kernels(batch).features_into
+
     def _forward(self, x, batch):
         return self._encode(self.store.params, x, batch), Context(self, x, batch)
 

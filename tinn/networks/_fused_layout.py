@@ -1,8 +1,9 @@
 """What the fused MLP kernels (``_fused_mlp``) need of a GPU, from an MLP's plan and an arch's tiling, and how
 their blocks address shared memory and samples: the shared words of a kernel and whether they fit, whether every
 layer's weights stay staged for a run (``resident``), the shared loads per multiply-add of the inner loops, the
-bytes kept per sample for the backward; the XOR-swizzled tile addressing (:func:`_at`) and a block's run of
-samples (:func:`_run`, :func:`_row`) in each mode.
+bytes kept per sample for the backward; the XOR-swizzled tile addressing (:func:`_at`), a block's run of
+samples (:func:`_run`, :func:`_row`) in each mode, and the moves into a block's shared array (:func:`stager`,
+:func:`row_loader`, :func:`kept_loader`, :func:`encoding_loader`).
 """
 import taichi as ti
 
@@ -143,3 +144,101 @@ def _row(order: ti.template(), mode: ti.template(), j):
     if ti.static(mode == ROUTED):
         b = order[j]
     return b
+
+
+@ti.func
+def _put(y: ti.template(), order: ti.template(), mode: ti.template(), j, per_network, r, v):
+    """``y[row(j), r] = v``; outputs ``y`` in a dense batch's ``(K, B_k, n)`` layout take position ``j`` at
+    ``[j // B_k, j % B_k]`` (``per_network = B_k``)."""
+    if ti.static(len(y.shape) == 3):
+        y[j // per_network, j % per_network, r] = v
+    else:
+        y[_row(order, mode, j), r] = v
+
+
+# -- moves into a block's shared array: thread ``s`` of ``T`` takes elements ``s, s + T, ...`` --------------------
+def stager(plan, tiling, lay):
+    """``stage(W, off, k, sh, s, li)``: layer ``li``'s weights of network ``k`` into its block of ``sh``
+    (transposed: ``sh[w_base + at(c, r)] = W[k, off + start + r cols + c]``; a coalesced read)."""
+    T = tiling.threads
+
+    @ti.func
+    def stage(W: ti.template(), off, k, sh: ti.template(), s, li: ti.template()):
+        rows, cols, start = ti.static(plan.layers[li].rows, plan.layers[li].cols, plan.layers[li].start)
+        base, RP = ti.static(lay.w_base[li], lay.RP[li])
+        for i in range((rows * cols + T - 1) // T):
+            e = s + i * T
+            if e < rows * cols:
+                r, c = e // cols, e % cols
+                sh[base + _at(c, r, RP)] = ti.cast(W[k, off + start + e], ti.f32)
+    return stage
+
+
+def row_loader(tiling, lay):
+    """``load(sh, tile, a, mode, order, j0, end, s, n)``: ``tile[s, c] = a[row(j0 + s), c]`` for ``c < n``
+    (0 past ``end``): consecutive memory."""
+    S, T, CP = tiling.samples, tiling.threads, lay.CP
+
+    @ti.func
+    def load(sh: ti.template(), tile: ti.template(), a: ti.template(), mode: ti.template(), order: ti.template(),
+             j0, end, s, n: ti.template()):
+        for i in range((S * n + T - 1) // T):
+            e = s + i * T
+            if e < S * n:
+                q, c = e // n, e % n
+                v = 0.0
+                if j0 + q < end:
+                    v = a[_row(order, mode, j0 + q), c]
+                sh[tile + _at(q, c, CP)] = v
+    return load
+
+
+def kept_loader(tiling, lay):
+    """``load(sh, tile, buf, li, j0, end, s, n)``: ``tile[s, c] = buf[li, c, j0 + s]`` (0 past ``end``): thread
+    ``s`` reads positions ``s, s + T, ...`` of each neuron (consecutive memory)."""
+    S, T, CP = tiling.samples, tiling.threads, lay.CP
+
+    @ti.func
+    def load(sh: ti.template(), tile: ti.template(), buf: ti.template(), li, j0, end, s, n: ti.template()):
+        for i in range((S * n + T - 1) // T):
+            e = s + i * T
+            if e < S * n:
+                c, q = e // S, e % S
+                v = 0.0
+                if j0 + q < end:
+                    v = ti.cast(buf[li, c, j0 + q], ti.f32)
+                sh[tile + _at(q, c, CP)] = v
+    return load
+
+
+def encoding_loader(tiling, lay, encoder: tuple, n_in: int):
+    """``load(sh, tile, W, base, x, mode, order, j0, end, s, k)``: ``tile[s, :]`` the features of ``x[row(j0 + s)]``
+    for network ``k`` (0 past ``end``), from ``encoder = (features_into, n_raw, n_features, fill)``: an encoding's
+    in-kernel writer (``Encoding._features_into``, parameters ``W[k, base + i]``), its input and raw output widths
+    and the value of its padded columns up to ``n_in``. Thread ``s`` encodes the tile's samples ``s, s + T, ...``,
+    so that the MLP reads the encoding without a batch of features in between."""
+    S, T, CP = tiling.samples, tiling.threads, lay.CP
+    features_into, n_raw, n_features, fill = encoder
+
+    @ti.func
+    def put(sh: ti.template(), tile, q, c, v):
+        sh[tile + _at(q, c, CP)] = v
+
+    @ti.func
+    def load(sh: ti.template(), tile: ti.template(), W: ti.template(), base, x: ti.template(), mode: ti.template(),
+             order: ti.template(), j0, end, s, k):
+        for i in range((S + T - 1) // T):
+            q = s + i * T
+            if q < S:
+                if j0 + q < end:
+                    b = _row(order, mode, j0 + q)
+                    xs = ti.Vector.zero(ti.f32, n_raw)
+                    for d in ti.static(range(n_raw)):
+                        xs[d] = x[b, d]
+                    features_into(W, base, k, xs, put, sh, tile, q)
+                    for c in ti.static(range(n_features, n_in)):
+                        put(sh, tile, q, c, fill)
+                else:
+                    for c in range(n_in):
+                        put(sh, tile, q, c, 0.0)
+    return load

@@ -29,6 +29,10 @@ same kernel reduce the rows in a fixed order; an array's block owns whole networ
 ``k`` is block ``k``; a routed batch's network ``k`` is the ``k``-th run of its samples sorted by network) and
 writes that network's gradients itself. Two runs of a step give bit-identical gradients.
 
+An inference may run an encoding inside the forward (:meth:`FusedKernels.encoded_forward`): a tile's samples are
+encoded into its shared tile by the encoding's in-kernel writer (a grid's per-level formulas), and the outputs of
+a dense batch are written in its ``(K, B_k, n)`` layout, so an inference is the census and this one kernel.
+
 The kernels are specialised to an MLP's plan, the tiling and whether the activations are half precision
 (``half``: every hidden output is rounded to float16 before the next layer reads it), and built once per
 combination (:func:`fused_kernels`): models of one config share them.
@@ -36,9 +40,10 @@ combination (:func:`fused_kernels`): models of one config share them.
 import taichi as ti
 
 from ..runtime.kernels import ARENA, arena_kernel, cast_to, specialised
-from ..runtime.types import ANY_3D, F32_2D, I32_1D, I32_2D
+from ..runtime.types import ANY_3D, F32_2D, F32_ANY, I32_1D, I32_2D
 from . import activations
-from ._fused_layout import SEGMENTS, SINGLE, _at, _below, _Layout, _row, _run, resident, z_layers
+from ._fused_layout import (SEGMENTS, SINGLE, _at, _below, _Layout, _put, _row, _run, encoding_loader, kept_loader,
+                            resident, row_loader, stager, z_layers)
 
 
 class FusedKernels:
@@ -47,12 +52,13 @@ class FusedKernels:
     ``n_blocks``, ``per_network`` (dense ``B_k``), ``order`` ``(batch,)`` and ``offsets`` ``(2, K + 1)`` (routed:
     the samples sorted by network, ``offsets[0]`` each network's first sorted position)::
 
-        forward(W, off, x, mode, n_blocks, per_network, order, offsets, keep, zs, hs, y)
+        forward(W, off, x, mode, n_blocks, per_network, order, offsets, keep, zs, hs, y, base)
         backward(W, G, off, n_rows, x, dy, zs, hs, mode, n_blocks, per_network, order, offsets, partials,
                  sums, need_dx, overwrite, dx)
 
-    ``zs`` ``(len(z_layers), z_rows, batch)`` and ``hs`` ``(L - 1, width, batch)`` are indexed by position (sorted
-    position for a routed array); ``partials`` ``(n_blocks, n_params)`` and ``sums`` ``(SEGMENTS, n_params)``
+    ``y`` is ``(batch, n_outputs)``, or a dense batch's ``(K, B_k, n_outputs)``; ``base`` is the column of an encoding
+    run inside (:meth:`encoded_forward`; 0 otherwise). ``zs`` ``(len(z_layers), z_rows, batch)`` and ``hs``
+    ``(L - 1, width, batch)`` are indexed by position (sorted position for a routed array); ``partials`` ``(n_blocks, n_params)`` and ``sums`` ``(SEGMENTS, n_params)``
     float32 (a single network's split-K rows)."""
 
     def __init__(self, plan, tiling, half: bool = False):
@@ -61,9 +67,16 @@ class FusedKernels:
         self.z_layers = z_layers(plan)
         self.z_rows = max(plan.layers[i].rows for i in self.z_layers)
         self.resident = {"forward": resident(plan, tiling, 1), "backward": resident(plan, tiling, 2)}
-        passes = _Passes(plan, tiling, half, self.resident, self.z_layers)
-        self.forward = passes.forward_kernel()
-        self.backward = passes.backward_kernel()
+        self._passes, self._encoded = _Passes(plan, tiling, half, self.resident, self.z_layers), {}
+        self.forward = self._passes.forward_kernel()
+        self.backward = self._passes.backward_kernel()
+
+    def encoded_forward(self, encoder: tuple):
+        """The forward with an encoding inside (``_fused_layout.encoding_loader``'s ``encoder``, of the encoding's
+        config: models of one config share it): ``x`` is the encoding's input, ``base`` its parameters' column."""
+        if encoder not in self._encoded:
+            self._encoded[encoder] = self._passes.forward_kernel(encoder)
+        return self._encoded[encoder]
 
 
 @specialised
@@ -80,60 +93,10 @@ class _Passes:
         self.plan, self.tiling, self.half, self.resident = plan, tiling, half, resident
         self.z_index = {li: n for n, li in enumerate(zl)}          # layer -> row of zs
 
-    # -- pieces shared by both kernels ------------------------------------------------------------------
-    def _stage(self, lay):
-        """``stage(W, off, k, sh, s, li)``: layer ``li``'s weights of network ``k`` into its block of ``sh``
-        (transposed: ``sh[w_base + at(c, r)] = W[k, off + start + r cols + c]``; a coalesced read)."""
-        plan, T = self.plan, self.tiling.threads
-
-        @ti.func
-        def stage(W: ti.template(), off, k, sh: ti.template(), s, li: ti.template()):
-            rows, cols, start = ti.static(plan.layers[li].rows, plan.layers[li].cols, plan.layers[li].start)
-            base, RP = ti.static(lay.w_base[li], lay.RP[li])
-            for i in range((rows * cols + T - 1) // T):
-                e = s + i * T
-                if e < rows * cols:
-                    r, c = e // cols, e % cols
-                    sh[base + _at(c, r, RP)] = ti.cast(W[k, off + start + e], ti.f32)
-        return stage
-
-    def _load_rows(self, lay):
-        """``load(sh, tile, a, mode, order, j0, end, s, n)``: ``tile[s, c] = a[row(j0 + s), c]`` for ``c < n``
-        (0 past ``end``): thread ``s`` reads elements ``s, s + T, ...`` of the tile's rows (consecutive memory)."""
-        S, T, CP = self.tiling.samples, self.tiling.threads, lay.CP
-
-        @ti.func
-        def load(sh: ti.template(), tile: ti.template(), a: ti.template(), mode: ti.template(), order: ti.template(),
-                 j0, end, s, n: ti.template()):
-            for i in range((S * n + T - 1) // T):
-                e = s + i * T
-                if e < S * n:
-                    q, c = e // n, e % n
-                    v = 0.0
-                    if j0 + q < end:
-                        v = a[_row(order, mode, j0 + q), c]
-                    sh[tile + _at(q, c, CP)] = v
-        return load
-
-    def _load_kept(self, lay):
-        """``load(sh, tile, buf, li, j0, end, s, n)``: ``tile[s, c] = buf[li, c, j0 + s]`` (0 past ``end``); thread
-        ``s`` reads positions ``s, s + T, ...`` of each neuron (consecutive memory)."""
-        S, T, CP = self.tiling.samples, self.tiling.threads, lay.CP
-
-        @ti.func
-        def load(sh: ti.template(), tile: ti.template(), buf: ti.template(), li, j0, end, s, n: ti.template()):
-            for i in range((S * n + T - 1) // T):
-                e = s + i * T
-                if e < S * n:
-                    c, q = e // S, e % S
-                    v = 0.0
-                    if j0 + q < end:
-                        v = ti.cast(buf[li, c, j0 + q], ti.f32)
-                    sh[tile + _at(q, c, CP)] = v
-        return load
-
     # -- forward ------------------------------------------------------------------------------------------
-    def forward_kernel(self):
+    def forward_kernel(self, encoder=None):
+        """The forward; with ``encoder`` (``_fused_layout.encoding_loader``'s) its ``x`` is the encoding's input,
+        encoded sample by sample into each tile, the encoding's parameters at column ``base`` of ``W``."""
         plan, tiling, half = self.plan, self.tiling, self.half
         layers = plan.layers
         L, n_in = len(layers), plan.n_inputs
@@ -141,11 +104,13 @@ class _Passes:
         resident_, z_index = self.resident["forward"], self.z_index
         lay = _Layout(plan, tiling, 1, resident_)
         CP, A, words = lay.CP, lay.tiles[0], lay.words
-        stage, load = self._stage(lay), self._load_rows(lay)
+        stage, load = stager(plan, tiling, lay), row_loader(tiling, lay)
+        encoded = encoder is not None
+        load_encoded = encoding_loader(tiling, lay, encoder, n_in) if encoded else None
         acts = [layer.activation for layer in layers]
 
         @ti.func
-        def layer_pass(sh: ti.template(), li: ti.template(), s, j0, end, mode: ti.template(), order: ti.template(),
+        def layer_pass(sh: ti.template(), li: ti.template(), s, j0, end, n, mode: ti.template(), order: ti.template(),
                        keep: ti.template(), zs: ti.template(), hs: ti.template(), y: ti.template()):
             """Layer ``li`` of the tile in ``sh``: its outputs replace the tile's inputs (or go to ``y``)."""
             rows, cols = ti.static(layers[li].rows, layers[li].cols)
@@ -188,7 +153,7 @@ class _Passes:
                     if r < rows and j0 + q < end:
                         v = sh[A + _at(q, r, CP)]
                         if ti.static(li == L - 1):
-                            y[_row(order, mode, j0 + q), r] = activations.value(acts[li], v)
+                            _put(y, order, mode, j0 + q, n, r, activations.value(acts[li], v))
                             if ti.static(keep):
                                 zs[z_index[li], r, j0 + q] = ti.static(cast_to(zs))(v)
                         else:
@@ -198,7 +163,8 @@ class _Passes:
 
         @arena_kernel
         def forward(W: ARENA, off: ti.i32, x: F32_2D, mode: ti.template(), n_blocks: ti.i32, per_network: ti.i32,
-                    order: I32_1D, offsets: I32_2D, keep: ti.template(), zs: ANY_3D, hs: ANY_3D, y: F32_2D):
+                    order: I32_1D, offsets: I32_2D, keep: ti.template(), zs: ANY_3D, hs: ANY_3D, y: F32_ANY,
+                    base: ti.i32):
             n_tiles = (x.shape[0] + S - 1) // S
             ti.loop_config(block_dim=T)
             for i in range(n_blocks * T):
@@ -214,14 +180,17 @@ class _Passes:
                             stage(W, off, k, sh, s, li)
                 for t in range((end - begin + S - 1) // S):
                     j0 = begin + t * S
-                    load(sh, A, x, mode, order, j0, end, s, n_in)
+                    if ti.static(encoded):
+                        load_encoded(sh, A, W, base, x, mode, order, j0, end, s, k)
+                    else:
+                        load(sh, A, x, mode, order, j0, end, s, n_in)
                     if ti.static(resident_):
                         ti.simt.block.sync()
                     for li in ti.static(range(L)):
                         if ti.static(not resident_):
                             stage(W, off, k, sh, s, li)
                             ti.simt.block.sync()
-                        layer_pass(sh, li, s, j0, end, mode, order, keep, zs, hs, y)
+                        layer_pass(sh, li, s, j0, end, n, mode, order, keep, zs, hs, y)
 
         return forward
 
@@ -234,7 +203,7 @@ class _Passes:
         resident_ = self.resident["backward"]
         lay = _Layout(plan, tiling, 2, resident_)
         CP, D, H, words = lay.CP, lay.tiles[0], lay.tiles[1], lay.words
-        stage, load_rows, load_kept = self._stage(lay), self._load_rows(lay), self._load_kept(lay)
+        stage, load_rows, load_kept = stager(plan, tiling, lay), row_loader(tiling, lay), kept_loader(tiling, lay)
         z_index = self.z_index
         acts = [layer.activation for layer in layers]
         from_output = [activations.ACTIVATIONS[a].from_output for a in acts]

@@ -200,19 +200,27 @@ class KernelMLP:
             return None
         return _fused_mlp.fused_kernels(plan, FUSED_TILINGS[impl.current_cfg().arch.name], self.kept == ti.f16)
 
-    def run(self, x, batch, keep: bool, out=None):
+    def takes_encoding(self, encoding, batch) -> bool:
+        """Whether an inference of ``batch`` runs ``encoding`` inside the fused forward (see :meth:`run`)."""
+        return self._fused_kernels(batch) is not None and encoding._features_into(batch) is not None
+
+    def run(self, x, batch, keep: bool, out=None, encoding=None):
         """``(y, ctx)``: outputs ``(batch, n_output_dims)`` (a ``ti.ndarray``: ``out`` if given, written by the
-        last kernel) and, if ``keep``, what the backward needs (each layer's input and pre-activation)."""
+        last kernel; a dense batch's ``out`` may be ``(K, B_k, n_output_dims)``) and, if ``keep``, what the backward
+        needs (each layer's input and pre-activation).
+        ``encoding`` (an inference where :meth:`takes_encoding`): ``x`` is its input, encoded inside the fused
+        forward."""
         store = self.mlp.store
         weights = store.params if keep else store.inference_params
         h = DEVICE.adopt(x)                                   # one upload, not one per kernel
         fused = self._fused_kernels(batch)
         if fused is not None:
-            return self._run_fused(fused, weights, x, h, batch, keep, out)
+            return self._run_fused(fused, weights, x, h, batch, keep, out, encoding)
         inst, routed = batch.kernel_ids()
-        hs, zs = self._layers(weights, h, inst, routed, keep, out)
+        dense_out = out is not None and len(out.shape) == 3
+        hs, zs = self._layers(weights, h, inst, routed, keep, None if dense_out else out)
         ctx = Context(self.mlp, x, batch, hs=hs, zs=zs, inst=inst, routed=routed) if keep else None
-        return hs[-1], ctx
+        return (DEVICE.copy_into(out, hs[-1]) if dense_out else hs[-1]), ctx
 
     def _layers(self, weights, h, inst, routed, keep: bool, y=None):
         """``(hs, zs)``: the per-layer kernels' pass over a device batch ``h`` ``(batch, n_input_dims)``; ``hs`` is
@@ -242,7 +250,7 @@ class KernelMLP:
         order, offsets = batch.routing.runs
         return _fused_layout.ROUTED, self.mlp.n_instances, 0, order, offsets
 
-    def _run_fused(self, fused, weights, x, h, batch, keep, out=None):
+    def _run_fused(self, fused, weights, x, h, batch, keep, out=None, encoding=None):
         """The fused forward; what it keeps is indexed by position (sorted position for a routed array):
         ``zs`` ``(len(z_layers), z_rows, batch)``, ``hs`` ``(L - 1, width, batch)``, in :attr:`kept`'s dtype."""
         B, L = x.shape[0], fused.n_layers
@@ -252,7 +260,12 @@ class KernelMLP:
         hs = self._pool.take((max(L - 1, 1), fused.width, columns), ctx, self.kept) if keep else self._none3
         y = _buffers.buffer((B, self.rows[-1])) if out is None else out
         mode, blocks, per, order, offsets = self._schedule(fused, batch, B)
-        fused.forward(weights, self.mlp._offset, h, mode, blocks, per, order, offsets, keep, zs, hs, y)
+        forward, base = fused.forward, 0
+        if encoding is not None:
+            encoder = (encoding._features_into(batch), encoding.n_input_dims, encoding.n_raw_output_dims,
+                       float(encoding.fill_value))
+            forward, base = fused.encoded_forward(encoder), encoding._offset
+        forward(weights, self.mlp._offset, h, mode, blocks, per, order, offsets, keep, zs, hs, y, base)
         if keep:
             ctx.zs, ctx.hs = zs, hs
         return y, ctx

@@ -121,12 +121,18 @@ class MLP(Network):
         """An array's device inference on the fused kernels reads the batch's tiles."""
         return self.n_instances > 1 and takes_fused(self.plan)
 
+    def _runs_encoding(self, encoding, batch) -> bool:
+        """On the fused kernels, an encoding with an in-kernel writer (``Encoding._features_into``) runs inside
+        the MLP's forward: each tile's samples are encoded into shared memory, one launch for both."""
+        return batch.on_device and self._batch_path(batch).takes_encoding(encoding, batch)
+
     def _inference(self, x, batch):
         return self._batch_path(batch).run(x, batch, keep=False)[0]
 
-    def _inference_into(self, x, batch, out):
-        """The last kernel writes straight into the device buffer ``out``."""
-        return self._batch_path(batch).run(x, batch, keep=False, out=out)[0]
+    def _inference_into(self, x, batch, out, encoding=None):
+        """The last kernel writes straight into the device buffer ``out`` (``None``: a new one; ``(K, B_k, n)``: a
+        dense batch's layout)."""
+        return self._batch_path(batch).run(x, batch, keep=False, out=out, encoding=encoding)[0]
 
     def _forward(self, x, batch):
         return self._batch_path(batch).run(x, batch, keep=True)

@@ -14,3 +14,8 @@ class Network(DifferentiableObject):
         super().__init__(n_instances, seed)
         self.n_input_dims, self.n_output_dims = n_input_dims, n_output_dims
         self.padded_output_width = next_multiple(n_output_dims, OUTPUT_ALIGNMENT)
+
+    def _runs_encoding(self, encoding, batch) -> bool:
+        """Whether this network's inference of ``batch`` can run ``encoding`` inside its own launch
+        (``_inference(x, batch, encoding=...)`` with ``x`` the encoding's input); none can by default."""
+        return False
