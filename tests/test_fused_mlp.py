@@ -144,16 +144,24 @@ GRIDS = {"HashGrid": {"otype": "HashGrid", "n_levels": 6, "n_features_per_level"
          "DenseGrid": {"otype": "DenseGrid", "n_levels": 3, "n_features_per_level": 4, "base_resolution": 3,
                        "per_level_scale": 2.0, "interpolation": "Smoothstep"},
          "TiledGrid": {"otype": "TiledGrid", "n_levels": 3, "n_features_per_level": 1, "log2_hashmap_size": 6,
-                       "base_resolution": 5, "per_level_scale": 1.5, "interpolation": "Nearest"}}
+                       "base_resolution": 5, "per_level_scale": 1.5, "interpolation": "Nearest"},
+         "Permutohedral": {"otype": "Permutohedral", "n_levels": 3, "n_features_per_level": 2, "base_resolution": 4,
+                           "log2_hashmap_size": 8},
+         "Frequency": {"otype": "Frequency", "n_frequencies": 3},
+         "OneBlob": {"otype": "OneBlob", "n_bins": 4}}
 
 
 @pytest.mark.parametrize("grid, routing, precision", [("HashGrid", "single", "float32"), ("HashGrid", "routed", "float32"),
                                                       ("HashGrid", "dense", "float32"), ("DenseGrid", "routed", "float32"),
-                                                      ("TiledGrid", "single", "float32"), ("HashGrid", "routed", "float16")])
-def test_an_inference_runs_the_grid_inside_the_fused_kernel(rng, monkeypatch, device_path, grid, routing, precision):
-    """A grid model's inference on the fused kernels is one launch after the census: each tile's samples are encoded
-    into shared memory by the grid's per-level formulas, and the outputs land in the caller's layout. It equals the
-    forward (the grid's own kernel, then the fused MLP) and, in float32, the host path."""
+                                                      ("TiledGrid", "single", "float32"), ("HashGrid", "routed", "float16"),
+                                                      ("Permutohedral", "routed", "float32"),
+                                                      ("Frequency", "dense", "float32"), ("OneBlob", "single", "float32")])
+def test_an_inference_runs_the_encoding_inside_the_fused_kernel(rng, monkeypatch, device_path, grid, routing,
+                                                                precision):
+    """A model's inference on the fused kernels is one launch after the census when its encoding has an in-kernel
+    writer (grids, the permutohedral lattice, the per-dimension encodings): each tile's samples are encoded into
+    shared memory by the encoding's own formulas, and the outputs land in the caller's layout. It equals the
+    forward (the encoding's own kernel, then the fused MLP) and, in float32, the host path."""
     use_mlp_kernels(monkeypatch, "fused")
     K = 1 if routing == "single" else 3
     net = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1, "activation": "Tanh"}

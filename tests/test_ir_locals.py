@@ -118,6 +118,8 @@ array = tinn.create_from_config(2, 3, config, n_instances=4)          # a routed
 array.trainer.training_step(_buffers.put(x), _buffers.put(y), _buffers.put((np.arange(1024) % 4).astype(np.int32), ti.i32))
 array.trainer.training_step(_buffers.put(x.reshape(4, 256, 2)), _buffers.put(y.reshape(4, 256, 3)))
 array.network.inference(_buffers.put(x.reshape(4, 256, 2)))                # the grid inside, dense outputs
+freq = tinn.create_from_config(2, 3, dict(config, encoding={"otype": "Frequency", "n_frequencies": 6}), n_instances=4)
+freq.network.inference(_buffers.put(x), _buffers.put((np.arange(1024) % 4).astype(np.int32), ti.i32))
 tanh = tinn.create_network(2, 3, {"otype": "FullyFusedMLP", "n_neurons": 32, "n_hidden_layers": 2, "activation": "Tanh"})
 out, ctx = tanh.forward(x)                                            # kept pre-activations, dL/dx
 tanh.backward(ctx, rng.random((1024, 3), dtype=np.float32))
@@ -128,8 +130,8 @@ ti.sync()
 @needs_vulkan
 def test_no_fused_mlp_kernel_keeps_a_per_thread_array():
     """The fused MLP's forward and backward (a single network's training step and inference, a routed and a dense
-    array's step, a dense array's inference with the grid inside the forward, an MLP that keeps pre-activations and
-    returns dL/dx): every register tile is indexed statically,
+    array's step, a dense array's inference with the grid inside the forward and a routed one with Frequency inside,
+    an MLP that keeps pre-activations and returns dL/dx): every register tile is indexed statically,
     so no kernel of ``_fused_mlp.py`` keeps a per-thread array of 16+ values."""
     found = scan(MLP_SCRIPT)
     names = kernels_in(*MLP_SOURCES)

@@ -92,8 +92,8 @@ class NetworkWithInputEncoding(DifferentiableObject):
 
     def _inference_into(self, x, batch, out):
         """The encoding's kernel, then the network's (into ``out``, or ``None``: a new array); one launch for both
-        where the network's kernel runs the encoding sample by sample itself (the fused MLP kernels with a grid, on
-        device batches: ``Network._runs_encoding``)."""
+        where the network's kernel runs the encoding sample by sample itself (the fused MLP kernels with a grid or a
+        per-dimension encoding, on device batches: ``Network._runs_encoding``)."""
         network = self.network
         if network._runs_encoding(self.encoding, batch):
             return network._inference_into(x, batch, out, encoding=self.encoding)

@@ -5,8 +5,9 @@ outputs per input dim, ``y[d * width + j] = value(x_d, j)``, so their backward
 is ``dL/dx_d = sum_j dL/dy[d * width + j] * slope(x_d, j)`` and their second order (for
 ``L2 = <v, dL/dx>``) ``dL2/d(dL/dy[d * width + j]) = slope(x_d, j) v_d``,
 ``dL2/dx_d = v_d sum_j dL/dy[d * width + j] * curvature(x_d, j)``. A component only
-supplies the three ``ti.func``s; the batch kernels are built here once per
-(component, config) and shared by every object with that config. A component may
+supplies the three ``ti.func``s; the batch kernels (and the writer of one sample's
+features into a fused MLP kernel's tile) are built here once per (component, config) and shared by every object
+with that config. A component may
 replace the batch forward where its formula allows a faster one (Frequency on the CPU).
 """
 
@@ -75,7 +76,13 @@ def _kernels(cls, constants: tuple, n_dims: int, width: int, n_padding: int, fil
         for b, j in ti.ndrange(x.shape[0], n_padding):
             d_dy[b, raw + j] = 0.0
 
-    return Kernels(forward, backward, func, backward_func, backward_backward)
+    @ti.func
+    def features_into(weights: ti.template(), base, k, xs, put: ti.template(), sh: ti.template(), tile, q):
+        for d in ti.static(range(n_dims)):
+            for j in range(width):
+                put(sh, tile, q, d * width + j, value(xs[d], j))
+
+    return Kernels(forward, backward, func, backward_func, backward_backward, features_into)
 
 
 class PerDimEncoding(KernelEncoding):

@@ -69,14 +69,16 @@ class Encoding(DifferentiableObject):
 
 class Kernels(NamedTuple):
     """The kernels of a parameter-free encoding: batch ``forward(x, y)``, ``backward(x, dL_dy, dL_dx)``,
-    ``backward_backward(x, dL_ddLdx, dL_dy, dL_ddLdy, dL_dx)`` (second order) and the in-kernel
-    ``func`` / ``backward_func``."""
+    ``backward_backward(x, dL_ddLdx, dL_dy, dL_ddLdy, dL_dx)`` (second order), the in-kernel
+    ``func`` / ``backward_func`` and, if the encoding has one, its writer into an MLP kernel's tile
+    (:meth:`Encoding._features_into`)."""
 
     forward: Any
     backward: Any
     func: Any
     backward_func: Any
     backward_backward: Any
+    features_into: Any = None
 
 
 class KernelEncoding(Encoding):
@@ -89,6 +91,9 @@ class KernelEncoding(Encoding):
     def _sample_funcs(self, weights, grads):
         kernels = self._kernels()                   # no parameters: the weights do not matter
         return kernels.func, kernels.backward_func
+
+    def _features_into(self, batch):
+        return self._kernels().features_into
 
     def _forward(self, x, batch):
         y = batch.ops.empty_like(x, (x.shape[0], self.padded_output_width))
