@@ -255,10 +255,9 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         device_out = out is not None and check_out(out, caller, tuple(arr.shape[:-1]) + (self.n_output_dims,))
         batch = self._batch(arr, instance, deferred=active())
         x, ops, chunk = batch.x, batch.ops, chunk_samples(self, training=False)
-        if batch.on_device and batch.dense is not None and is_device(caller) and out is None:
-            out = ops.empty(tuple(arr.shape[:-1]) + (self.n_output_dims,))   # written in the dense layout
-            device_out = True
-        if device_out and batch.on_device:
+        if batch.on_device and (device_out or (batch.dense is not None and is_device(caller))):
+            if out is None:                             # a dense batch's outputs, written in its layout
+                out = ops.empty(tuple(arr.shape[:-1]) + (self.n_output_dims,))
             return self._inference_into(x, batch, out)
         if batch.size <= chunk or batch.on_device:       # a device batch is not cut
             y = self._finish(self._inference(x, batch), batch, caller)

@@ -243,9 +243,9 @@ class Census:
     ``(K * B_k, n)`` (the batch the model reads). ``ids``: a routed batch's ``(B,)`` int32 device ids (``None``:
     one network; a dense batch's are ``k`` repeated ``B_k`` times). ``n_dims``: the target's width (the
     normaliser's ``D``); ``target`` and ``pdf``: a training step's, checked here too; ``faults``: the record the
-    census writes a bad call into (a trainer's, or an object's for its inferences); ``final``: an inference (no
-    mask or normalisers); ``sort``: whether the kernel sorts a routed batch into tiles now (else :attr:`tiles` does, when asked; an
-    inference's census writes no mask or normalisers, and no counts unless it sorts);
+    census writes a bad call into (a trainer's, or an object's for its inferences); ``final``: an inference's
+    census (no mask or normalisers, and no counts unless it sorts); ``sort``: whether the kernel sorts a routed
+    batch into tiles now (else :attr:`tiles` does, when asked);
     ``reuse``: the arrays that only the step's own kernels read (mask, counts, ids, tiles, ...) are the
     ``faults``' own, kept from step to step (a training step's: the device runs its kernels in order, so the
     next step's census overwrites them after this step's kernels have read them); ``facts`` and ``values`` are

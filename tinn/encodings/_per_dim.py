@@ -5,10 +5,10 @@ outputs per input dim, ``y[d * width + j] = value(x_d, j)``, so their backward
 is ``dL/dx_d = sum_j dL/dy[d * width + j] * slope(x_d, j)`` and their second order (for
 ``L2 = <v, dL/dx>``) ``dL2/d(dL/dy[d * width + j]) = slope(x_d, j) v_d``,
 ``dL2/dx_d = v_d sum_j dL/dy[d * width + j] * curvature(x_d, j)``. A component only
-supplies the three ``ti.func``s; the batch kernels (and the writer of one sample's
-features into a fused MLP kernel's tile) are built here once per (component, config) and shared by every object
-with that config. A component may
-replace the batch forward where its formula allows a faster one (Frequency on the CPU).
+supplies the three ``ti.func``s; the batch kernels (and the writer of one sample's features
+into a fused MLP kernel's tile) are built here once per (component, config) and shared by
+every object with that config. A component may replace the batch forward where its formula
+allows a faster one (Frequency on the CPU).
 """
 
 
