@@ -12,7 +12,7 @@ copy of the two networks. One step (``Renderer.loss_and_gradients`` and both opt
 
 The variants alternate within each round; figures are medians over the rounds of ms per step. Each
 variant's launches and elements moved between host and device per step are counted once
-(``tinn.runtime.probe``). ``--device-path`` runs tinn's device path on this arch (``tinn.runtime.device.FORCE``: on
+(``tinn.runtime.probe``). ``--device-path`` runs tinn's device path on this arch (``tinn.runtime.program.FORCE``: on
 the CPU, the kernels a GPU runs). ``--host-cost`` times instead the Tape of one stage call (forward and reverse) on 64
 elements of a tiny network (Frequency + a 16-wide MLP), where the kernels have almost nothing to do: its time
 per launch is the host's cost of a launch, tinn's Python between the launches included.
@@ -34,7 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
 
 import tinn  # noqa: E402
-from tinn.runtime import device as _device
+from tinn.runtime import program as _program
 from tinn.runtime import probe as _probe
 import nerf  # noqa: E402
 
@@ -194,8 +194,8 @@ def main():
     ap.add_argument("--host-cost", action="store_true", help="time a tiny stage's Tape instead (launches' cost)")
     args = ap.parse_args()
     tinn.init(getattr(ti, args.arch))
-    _device.FORCE = args.device_path
-    out = {"arch": args.arch, "device_path": _device.active()}
+    _program.FORCE = args.device_path
+    out = {"arch": args.arch, "device_path": _program.active()}
     if args.host_cost:
         out["host cost"] = host_cost(args)
     else:

@@ -42,10 +42,10 @@ def _model(arch: str):
     import taichi as ti
     sys.path.insert(0, ROOT)
     import tinn
-    from tinn.runtime import device as _device
+    from tinn.runtime import program as _program
     from tinn.networks import _kernel_mlp
     tinn.init(arch=getattr(ti, arch))
-    _device.FORCE = True
+    _program.FORCE = True
     _kernel_mlp.FUSED_ARCHS = (getattr(ti, arch),)
     return tinn, np, ti, tinn.create_network(32, 3, NET)
 

@@ -2,7 +2,7 @@
 """What a device-path training step costs the host, against bare launches of the same kernels.
 
 Model: a tiny ``Frequency`` encoding (4 frequencies) + a 16-wide MLP (one hidden layer, 3 outputs), L2,
-Adam, on the device path (``tinn.runtime.device.FORCE = True``) with ``ti.ndarray`` batches of ``--batch``
+Adam, on the device path (``tinn.runtime.program.FORCE = True``) with ``ti.ndarray`` batches of ``--batch``
 samples: at 256 samples the kernels do almost nothing, so a step's time is what the host spends launching.
 
 One step is recorded (every kernel launch with its arguments), then five loops are timed, alternating in
@@ -42,7 +42,7 @@ from taichi.types.annotations import Template
 
 import tinn
 from tinn.batch import buffers as _buffers
-from tinn.runtime import device as _device
+from tinn.runtime import program as _program
 from tinn.runtime import probe as _probe
 
 CONFIG = {"loss": {"otype": "L2"}, "optimizer": {"otype": "Adam", "learning_rate": 1e-2},
@@ -230,7 +230,7 @@ def main():
 
     settings = dict(cpu_max_num_threads=args.threads) if args.arch == "cpu" else {}
     tinn.init(arch=getattr(ti, args.arch), log_level=ti.WARN, **settings)
-    _device.FORCE = True
+    _program.FORCE = True
     model = tinn.create_from_config(2, 3, CONFIG)
     rng = np.random.default_rng(0)
     x = _buffers.put(rng.random((args.batch, 2), dtype=np.float32))

@@ -27,11 +27,13 @@ CONFIG = {"encoding": {"otype": "HashGrid", "n_levels": 16, "n_features_per_leve
 
 
 def _device_switch():
-    for name in ("tinn.runtime.device", "tinn._device"):          # (the module's place in older trees)
+    for name in ("tinn.runtime.program", "tinn.runtime.device", "tinn._device"):   # (its place in older trees)
         try:
-            return importlib.import_module(name)
+            module = importlib.import_module(name)
         except ImportError:
-            pass
+            continue
+        if hasattr(module, "FORCE"):
+            return module
     raise ImportError("no device switch module")
 
 

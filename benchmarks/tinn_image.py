@@ -147,11 +147,11 @@ def main():
             chunks = [tinn.batch.buffers.put(np.ascontiguousarray(c)) for c in chunks]
         for _ in range(2):      # warm-up: the first pass compiles the inference kernels (the inference weights are
             for c in chunks:    # a field of their own) and the read-back's copy kernel; the pass after runs slow too
-                tinn.batch.kind.host(model.network.inference(c))
+                tinn.batch.batch.host(model.network.inference(c))
         with C.CpuMonitor() as imon:
             outs = [model.network.inference(c) for c in chunks]
             ti.sync()
-        out = np.concatenate([tinn.batch.kind.host(o) for o in outs])
+        out = np.concatenate([tinn.batch.batch.host(o) for o in outs])
         infer_cost = per_call(lambda: model.network.inference(chunks[0]))
         result.update(infer_launches_per_call=infer_cost["launches"], infer_read_backs_per_call=infer_cost["read_backs"])
         result.update(infer_samples_per_s=len(coords) / imon.wall, infer_pixels=len(coords),

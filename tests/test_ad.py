@@ -9,7 +9,7 @@ import pytest
 import taichi as ti
 
 import tinn
-from tinn.runtime import device as _device
+from tinn.runtime import program as _program
 
 R, S, DT = 24, 8, 0.05
 NET = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 2, "activation": "Tanh",
@@ -20,8 +20,8 @@ SMOOTH = {"otype": "Frequency", "n_frequencies": 2}
 @pytest.fixture(autouse=True, params=["host", "device"])
 def path(request, monkeypatch):
     """Every test runs on the CPU's own path and on the device path (kernels between the fields and tinn's
-    batches, ``tinn.runtime.device.FORCE``)."""
-    monkeypatch.setattr(_device, "FORCE", request.param == "device")
+    batches, ``tinn.runtime.program.FORCE``)."""
+    monkeypatch.setattr(_program, "FORCE", request.param == "device")
     return request.param
 
 
@@ -384,10 +384,10 @@ def test_input_gradient_alone_is_the_backward_input_gradient_and_leaves_the_para
     ids = (np.arange(n) % obj.n_instances).astype(np.int32) if obj.n_instances > 1 else None
     dy = rng.normal(size=(n, obj.n_output_dims)).astype(np.float32)
     _, ctx = obj.forward(x, ids)
-    dx = tinn.batch.kind.host(obj.backward(ctx, dy))
+    dx = tinn.batch.batch.host(obj.backward(ctx, dy))
     before = obj.gradients()
     assert obj.n_params == 0 or np.abs(before).max() > 0           # (there is something to leave alone)
-    alone = tinn.batch.kind.host(obj._input_gradient(ctx, ctx.batch.ops.adopt(dy)))
+    alone = tinn.batch.batch.host(obj._input_gradient(ctx, ctx.batch.ops.adopt(dy)))
     np.testing.assert_array_equal(obj.gradients(), before)
     np.testing.assert_allclose(alone, dx, rtol=1e-6, atol=1e-7 * np.abs(dx).max())
 

@@ -1,4 +1,4 @@
-"""tinn.ad stages on the device path (``tinn.runtime.device.FORCE``): the batch stays on the device.
+"""tinn.ad stages on the device path (``tinn.runtime.program.FORCE``): the batch stays on the device.
 
 A stage step (the Tape's forward and reverse through a stage, then the optimizer) moves only the survey's
 four counters between host and device, whatever the batch size; each stage call launches a fixed set of
@@ -9,7 +9,7 @@ import pytest
 import taichi as ti
 
 import tinn
-from tinn.runtime import device as _device
+from tinn.runtime import program as _program
 from tinn.runtime import probe as _probe
 
 NET = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1, "activation": "Softplus",
@@ -24,7 +24,7 @@ FORWARD_COPIES = {"_survey": 1, "ndarray_to_ext_arr": 1, "_gather": 1}
 
 @pytest.fixture(autouse=True)
 def device_path(monkeypatch):
-    monkeypatch.setattr(_device, "FORCE", True)
+    monkeypatch.setattr(_program, "FORCE", True)
 
 
 class Program:

@@ -1,4 +1,4 @@
-"""The batch operations of each kind (``tinn.batch.kind``): ``HOST`` (numpy) and ``DEVICE`` (``ti.ndarray``
+"""The batch operations of each kind (``tinn.batch.batch``): ``HOST`` (numpy) and ``DEVICE`` (``ti.ndarray``
 kernels) have the same methods and give numpy's results; the kind is chosen by ``ops_of``; validation is
 written once against them. Also: importing tinn changes no Taichi class, and reading a component's store
 allocates nothing."""
@@ -10,7 +10,7 @@ import taichi as ti
 from taichi.lang._ndarray import Ndarray
 
 import tinn
-from tinn.batch.kind import DEVICE, HOST, as_batch, check_id_range, check_ids, ops_of
+from tinn.batch.batch import DEVICE, HOST, as_batch, check_id_range, check_ids, ops_of
 from tinn.batch.buffers import put
 from tinn.registry import build_encoding
 
@@ -83,7 +83,7 @@ def test_has_bad_finds_non_finite_and_non_positive_values(ops, value, positive, 
 @pytest.mark.parametrize("kind", ["numpy", "ti.ndarray"])
 def test_validation_is_one_rule_for_both_kinds(kind, monkeypatch):
     """The same messages for a numpy batch and, on the device path, a ti.ndarray one."""
-    monkeypatch.setattr(tinn.runtime.device, "FORCE", True)
+    monkeypatch.setattr(tinn.runtime.program, "FORCE", True)
     wrap = (lambda x: x) if kind == "numpy" else put
     x = rng.random((8, 3), dtype=np.float32)
     x[5, 1] = np.inf
@@ -129,7 +129,7 @@ def test_the_path_is_the_calls_not_the_models(first, monkeypatch):
     x, dy = rng.random((37, 2), dtype=np.float32), rng.normal(size=(37, 3)).astype(np.float32)
     results = []
     for device in ([False, True, False] if first == "host path" else [True, False, True]):
-        monkeypatch.setattr(tinn.runtime.device, "FORCE", device)
+        monkeypatch.setattr(tinn.runtime.program, "FORCE", device)
         if not results:
             model = tinn.NetworkWithInputEncoding(2, 3, enc, net, seed=4)
         y, ctx = model.forward(x)
@@ -146,8 +146,8 @@ def test_a_step_checks_each_argument_once(path, routing, monkeypatch):
     """A training step (and the trainer's ``forward``) checks the shape and dtype of ``x``, ``target``, ``pdf``
     and the ids once, at the step's entry: the calls it composes (the model's forward, the loss) check none
     of them again, nor the model's output."""
-    import tinn.batch.kind as batch
-    monkeypatch.setattr(tinn.runtime.device, "FORCE", path == "device")
+    import tinn.batch.batch as batch
+    monkeypatch.setattr(tinn.runtime.program, "FORCE", path == "device")
     K = 1 if routing == "single" else 2
     model = tinn.NetworkWithInputEncoding(2, 3, {"otype": "Identity"}, {"otype": "FullyFusedMLP", "n_neurons": 16,
                                                                         "n_hidden_layers": 1}, n_instances=K, seed=2)

@@ -6,7 +6,7 @@ import pytest
 import taichi as ti
 
 import tinn
-from tinn.batch.kind import as_batch, as_instances
+from tinn.batch.batch import as_batch, as_instances
 
 CONFIG = {"encoding": {"otype": "HashGrid", "n_levels": 2, "log2_hashmap_size": 6, "base_resolution": 4},
           "network": {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1}}
@@ -43,7 +43,7 @@ def test_ti_ndarray_batches_train_like_numpy_ones(rng):
     np.testing.assert_array_equal(out, b.network.inference(x))
     bad = ti.ndarray(ti.f32, (40, 2))
     bad.from_numpy(np.where(np.arange(80).reshape(40, 2) == 9, np.nan, x).astype(np.float32))
-    if tinn.runtime.device.active():                  # the device path: found there, reported by the next read
+    if tinn.runtime.program.active():                  # the device path: found there, reported by the next read
         a.network.inference(bad)
         with pytest.raises(ValueError, match="x must be finite: row 4 holds nan .in inference call"):
             a.network.params()

@@ -1,6 +1,6 @@
-"""The device path (``tinn.runtime.device``): the MLP as Taichi kernels on ``ti.ndarray`` buffers.
+"""The device path (``tinn.runtime.program``): the MLP as Taichi kernels on ``ti.ndarray`` buffers.
 
-On the CPU it is forced (``tinn.runtime.device.FORCE``) and checked against the host BLAS path for every
+On the CPU it is forced (``tinn.runtime.program.FORCE``) and checked against the host BLAS path for every
 activation, width and depth the suite uses, forward, backward and second order, network arrays
 included, and against the host path of every encoding, second order included; on any other arch it is
 what runs, and a training step (a single network with a grid, per-dim or Composite encoding, or a
@@ -18,8 +18,8 @@ from taichi.lang.kernel_impl import Kernel
 
 import tinn
 from tinn.batch import buffers as _buffers
-from tinn.runtime import device as _device
-from tinn.batch import kind as _kind
+from tinn.runtime import program as _program
+from tinn.batch import batch as _kind
 from tinn.runtime.memory import HostView
 from tinn.networks import _kernel_mlp, _mlp_plan
 from tinn.batch.batch import Batch
@@ -35,18 +35,18 @@ blas_exists = pytest.mark.x64_only("the host BLAS path to compare with runs only
 @pytest.fixture
 def device_path(monkeypatch):
     """Build (and run) models on the device path on any arch."""
-    monkeypatch.setattr(_device, "FORCE", True)
+    monkeypatch.setattr(_program, "FORCE", True)
 
 
 @contextlib.contextmanager
 def path(device: bool):
     """Run on the device path (``FORCE``) or on the CPU's own path."""
-    before = _device.FORCE
-    _device.FORCE = device
+    before = _program.FORCE
+    _program.FORCE = device
     try:
         yield
     finally:
-        _device.FORCE = before
+        _program.FORCE = before
 
 
 def pair(build, monkeypatch):

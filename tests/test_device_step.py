@@ -2,7 +2,7 @@
 the device, skips the update of a bad batch there and raises its ``ValueError`` when the loss is read or at the
 trainer's next call that reads from the device (DESIGN: "Non-finite device batches skip the update on the device").
 
-On the CPU the device path is forced (``tinn.runtime.device.FORCE``); there the MLP runs layer by layer, so a step of
+On the CPU the device path is forced (``tinn.runtime.program.FORCE``); there the MLP runs layer by layer, so a step of
 ``config_hash`` may launch at most 16 kernels (a routed array's 24), and none of them reads back.
 
 An inference of device batches never waits either: the census, the encoding and the MLP (one fused kernel, or a
@@ -17,7 +17,7 @@ from taichi.lang import impl
 
 import tinn
 from tinn.batch import buffers as _buffers
-from tinn.runtime import device as _device
+from tinn.runtime import program as _program
 from tinn.batch.loss_value import LossValue
 from tinn.runtime.probe import counting
 from tinn.networks import _kernel_mlp
@@ -33,7 +33,7 @@ SECOND_ORDER_LAUNCHES = 40
 
 @pytest.fixture
 def device_path(monkeypatch):
-    monkeypatch.setattr(_device, "FORCE", True)
+    monkeypatch.setattr(_program, "FORCE", True)
 
 
 def config_hash():
@@ -78,7 +78,7 @@ def test_a_device_loss_behaves_as_the_loss(rng, device_path):
     model = tinn.create_from_config(2, 3, config_hash())
     host_x, host_t = rng.random((512, 2), dtype=np.float32), rng.random((512, 3), dtype=np.float32)
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(_device, "FORCE", False)
+        m.setattr(_program, "FORCE", False)
         reference = tinn.create_from_config(2, 3, config_hash())
         expected = reference.trainer.forward(host_x, host_t).loss
     loss = model.trainer.forward(_buffers.put(host_x), _buffers.put(host_t)).loss
@@ -192,7 +192,7 @@ def test_inference_writes_into_the_callers_buffer(rng, device_path, K):
             assert seen.kernels["_layer_forward"] == 3
     host = np.full(expected.shape, np.nan, np.float32)
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(_device, "FORCE", False)
+        m.setattr(_program, "FORCE", False)
         assert model.inference(x, out=host) is host
         np.testing.assert_allclose(host, expected, rtol=1e-4, atol=1e-6)
 
@@ -256,7 +256,7 @@ def test_a_device_inference_reads_nothing_back_and_launches_few_kernels(rng, mon
         assert seen.launches <= 2 + (routing == "numpy ids"), seen.kernels
     host_x, host_ids = x.to_numpy(), ids.to_numpy() if isinstance(ids, ti.Ndarray) else ids
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(_device, "FORCE", False)
+        m.setattr(_program, "FORCE", False)
         expected = model.inference(host_x, host_ids)
     np.testing.assert_allclose(y.to_numpy(), expected, rtol=1e-4, atol=1e-5)
 
@@ -286,9 +286,9 @@ def test_a_bad_device_inference_raises_at_the_next_call_that_reads(rng, device_p
         bad_ids[9] = K
     shaped = bad_x.reshape(x.shape)
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(_device, "FORCE", False)
+        m.setattr(_program, "FORCE", False)
         expected = net.inference(host_x, host_ids)               # off the CPU a device inference too: call 2
-    bad_call = 2 if _device.is_cpu() else 3
+    bad_call = 2 if _program.is_cpu() else 3
     with counting() as seen:
         y = net.inference(_buffers.put(shaped), None if bad_ids is None or routing == "dense" else _buffers.put(bad_ids, ti.i32))
     assert seen.read_backs == 0

@@ -1,6 +1,6 @@
 """Every program in docs/differentiable_programming.md runs, each in its own process (each calls ti.init).
 
-The programs with stages (``tinn.ad``) run on the device path too (``tinn.runtime.device.FORCE``: the stages'
+The programs with stages (``tinn.ad``) run on the device path too (``tinn.runtime.program.FORCE``: the stages'
 kernels between the fields and tinn's batches). A block marked ``expect=crash`` shows code that kills the process in Taichi 1.7.4 (an adstack overflow):
 it must still do so, or the guide is out of date. The others assert their own claims (the "wrong" programs
 assert that their gradients are wrong).
@@ -23,7 +23,7 @@ def snippets():
     return [pytest.param(code, bool(crash), id=name) for name, crash, code in found]
 
 
-DEVICE_PATH = "import tinn.runtime.device\ntinn.runtime.device.FORCE = True\n"
+DEVICE_PATH = "import tinn.runtime.program\ntinn.runtime.program.FORCE = True\n"
 
 
 def stage_snippets():

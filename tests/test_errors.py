@@ -192,7 +192,7 @@ def test_a_ti_ndarray_from_before_reinit_raises_instead_of_crashing(arch):
     result = _run(f"""
         import numpy as np, taichi as ti, tinn
         ti.init(arch=ti.cpu, log_level=ti.WARN)
-        tinn.runtime.device.FORCE = {arch == "device path"}
+        tinn.runtime.program.FORCE = {arch == "device path"}
         x = ti.ndarray(ti.f32, (8, 2))
         ids = ti.ndarray(ti.i32, (8,))
         ti.init(arch=ti.cpu, log_level=ti.WARN)

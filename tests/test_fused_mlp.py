@@ -8,7 +8,7 @@ import taichi as ti
 
 import tinn
 from tinn.batch import buffers as _buffers
-from tinn.runtime import device as _device
+from tinn.runtime import program as _program
 from tinn.runtime.probe import counting
 from tinn.networks import _fused_layout, _fused_mlp
 from tinn.networks._mlp_plan import FUSED_TILINGS, MLPPlan, thread_tile
@@ -180,6 +180,6 @@ def test_an_inference_runs_the_encoding_inside_the_fused_kernel(rng, monkeypatch
     assert_close(y.to_numpy(), y_forward.to_numpy(), rtol=1e-6, atol_rel=1e-6)
     if precision == "float32":
         with monkeypatch.context() as m:
-            m.setattr(_device, "FORCE", False)
+            m.setattr(_program, "FORCE", False)
             host = model.inference(xh, ids)
         assert_close(y.to_numpy(), host, rtol=1e-5, atol_rel=1e-5)

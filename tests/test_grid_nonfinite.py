@@ -31,11 +31,11 @@ import sys, numpy as np, taichi as ti
 sys.path.insert(0, {tests!r})
 ti.init(arch=getattr(ti, {arch!r}), log_level=ti.ERROR, enable_fallback=False)
 import tinn
-from tinn.runtime import device as _device
+from tinn.runtime import program as _program
 from tinn.batch.batch import Batch
 from tinn.batch.routing import Routing
 import test_grid_nonfinite as t
-_device.FORCE = True
+_program.FORCE = True
 for case in t.CASES:
     t.check(tinn, ti, Batch, Routing, case)
 print("clean exit")
@@ -85,7 +85,7 @@ def check(tinn, ti, Batch, Routing, case):
     x, n_finite = batch(D, rng)
     B, width = x.shape[0], enc.padded_output_width
     xd = nd(ti, x)
-    y, ctx = enc._forward(xd, Batch(xd, Routing(B), tinn.batch.kind.DEVICE))     # a device batch: values unchecked
+    y, ctx = enc._forward(xd, Batch(xd, Routing(B), tinn.batch.batch.DEVICE))     # a device batch: values unchecked
     y = y.to_numpy()
     np.testing.assert_allclose(y[:n_finite, :N_LEVELS * F], grid_ref(x[:n_finite], theta, levels, F, interp),
                                rtol=1e-4, atol=1e-5)

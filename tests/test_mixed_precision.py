@@ -8,7 +8,7 @@ import taichi as ti
 from taichi.lang import impl
 
 import tinn
-from tinn.runtime.device import HALF_ARCHS
+from tinn.runtime.program import HALF_ARCHS
 from tinn.mixed_precision import LossScale
 from tinn.params import FLOAT16_MAX
 from reference import (EncodingRef, assert_close, mlp_backward_ref, mlp_forward_ref, mlp_shapes,
@@ -44,7 +44,7 @@ def test_float16_is_refused_before_any_field_where_the_arch_lacks_it(monkeypatch
     ValueError naming the arch, nothing allocated."""
     arch = impl.current_cfg().arch.name
     if HALF:
-        monkeypatch.setattr(tinn.runtime.device, "HALF_ARCHS", tuple(a for a in HALF_ARCHS if a != arch))
+        monkeypatch.setattr(tinn.runtime.program, "HALF_ARCHS", tuple(a for a in HALF_ARCHS if a != arch))
     arenas = set(tinn.params._ARENAS)
     with pytest.raises(ValueError, match=f"float16.*runs on {arch}"):
         tinn.create_from_config(2, 1, {"encoding": {"otype": "HashGrid", "n_levels": 2, "log2_hashmap_size": 4},
@@ -99,7 +99,7 @@ def test_network_in_half_precision(device, monkeypatch):
     before the next layer reads it, each pre-activation rounded where the backward differentiates at it) and
     writes float32 gradients: forward and gradients against §2.2's reference at the rounded weights and
     activations, which the unrounded reference misses."""
-    monkeypatch.setattr(tinn.runtime.device, "FORCE", device)
+    monkeypatch.setattr(tinn.runtime.program, "FORCE", device)
     cfg = {"otype": "FullyFusedMLP", "activation": "Tanh", "output_activation": "Sigmoid", "n_neurons": 16,
            "n_hidden_layers": 2}
     net = tinn.create_network(5, 3, cfg, precision="float16")
@@ -179,7 +179,7 @@ def test_half_activations_agree_on_host_and_device(n_instances, monkeypatch):
     theta = f16(rng.normal(0, 0.7, (n_instances, tinn.create_network(4, 2, cfg).n_params)))
     results = []
     for device in (False, True):
-        monkeypatch.setattr(tinn.runtime.device, "FORCE", device)
+        monkeypatch.setattr(tinn.runtime.program, "FORCE", device)
         net = tinn.create_network(4, 2, cfg, n_instances=n_instances, precision="float16")
         net.set_params(theta if n_instances > 1 else theta[0])
         put = tinn.batch.buffers.put if device else (lambda a: a)
@@ -275,7 +275,7 @@ def test_half_gradients_are_float32_sums(which, device, monkeypatch):
     """A float16 store's gradients are float32 (its weights float16), and a gradient summed from thousands of
     small per-sample contributions (per-block partial sums and atomics on the device path) matches a float64
     NumPy reference within float32 rounding: tighter than float16's rounding of the exact sums (checked)."""
-    monkeypatch.setattr(tinn.runtime.device, "FORCE", device)
+    monkeypatch.setattr(tinn.runtime.program, "FORCE", device)
     rng = np.random.default_rng(8)
     B = 1 << 14
     if which == "HashGrid":
@@ -391,7 +391,7 @@ def test_device_path_in_half_precision(monkeypatch):
     x, t = batch(5)
     host = model()
     losses = [host.trainer.training_step(x, t) for _ in range(3)]
-    monkeypatch.setattr(tinn.runtime.device, "FORCE", True)
+    monkeypatch.setattr(tinn.runtime.program, "FORCE", True)
     dev = model()
     xd, td = tinn.batch.buffers.put(x), tinn.batch.buffers.put(t)
     dev_losses = [float(dev.trainer.training_step(xd, td)) for _ in range(3)]

@@ -273,4 +273,4 @@ def test_a_routed_step_counts_the_samples_per_network_once(data, monkeypatch):
         return real(a, weights, minlength)
     monkeypatch.setattr(np, "bincount", counting)
     model.trainer.training_step(x.reshape(-1, 2), y.reshape(-1, 3), ids)
-    assert calls == ([] if tinn.runtime.device.active() else [len(ids)])
+    assert calls == ([] if tinn.runtime.program.active() else [len(ids)])

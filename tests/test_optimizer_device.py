@@ -13,7 +13,7 @@ import taichi as ti
 
 import tinn
 from tinn.batch import buffers as _buffers
-from tinn.runtime import device as _device
+from tinn.runtime import program as _program
 from tinn.runtime.probe import counting
 from tinn.registry import optimizers
 
@@ -79,7 +79,7 @@ def snapshot(m, opt) -> dict:
 
 def train(name: str, on_device: bool, monkeypatch, masks=MASKS):
     """``name`` stepped under ``masks`` on one path; returns the model, optimizer and what the steps did."""
-    monkeypatch.setattr(_device, "FORCE", on_device)
+    monkeypatch.setattr(_program, "FORCE", on_device)
     m, opt = build(name)
     store, seen = m.store, []
     for i, mask in enumerate(masks):
@@ -136,7 +136,7 @@ def test_an_all_zero_device_mask_leaves_everything_untouched(monkeypatch, name):
 
 
 def test_step_takes_no_model_and_checks_active_before_anything(monkeypatch):
-    monkeypatch.setattr(_device, "FORCE", True)
+    monkeypatch.setattr(_program, "FORCE", True)
     m, opt = build("Adam")
     with pytest.raises(TypeError, match="allocate"):
         opt.step(m)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import tinn
-from tinn.runtime import device as _device
+from tinn.runtime import program as _program
 from reference import EncodingRef, assert_close, fd_input_gradient, second_order_fd, smooth_points
 
 CFG = {"otype": "Permutohedral", "n_levels": 2, "n_features_per_level": 2, "base_resolution": 4,
@@ -86,7 +86,7 @@ def test_device_path_equals_the_host_path(monkeypatch):
         return [np.asarray(a) for a in (y, dx, g, d_dy, enc.gradients())]
 
     host = run()
-    monkeypatch.setattr(_device, "FORCE", True)
+    monkeypatch.setattr(_program, "FORCE", True)
     for a, b in zip(run(), host):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.abs(b).max())
 

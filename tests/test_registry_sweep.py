@@ -157,7 +157,7 @@ def test_encoding_input_gradient(encoding_case, name, i):
     gradients = enc.gradients()
     g = ctx.batch.ops.adopt(dL_dy) if dL_dy.shape[1] else dL_dy    # the batch's kind (Taichi has no empty ndarray)
     alone = enc._input_gradient(ctx, g)
-    assert_close(tinn.batch.kind.host(alone), fd, rtol=1e-3, atol_rel=1e-4, atol=1e-6)
+    assert_close(tinn.batch.batch.host(alone), fd, rtol=1e-3, atol_rel=1e-4, atol=1e-6)
     np.testing.assert_array_equal(enc.gradients(), gradients)
     assert enc.backward(ctx, dL_dy, input_gradient=False) is None
 

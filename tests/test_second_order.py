@@ -13,8 +13,8 @@ import taichi as ti
 
 import tinn
 from tinn.batch import buffers as _buffers
-from tinn.runtime import device as _device
-from tinn.batch import kind as _kind
+from tinn.runtime import program as _program
+from tinn.batch import batch as _kind
 from tinn.networks import activations
 from reference import (ACTIVATIONS, EncodingRef, act_grad_ref, act_ref, act_second_ref, assert_close,
                        fd_gradient, fd_input_gradient, mlp_backward_ref, mlp_forward_ref, mlp_second_order_ref,
@@ -324,7 +324,7 @@ def test_grid_model_on_the_device_path_equals_the_host_path(monkeypatch):
     g = rng.normal(size=(50, 2)).astype(np.float32)
     results = {}
     for kind, device_path in (("host", False), ("numpy", True), ("ti.ndarray", True)):
-        monkeypatch.setattr(_device, "FORCE", device_path)
+        monkeypatch.setattr(_program, "FORCE", device_path)
         model = tinn.NetworkWithInputEncoding(3, 2, *cfg, seed=3)
         put = _buffers.put if kind == "ti.ndarray" else np.asarray
         _, ctx = model.forward(put(x))

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from tinn.runtime import device as _device
+from tinn.runtime import program as _program
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
@@ -23,7 +23,7 @@ def small_swarm(n_agents, horizon, seed=0):
 
 @pytest.mark.parametrize("device", [False, True], ids=["host", "device"])
 def test_the_arrays_gradient_through_two_simulation_steps_matches_central_differences(device, monkeypatch):
-    monkeypatch.setattr(_device, "FORCE", device)
+    monkeypatch.setattr(_program, "FORCE", device)
     sim, _ = small_swarm(6, horizon=2)
     net = sim.network
     net.set_params(net.params() * 4)                  # actions well away from 0: every term of the objective moves

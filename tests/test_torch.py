@@ -14,7 +14,7 @@ import tinn  # noqa: E402
 import tinn.torch as tt  # noqa: E402
 from torch_checks import check_first_order  # noqa: E402
 from taichi.lang import impl  # noqa: E402
-from tinn.runtime.device import HALF_ARCHS  # noqa: E402
+from tinn.runtime.program import HALF_ARCHS  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HASH = {"otype": "HashGrid", "n_levels": 4, "n_features_per_level": 2, "log2_hashmap_size": 10,

@@ -1,7 +1,7 @@
 """tinn.torch on the device path (``tinn.torch._tensors``): tensors cross to tinn by copy kernels that take
 the tensor itself, never through the host.
 
-On the CPU the device path is forced (``tinn.runtime.device.FORCE``) with CPU tensors standing in for CUDA ones
+On the CPU the device path is forced (``tinn.runtime.program.FORCE``) with CPU tensors standing in for CUDA ones
 (Taichi's kernels address both directly) and checked against the host path: outputs, ``x.grad``,
 ``params.grad`` and Eikonal second order, and a training step that moves nothing through numpy. On any
 arch the bridge is checked against tinn's native API fed numpy arrays (on Vulkan or Metal: the route
@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch", reason="tinn.torch needs torch (pip install
 
 import tinn  # noqa: E402
 import tinn.torch as tt  # noqa: E402
-from tinn.runtime import device as _device
+from tinn.runtime import program as _program
 from tinn.torch import _tensors  # noqa: E402
 from tinn.torch._tensors import DIRECT, HOST, UPLOAD  # noqa: E402
 from test_device_path import _Seam, path  # noqa: E402
@@ -180,7 +180,7 @@ def test_a_torch_training_step_on_the_device_path_stays_there(rng, monkeypatch, 
     and a ``torch.optim.Adam`` step of a HashGrid + MLP model or a routed array of them: no tensor passes
     through numpy or the host, no ndarray is read back, no host BLAS; only the loss (and for the array the
     per-network sample counts) comes back."""
-    monkeypatch.setattr(_device, "FORCE", True)
+    monkeypatch.setattr(_program, "FORCE", True)
     B = 1 << 14
     model = build(routed=routed)
     assert model.n_params < B

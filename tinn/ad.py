@@ -39,7 +39,7 @@ from taichi.lang.matrix import MatrixField
 
 from .batch.fields import DeviceMoves, HostMoves
 from .object import DifferentiableObject
-from .runtime import device as _device
+from .runtime import program as _program
 
 
 def _check_field(name, f, n, shape=None, vector=True):
@@ -113,7 +113,7 @@ class _Stage:
         return self._active
 
     def _take(self, call):
-        call.moves = DeviceMoves if _device.active() else HostMoves
+        call.moves = DeviceMoves if _program.active() else HostMoves
         call.taken = call.moves.take(self)
         self._active = call.taken.active
 

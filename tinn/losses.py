@@ -23,15 +23,13 @@ network) is not an error: it gives a non-finite loss, as in tcnn.
 import numpy as np
 import taichi as ti
 
-from .batch.batch import Batch
-from .batch.kind import as_batch, callers_kind, callers_loss
+from .batch.batch import Batch, as_batch, callers_kind, callers_loss
 from .batch.loss_value import sums_of
 from .keys import Options
 from .object import Object
 from .registry import losses
-from .runtime.device import is_cpu
+from .runtime.program import RuntimeBound, is_cpu
 from .runtime.kernels import specialised
-from .runtime.program import RuntimeBound
 from .runtime.types import F32_1D, F32_2D, I32_1D
 
 ROWS_PER_TASK = 256

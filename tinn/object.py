@@ -8,7 +8,7 @@
   ``backward(ctx, dL_dy) -> dL_dx`` and the second order
   ``backward_backward_input(ctx, dL_ddLdx, dL_dy) -> (dL_ddLdy, dL_dx)``. Public methods check their
   arguments and hand each batch, of the path's one kind (a contiguous numpy array on the host path, a
-  ``ti.ndarray`` on the device path: ``tinn.batch.kind.as_batch``), to the private ``_inference`` / ``_forward`` /
+  ``ti.ndarray`` on the device path: ``tinn.batch.batch.as_batch``), to the private ``_inference`` / ``_forward`` /
   ``_backward`` / ``_backward_backward_input`` (and ``_input_gradient``: dL/dx alone) of each component, whose outputs are at least
   ``n_output_dims`` wide (an encoding's own padding included) and whose output gradients are
   ``n_output_dims`` wide.
@@ -22,14 +22,12 @@ import functools
 
 import numpy as np
 
-from .batch.batch import Batch
-from .batch.census import Faults
-from .batch.kind import as_batch, callers_kind, callers_output, check_out, is_device
+from .batch.batch import Batch, as_batch, callers_kind, callers_output, check_out, is_device
+from .batch.census import Faults, Request
 from .keys import check_int, check_seed
 from .params import ParamStore
-from .runtime.device import active
+from .runtime.program import RuntimeBound, active
 from .runtime.kernels import fill_columns
-from .runtime.program import RuntimeBound
 from .runtime.rng import Pcg32
 from .runtime.sample import SampleFuncs
 
@@ -217,7 +215,7 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         return x
 
     def _input(self, x, instance, deferred: bool):
-        """The batch ``x`` checked (:func:`~tinn.batch.kind.as_batch`; a device batch's values left to the census if
+        """The batch ``x`` checked (:func:`~tinn.batch.batch.as_batch`; a device batch's values left to the census if
         ``deferred``), of the path's kind, not yet flattened."""
         return as_batch(x, self.n_input_dims, allow_dense=self.n_instances > 1 and instance is None, finite=True,
                         deferred=deferred)
@@ -226,8 +224,8 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         """The :class:`~tinn.batch.batch.Batch` of a checked input ``arr``; ``deferred`` (an inference): a device
         batch's values and ids are checked on the device by a census that writes this object's fault record
         (:meth:`_settle`), nothing read back; shapes, dtypes and host ids are checked here."""
-        sort = self._sorts_routed() and len(arr.shape) == 2          # a dense batch's networks need no sort
-        census = (1, self._faults, True, True, sort) if deferred else None
+        sort = deferred and self._sorts_routed() and len(arr.shape) == 2     # a dense batch's networks: no sort
+        census = Request(faults=self._faults, reuse=True, final=True, sort=sort) if deferred else None
         return Batch.of(arr, instance, self.n_instances, checked=(arr,), census=census)
 
     @functools.cached_property

@@ -20,10 +20,9 @@ from __future__ import annotations
 import numpy as np
 import taichi as ti
 
-from .runtime.device import require_half
+from .runtime.program import RuntimeBound, current_program, require_half
 from .runtime.kernels import copy_columns, fill_columns, rows_copy
 from .runtime.memory import MAX_ELEMENTS, FieldTree, check_allocation, host_views, register_views
-from .runtime.program import RuntimeBound, current_program
 
 VIEW_MIN = 1 << 18
 """Floats from which a block of all instances' parameters is used in place instead of copied (1 MiB)."""

@@ -45,9 +45,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import serialization, tcnn_snapshot
-from .batch.batch import Batch
-from .batch.census import Faults
-from .batch.kind import as_batch, callers_loss
+from .batch.batch import Batch, as_batch, callers_loss
+from .batch.census import Faults, Request
 from .mixed_precision import LossScale, MasterWeights
 from .object import Context, DifferentiableObject, chunk_samples
 from .runtime.program import RuntimeBound
@@ -223,7 +222,7 @@ class Trainer(RuntimeBound):
             if pdf.shape != target.shape:
                 raise ValueError(f"pdf must have the target's shape {tuple(target.shape)}, got {tuple(pdf.shape)}")
         sort = len(x.shape) == 2 or model._dense_needs_sort()           # (for device batches only)
-        census = (model.n_output_dims, self._faults, reuse, False, sort, target, pdf)
+        census = Request(model.n_output_dims, self._faults, reuse, sort=sort, target=target, pdf=pdf)
         batch = Batch.of(x, instance, model.n_instances, checked=(x, target, pdf), census=census)
         return batch, target, pdf
 

@@ -1,6 +1,5 @@
-"""What one call carries, below every component: what kind a batch is, its checks and the seams back to the
-caller's kind (``kind``), the operations of each kind (``host_ops`` for numpy, ``device_ops`` for
-``ti.ndarray``), device buffers (``buffers``), the ``Batch`` value one call carries (``batch``), how a batch
-spreads over a network array, its host row blocks included (``routing``), the device census of a step
-(``census``), a batch's loss per network (``loss_value``) and the moves between a user's fields and batches
-(``fields``). Imports only ``tinn.runtime``."""
+"""What one call carries, below every component: the ``Batch`` value one call carries, what kind a batch is, its
+checks and the seams back to the caller's kind (``batch``), the operations of each kind (``host_ops`` for numpy,
+``device_ops`` for ``ti.ndarray``), device buffers (``buffers``), how a batch spreads over a network array, its host
+row blocks included (``routing``), the device census of a step (``census``), a batch's loss per network
+(``loss_value``) and the moves between a user's fields and batches (``fields``). Imports only ``tinn.runtime``."""

@@ -16,7 +16,6 @@ from taichi.lang._ndarray import Ndarray, ScalarNdarray
 from taichi.lang.enums import Layout
 from taichi.lang.util import cook_dtype
 
-from ..runtime.device import active
 from ..runtime.types import I32_1D
 
 _NUMPY_TYPES = {ti.f32: np.float32, ti.f16: np.float16, ti.i32: np.int32}
@@ -127,16 +126,14 @@ class Pool:
 
 class Mirror:
     """A small host array that kernels only read (a mask of networks, a learning rate per network, a
-    table), as a kernel argument: on the device path a ``ti.ndarray`` uploaded again only when its values
-    change, on the CPU the host array itself. (On CUDA a numpy kernel argument costs a device allocation,
-    two copies and two waits for the whole device at every launch.)"""
+    table), as a device path's kernel argument: a ``ti.ndarray`` uploaded again only when its values
+    change (on the host path kernels take the host array itself). On CUDA a numpy kernel argument costs a
+    device allocation, two copies and two waits for the whole device at every launch."""
 
     def __init__(self):
         self._values = self._array = self._program = None
 
     def __call__(self, values: np.ndarray):
-        if not active():
-            return values
         program = impl.get_runtime().prog
         if (program is not self._program or self._values is None or self._values.shape != values.shape
                 or self._values.dtype != values.dtype or not np.array_equal(self._values, values)):

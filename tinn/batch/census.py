@@ -23,6 +23,8 @@ An inference's census writes no mask or normalisers, and sorts no tiles unless a
 read each sample's network directly; ``Census.tiles`` sorts on first use, with one more launch and no read-back).
 """
 
+from dataclasses import dataclass
+
 import numpy as np
 import taichi as ti
 
@@ -237,22 +239,37 @@ def unused(shape: tuple, dtype=ti.i32):
     return _buffers.kept(("unused", shape, dtype), lambda: _buffers.buffer(shape, dtype))
 
 
-class Census:
-    """What :func:`_census_kernel` found in one step's batch ``x`` (module docstring); every array stays on
-    the device. ``x``: ``(B, n)``, or a dense ``(K, B_k, n)`` batch, which the kernel flattens into ``self.x``
-    ``(K * B_k, n)`` (the batch the model reads). ``ids``: a routed batch's ``(B,)`` int32 device ids (``None``:
-    one network; a dense batch's are ``k`` repeated ``B_k`` times). ``n_dims``: the target's width (the
-    normaliser's ``D``); ``target`` and ``pdf``: a training step's, checked here too; ``faults``: the record the
-    census writes a bad call into (a trainer's, or an object's for its inferences); ``final``: an inference's
-    census (no mask or normalisers, and no counts unless it sorts); ``sort``: whether the kernel sorts a routed
-    batch into tiles now (else :attr:`tiles` does, when asked);
-    ``reuse``: the arrays that only the step's own kernels read (mask, counts, ids, tiles, ...) are the
-    ``faults``' own, kept from step to step (a training step's: the device runs its kernels in order, so the
-    next step's census overwrites them after this step's kernels have read them); ``facts`` and ``values`` are
-    this census's own, for a loss read later (kept too for an inference, which no loss reads)."""
+@dataclass(frozen=True, eq=False)
+class Request:
+    """What a device batch's census is asked to do (``Batch.of(..., census=Request(...))``).
 
-    def __init__(self, x, ids, n_instances: int, n_dims: int, faults=None, reuse: bool = False, *,
-                 sort: bool = True, final: bool = False, target=None, pdf=None):
+    ``n_dims``: the target's width (the normaliser's ``D``); ``faults``: the record the census writes a bad call
+    into (a trainer's, or an object's for its inferences; ``None``: none); ``reuse``: the arrays that only the
+    step's own kernels read (mask, counts, ids, tiles, ...) are the ``faults``' own, kept from step to step (a
+    training step's: the device runs its kernels in order, so the next step's census overwrites them after this
+    step's kernels have read them); ``final``: an inference's census (no mask or normalisers, and no counts
+    unless it sorts); ``sort``: whether the kernel sorts a routed batch into tiles now (else
+    :attr:`Census.tiles` does, when asked); ``target`` and ``pdf``: a training step's, checked too."""
+    n_dims: int = 1
+    faults: object = None
+    reuse: bool = False
+    final: bool = False
+    sort: bool = True
+    target: object = None
+    pdf: object = None
+
+
+class Census:
+    """What :func:`_census_kernel` found in one step's batch ``x`` (module docstring), as ``request``
+    (:class:`Request`) asked; every array stays on the device. ``x``: ``(B, n)``, or a dense ``(K, B_k, n)``
+    batch, which the kernel flattens into ``self.x`` ``(K * B_k, n)`` (the batch the model reads). ``ids``: a
+    routed batch's ``(B,)`` int32 device ids (``None``: one network; a dense batch's are ``k`` repeated ``B_k``
+    times). ``facts`` and ``values`` are this census's own, for a loss read later (kept too for an inference,
+    which no loss reads)."""
+
+    def __init__(self, x, ids, n_instances: int, request: Request):
+        n_dims, faults, reuse, final, sort = request.n_dims, request.faults, request.reuse, request.final, request.sort
+        target, pdf = request.target, request.pdf
         source, dense = x, len(x.shape) == 3
         if dense:                                   # flattened by the census kernel
             x = _buffers.buffer((x.shape[0] * x.shape[1], x.shape[2]))

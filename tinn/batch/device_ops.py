@@ -3,7 +3,7 @@
 :data:`DEVICE` has the methods of ``tinn.batch.host_ops.HOST`` (same names, same results) for batches that stay
 on the device: new buffers, column slices and concatenations, element-wise folds, the dense
 ``(K, B, n)`` <-> ``(K * B, n)`` regrouping, a count of non-finite values and a sum, each read back
-only where a number must reach the host. ``tinn.batch.kind.ops_of`` picks it for a ``ti.ndarray`` batch.
+only where a number must reach the host. ``tinn.batch.batch.ops_of`` picks it for a ``ti.ndarray`` batch.
 """
 import numpy as np
 import taichi as ti

@@ -16,10 +16,9 @@ import taichi as ti
 from ..runtime.types import ANY_2D, I32_1D
 from . import buffers as _buffers
 from .batch import Batch
-from .census import NONE, SCAN
-from .kind import check_id_range
+from .census import NONE, SCAN, Request
 from .device_ops import DEVICE
-from .routing import Routing
+from .routing import Routing, check_id_range
 
 N_TAKEN, ID_LO, ID_HI, BAD = range(4)
 """Slots of a device survey's ``facts`` (int32): elements taken, the ids' range, the first element whose x
@@ -260,7 +259,7 @@ class DeviceMoves:
             batch = Batch(taken.x, Routing(taken.n), DEVICE, checked=(taken.x,))
         else:
             batch = Batch.of(taken.x, taken.inst, network.n_instances, checked=(taken.x,),
-                             census=(network.n_output_dims, None, False))
+                             census=Request(network.n_output_dims))
         return network._forward(batch.x, batch)
 
     @staticmethod

@@ -1,7 +1,7 @@
 """The batch operations on the host path: numpy batches, each operation numpy's own.
 
 :data:`HOST` has the methods of ``tinn.batch.device_ops.DEVICE`` (same names, same results) for numpy
-batches; ``tinn.batch.kind.ops_of`` picks it for anything that is not a ``ti.ndarray``. Arrays that arrive as
+batches; ``tinn.batch.batch.ops_of`` picks it for anything that is not a ``ti.ndarray``. Arrays that arrive as
 ``ti.ndarray``s or torch tensors on the host path become numpy here (:func:`to_numpy`), in place where
 their memory is the host's (:func:`ndarray_view`).
 """

@@ -12,7 +12,7 @@ the k-th run of ``B_k`` samples; a dense ``ti.ndarray`` is flattened by a copy o
 The host path sorts a routed batch by network into row blocks for the MLP's batched products
 (:class:`Groups`, made on first use: ``routing.groups``).
 
-On the device path (``tinn.runtime.device``) a routed batch stays on the device: ``Routing.ids`` are the
+On the device path (``tinn.runtime.program``) a routed batch stays on the device: ``Routing.ids`` are the
 ids as an int32 ``ti.ndarray`` (the caller's own, or uploaded once), ``counts`` are counted there
 (``n_instances`` integers read back: the optimizer steps only networks that got samples), and
 ``Routing.tiles`` sorts the samples by network into *tiles* of at most ``TILE`` samples of one
@@ -27,11 +27,10 @@ import functools
 import numpy as np
 import taichi as ti
 
-from ..runtime.program import check_live
 from ..runtime.types import F32_2D, I32_1D, I32_2D, I64_1D
 from . import buffers as _buffers
 from .census import TILE, Census, place, tile_row
-from .kind import DEVICE, check_id_range, check_ids, ops_of
+from .device_ops import DEVICE
 
 # -- the host path: a routed batch in row blocks per network ---------------------------------------------
 BLOCK_COST = 32
@@ -179,20 +178,18 @@ def _sort_ids(ids: I32_1D, offsets: I32_2D, cursor: I32_1D, order: I32_1D, tiles
         tile_row(offsets, tiles, t)
 
 
-def check_device_ids(instance, batch: int):
-    """A device ``instance`` array's kind, dtype and shape, as :func:`~tinn.batch.kind.as_instances` checks numpy ones
-    (its values are checked on the device)."""
-    check_live(instance, "instance")
-    check_ids(instance, batch)
-    return instance
+def check_id_range(lo: int, hi: int, n_instances: int):
+    """The rule for network ids: every id lies in ``[0, n_instances)``, given their least ``lo`` and
+    greatest ``hi`` (however they were found: on the host, or by a census on the device)."""
+    if lo < 0 or hi >= n_instances:
+        raise ValueError(f"instance ids must lie in [0, {n_instances}), got values in [{lo}, {hi}]")
 
 
-def device_ids(instance, batch: int, n_instances: int | None):
-    """A device batch's ``(batch,)`` int32 ``ti.ndarray`` of ids checked as :func:`~tinn.batch.kind.as_instances`
-    checks numpy ones, their range found on the device together with the samples of each network (one
-    read-back of ``n_instances + 2`` integers); ``n_instances=None`` takes the largest id + 1 (the range is
-    read first). Returns ``(ids, n_instances, counts)``, ``counts`` ``(n_instances,)`` int64."""
-    check_device_ids(instance, batch)
+def device_ids(instance, n_instances: int | None):
+    """A device batch's ``(batch,)`` int32 ``ti.ndarray`` of ids (its kind, dtype and shape checked,
+    :func:`~tinn.batch.batch.check_device_ids`): their range checked on the device together with the samples of
+    each network (one read-back of ``n_instances + 2`` integers); ``n_instances=None`` takes the largest id + 1
+    (the range is read first). Returns ``(ids, n_instances, counts)``, ``counts`` ``(n_instances,)`` int64."""
     if n_instances is None:                     # a census of no networks: the range alone
         span = _buffers.buffer((2,), ti.i32)
         _id_census(instance, span)
@@ -253,9 +250,9 @@ class Routing:
             return np.full(self.n_instances, self.dense[1], np.int64)
         if self._census is not None:                    # read back (a wait for the device)
             return self._census.counts.to_numpy().astype(np.int64)
-        if ops_of(self.instance) is DEVICE:             # the caller's device ids, checked
-            return device_ids(self.instance, self.batch, self.n_instances)[2]
-        return np.bincount(self.instance, minlength=self.n_instances)
+        if isinstance(self.instance, np.ndarray):
+            return np.bincount(self.instance, minlength=self.n_instances)
+        return device_ids(self.instance, self.n_instances)[2]    # the caller's device ids, checked
 
     @functools.cached_property
     def active(self) -> np.ndarray | None:

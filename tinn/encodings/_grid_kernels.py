@@ -4,7 +4,7 @@ import contextlib
 
 import taichi as ti
 
-from ..runtime.device import is_cpu
+from ..runtime.program import is_cpu
 from ..runtime.kernels import ARENA, arena_kernel, specialised
 from ..runtime.memory import FieldTree
 from ..runtime.types import F32_2D, I32_1D

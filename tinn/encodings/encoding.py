@@ -83,7 +83,7 @@ class Kernels(NamedTuple):
 
 class KernelEncoding(Encoding):
     """A parameter-free encoding run by the :class:`Kernels` from ``_kernels()``. Batches are numpy arrays
-    or ``ti.ndarray``s (the device path, ``tinn.runtime.device``); results are of the kind of the forward input."""
+    or ``ti.ndarray``s (the device path, ``tinn.runtime.program``); results are of the kind of the forward input."""
 
     def _kernels(self) -> Kernels:
         raise NotImplementedError

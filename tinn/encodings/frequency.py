@@ -22,7 +22,7 @@ from ..keys import Key, between
 from ..object import Context
 from ..registry import encodings
 from ..runtime import blas as _blas
-from ..runtime.device import is_cpu
+from ..runtime.program import is_cpu
 from ..runtime.kernels import specialised
 from ..runtime.types import F32_2D, F32_4D
 from ._per_dim import PerDimEncoding, exp2i

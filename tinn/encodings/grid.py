@@ -50,7 +50,7 @@ import taichi as ti
 from ..keys import OFF, POSITIVE_INT, Key, Options, above, between, one_of, reported
 from ..object import Context
 from ..registry import encodings
-from ..runtime.device import is_cpu
+from ..runtime.program import is_cpu
 from ._grid_funcs import OFFSET_MASK, level_funcs
 from ._grid_kernels import grid_kernels
 from .encoding import Encoding, next_multiple

@@ -1,4 +1,4 @@
-"""The MLP of ``mlp.py`` as Taichi kernels on device buffers (the device path, ``tinn.runtime.device``).
+"""The MLP of ``mlp.py`` as Taichi kernels on device buffers (the device path, ``tinn.runtime.program``).
 
 Same math as the host path (no biases, activations differentiated from the pre-activation)::
 

@@ -124,6 +124,9 @@ class HostMLP:
     def __init__(self, mlp):
         self.mlp = mlp
         self._zero_buffer = np.zeros(0, np.float32)
+        plan = mlp.plan                                 # each matrix's computed columns, read at every call
+        self._matrices = [(slice(layer.start, layer.end), (layer.rows, layer.cols)) for layer in plan.layers]
+        self._padding_start = plan.padding_start
 
     def _zeros(self, n: int) -> np.ndarray:
         """At least ``n`` float32 zeros, for ReLU (:func:`activations.host_value`); read by every worker thread
@@ -136,8 +139,7 @@ class HostMLP:
     # -- weights and gradients in the store -----------------------------------------
     def _split(self, flat: np.ndarray) -> list:
         """``(..., n_params)`` -> one ``(..., rows, cols)`` view per matrix (its computed rows)."""
-        return [flat[..., layer.start:layer.end].reshape(flat.shape[:-1] + (layer.rows, layer.cols))
-                for layer in self.mlp.plan.layers]
+        return [flat[..., columns].reshape(flat.shape[:-1] + shape) for columns, shape in self._matrices]
 
     def _weights(self, groups: Groups, field) -> list:
         """One ``(R, rows, cols)`` array per matrix, a row per row block (in the store's memory where it
@@ -199,7 +201,7 @@ class HostMLP:
             flat = (np.zeros if blocks.split_samples else np.empty)((blocks.n_partials, groups.n_rows, mlp.n_params),
                                                                      np.float32)
         if target is None or overwrite:
-            flat[..., mlp.plan.padding_start:] = 0.0            # the padded outputs' rows get no gradient
+            flat[..., self._padding_start:] = 0.0            # the padded outputs' rows get no gradient
         return flat, self._split(flat), target, blocks.split_samples or (target is not None and not overwrite)
 
     def _commit_gradients(self, ctx, flat, target, overwrite: bool):

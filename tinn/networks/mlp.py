@@ -106,7 +106,7 @@ class MLP(Network):
     # -- batch API ---------------------------------------------------------------
     def _batch_path(self, batch):
         """The backend that runs a batch of ``batch``'s kind (``batch.on_device``, told once per call by
-        ``tinn.batch.kind.as_batch``): numpy's BLAS for host batches, Taichi kernels for device buffers. Each is
+        ``tinn.batch.batch.as_batch``): numpy's BLAS for host batches, Taichi kernels for device buffers. Each is
         made on first use and kept."""
         on_device = batch.on_device
         paths = self.__dict__.setdefault("_paths", {})

@@ -20,7 +20,7 @@ import taichi as ti
 
 from ..keys import NON_NEGATIVE, Key
 from ..registry import optimizers
-from ..runtime.device import is_cpu
+from ..runtime.program import is_cpu
 from ..runtime.kernels import ARENA, FLAT, at, flat_args, set_at, specialised
 from .step import counted, one_minus_pow
 from .optimizer import (ABSOLUTE_DECAY, EPSILON, F32_1D, I32_1D, LEARNING_RATE, RELATIVE_DECAY, Optimizer, beta,

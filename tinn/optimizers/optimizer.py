@@ -41,12 +41,12 @@ import numpy as np
 import taichi as ti
 
 from ..batch import buffers as _buffers
-from ..batch.kind import as_mask
+from ..batch.batch import as_mask
 from ..runtime.types import F32_1D, F32_2D, F32_3D, I32_1D, I32_2D  # noqa: F401 (the optimizers' aliases)
 from ..keys import NON_NEGATIVE, UNIT_INTERVAL, Key, Options
 from ..object import Object, ParametricObject
 from ..params import ParamStore
-from ..runtime.program import RuntimeBound
+from ..runtime.program import RuntimeBound, active
 from .step import STEP_LIMIT, Step, count_steps, new_counter
 
 
@@ -254,6 +254,8 @@ class Optimizer(Object, RuntimeBound):
     def kernel_array(self, name: str, values: np.ndarray):
         """``values``, a small host array that this optimizer's kernels only read, as their argument
         (:class:`tinn.batch.buffers.Mirror`: on the device path uploaded only when it changes)."""
+        if not active():
+            return values
         if name not in self._mirrors:
             self._mirrors[name] = _buffers.Mirror()
         return self._mirrors[name](values)

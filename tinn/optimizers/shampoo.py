@@ -28,7 +28,7 @@ and per layer ``L.<j>``, ``R.<j>``, ``L_root.<j>``, ``R_root.<j>``.
 """
 import numpy as np
 
-from ..batch import kind as _kind
+from ..batch.batch import host
 from ..keys import CLOSED_UNIT, Key
 from ..registry import optimizers
 from .optimizer import ABSOLUTE_DECAY, EPSILON, LEARNING_RATE, RELATIVE_DECAY, Optimizer, beta, l2_reg
@@ -99,11 +99,11 @@ class Shampoo(Optimizer):
         return alpha.astype(np.float32), beta.astype(np.float32)
 
     def update(self, step):
-        rows = np.flatnonzero(_kind.host(step.mask))
+        rows = np.flatnonzero(host(step.mask))
         if not len(rows):
             return
         h, s, loss_scale = self.hparams, self.slot, step.loss_scale
-        lr = np.float32(self.learning_rate) * _kind.host(self.lr_scale(step))
+        lr = np.float32(self.learning_rate) * host(self.lr_scale(step))
         steps = self._steps.to_numpy()
         params = s.read(s.params, s.p_off)
         w = params[rows]

@@ -25,9 +25,8 @@ from taichi.lang.any_array import AnyArray
 from taichi.lang.field import Field
 from taichi.types.annotations import Template
 
-from .device import is_cpu
+from .program import current_program, is_cpu
 from .memory import view_of
-from .program import current_program
 from .types import F32_1D, F32_2D, I32_1D
 
 

@@ -1,4 +1,12 @@
-"""The live Taichi program: who calls ``ti.init``, and what a later ``ti.init`` leaves behind.
+"""The live Taichi program: who calls ``ti.init``, which path its arch runs, and what a later ``ti.init`` leaves
+behind.
+
+The one switch, :func:`active`: on the CPU tinn computes MLP products with numpy's BLAS on host arrays
+(``networks/_mlp_host.py``); on any other arch (CUDA, Vulkan, Metal, ...) that would move every activation across
+the bus twice per step, so there batches live in ``ti.ndarray``s on the device and the MLP runs as Taichi kernels
+(``networks/_kernel_mlp.py``). Tests set :data:`FORCE` to run the device path on the CPU, where it is checked
+against the BLAS path. The operations on each kind of batch are ``tinn.batch.host_ops`` and
+``tinn.batch.device_ops``; ``tinn.batch.batch.as_batch`` picks them for a batch.
 
 tinn never calls ``ti.init`` itself (:func:`init` is a convenience with tuned settings). Every object
 records the program it was built in (:class:`RuntimeBound`); using it after ``ti.init`` ran again (which
@@ -39,6 +47,37 @@ class ForkedProcessError(RuntimeError):
     """A tinn call in a process forked after Taichi was initialised (see the module docstring)."""
 
 
+# -- the arch's path ----------------------------------------------------------------------------------------
+FORCE = False
+"""Use the device path on the CPU too (read at every call, by ``tinn.batch.batch.as_batch``: the kind of the call's
+batches then picks every backend)."""
+
+
+def is_cpu() -> bool:
+    """Whether Taichi runs on the host's CPU (x64 or arm64)."""
+    return impl.current_cfg().arch in (ti.x64, ti.arm64)
+
+
+def active() -> bool:
+    """Whether batches live in ``ti.ndarray``s and the MLP runs as kernels: every arch but the CPU."""
+    return FORCE or not is_cpu()
+
+
+HALF_ARCHS = ("x64", "arm64", "cuda", "vulkan")
+"""The archs whose kernels read and write float16 fields (Taichi's f16): tested on x64, CUDA and Vulkan
+(Mesa's llvmpipe; a Vulkan device needs ``shaderFloat16`` and 16-bit storage, which Taichi 1.7 cannot query).
+Metal and OpenGL, untested, are refused. No kernel of tinn adds atomically into a float16 field."""
+
+
+def require_half(what: str):
+    """``ValueError`` naming ``what`` unless the current arch runs float16 fields (before any field or kernel)."""
+    arch = impl.current_cfg().arch
+    if arch.name not in HALF_ARCHS:
+        raise ValueError(f"{what}: precision 'float16' needs float16 fields, which tinn runs on "
+                         f"{', '.join(HALF_ARCHS)}; this Taichi program runs on {arch.name} (use precision 'float32')")
+
+
+# -- forks and re-initialised programs ------------------------------------------------------------------
 _FORK_ADVICE = (
     "this process was forked after Taichi was initialised (multiprocessing's 'fork' start method, the Linux "
     "default, or a torch DataLoader worker): Taichi's runtime does not survive a fork, and any kernel here would "

@@ -3,10 +3,10 @@ and how it crosses.
 
 :func:`rule` names one of three routes, and the torch device tensors must be on for it:
 
-* ``HOST``, the CPU's own path (Taichi on x64/arm64, ``tinn.runtime.device`` not active): CPU tensors reach tinn
+* ``HOST``, the CPU's own path (Taichi on x64/arm64, ``tinn.runtime.program`` not active): CPU tensors reach tinn
   as numpy views of their memory (no copy) and tinn's numpy results come back as tensors over them.
 * ``DIRECT``, the device path on an arch whose memory torch holds (CUDA tensors on ``ti.cuda``; CPU
-  tensors on x64/arm64 with ``tinn.runtime.device.FORCE``): Taichi kernels take the tensor itself (a CUDA
+  tensors on x64/arm64 with ``tinn.runtime.program.FORCE``): Taichi kernels take the tensor itself (a CUDA
   tensor by its device pointer), so an input becomes a ``ti.ndarray`` by one copy kernel and a
   ``ti.ndarray`` result a tensor from ``torch.empty`` by another; nothing passes through the host.
 * ``UPLOAD``, the device path on an arch torch cannot hold (Vulkan, Metal, OpenGL; CUDA with a torch
@@ -21,7 +21,7 @@ import torch
 from taichi.lang import impl
 
 from ..batch import buffers as _buffers
-from ..runtime import device as _device
+from ..runtime import program as _program
 from ..runtime.types import ANY
 
 HOST, DIRECT, UPLOAD = "host", "direct", "upload"
@@ -32,7 +32,7 @@ _TAICHI_TYPES = {torch.float32: ti.f32, torch.int32: ti.i32}
 
 def rule(arch, device_path: bool, torch_has_cuda: bool) -> tuple[str, torch.device]:
     """``(route, device)`` for Taichi's ``arch``: how tensors cross, and the torch device they must be on.
-    ``device_path``: whether ``tinn.runtime.device`` is active; ``torch_has_cuda``: whether torch can hold CUDA
+    ``device_path``: whether ``tinn.runtime.program`` is active; ``torch_has_cuda``: whether torch can hold CUDA
     tensors. Taichi's CUDA backend runs on the first visible GPU, ``cuda:0``."""
     if not device_path:
         return HOST, _CPU
@@ -46,7 +46,7 @@ def rule(arch, device_path: bool, torch_has_cuda: bool) -> tuple[str, torch.devi
 def route() -> tuple[str, torch.device]:
     """:func:`rule` for the running Taichi program."""
     arch = impl.current_cfg().arch
-    return rule(arch, _device.active(), arch == ti.cuda and torch.cuda.is_available())
+    return rule(arch, _program.active(), arch == ti.cuda and torch.cuda.is_available())
 
 
 def device() -> torch.device:
