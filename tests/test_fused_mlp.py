@@ -148,27 +148,41 @@ GRIDS = {"HashGrid": {"otype": "HashGrid", "n_levels": 6, "n_features_per_level"
          "Permutohedral": {"otype": "Permutohedral", "n_levels": 3, "n_features_per_level": 2, "base_resolution": 4,
                            "log2_hashmap_size": 8},
          "Frequency": {"otype": "Frequency", "n_frequencies": 3},
-         "OneBlob": {"otype": "OneBlob", "n_bins": 4}}
+         "OneBlob": {"otype": "OneBlob", "n_bins": 4},
+         "SphericalHarmonics": {"otype": "SphericalHarmonics", "degree": 4},
+         "Composite": {"otype": "Composite", "nested": [      # a gap after Identity; the second grid's parameters
+             {"otype": "HashGrid", "n_dims_to_encode": 2, "n_levels": 3, "n_features_per_level": 2,
+              "log2_hashmap_size": 7, "base_resolution": 4},
+             {"otype": "Identity", "n_dims_to_encode": 1},
+             {"otype": "DenseGrid", "n_dims_to_encode": 1, "n_levels": 2, "n_features_per_level": 2,
+              "base_resolution": 5}]},
+         "NeRF direction": {"otype": "Composite", "nested": [   # examples/nerf.py's colour network's input
+             {"otype": "SphericalHarmonics", "degree": 4, "n_dims_to_encode": 3}, {"otype": "Identity"}]}}
+INPUT_DIMS = {"Composite": 4, "NeRF direction": 5}
 
 
 @pytest.mark.parametrize("grid, routing, precision", [("HashGrid", "single", "float32"), ("HashGrid", "routed", "float32"),
                                                       ("HashGrid", "dense", "float32"), ("DenseGrid", "routed", "float32"),
                                                       ("TiledGrid", "single", "float32"), ("HashGrid", "routed", "float16"),
                                                       ("Permutohedral", "routed", "float32"),
-                                                      ("Frequency", "dense", "float32"), ("OneBlob", "single", "float32")])
+                                                      ("Frequency", "dense", "float32"), ("OneBlob", "single", "float32"),
+                                                      ("SphericalHarmonics", "single", "float32"),
+                                                      ("Composite", "routed", "float32"),
+                                                      ("NeRF direction", "dense", "float32")])
 def test_an_inference_runs_the_encoding_inside_the_fused_kernel(rng, monkeypatch, device_path, grid, routing,
                                                                 precision):
     """A model's inference on the fused kernels is one launch after the census when its encoding has an in-kernel
-    writer (grids, the permutohedral lattice, the per-dimension encodings): each tile's samples are encoded into
-    shared memory by the encoding's own formulas, and the outputs land in the caller's layout. It equals the
-    forward (the encoding's own kernel, then the fused MLP) and, in float32, the host path."""
+    writer (grids, the permutohedral lattice, the per-dimension encodings, spherical harmonics, and a
+    concatenation of such): each tile's samples are encoded into shared memory by the encoding's own formulas,
+    and the outputs land in the caller's layout. It equals the forward (the encoding's own kernel, then the fused
+    MLP) and, in float32, the host path."""
     use_mlp_kernels(monkeypatch, "fused")
-    K = 1 if routing == "single" else 3
+    K, n_in = 1 if routing == "single" else 3, INPUT_DIMS.get(grid, 3)
     net = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1, "activation": "Tanh"}
-    model = tinn.NetworkWithInputEncoding(3, 2, GRIDS[grid], net, n_instances=K, precision=precision)
+    model = tinn.NetworkWithInputEncoding(n_in, 2, GRIDS[grid], net, n_instances=K, precision=precision)
     model.set_params((rng.normal(size=model.params().shape) * 0.5).astype(np.float32))
     B = 3 * 70
-    xh = rng.random((K, B // K, 3) if routing == "dense" else (B, 3), dtype=np.float32)
+    xh = rng.random((K, B // K, n_in) if routing == "dense" else (B, n_in), dtype=np.float32)
     ids = rng.integers(0, K, B).astype(np.int32) if routing == "routed" else None
     x, inst = _buffers.put(xh), None if ids is None else _buffers.put(ids, ti.i32)
     model.inference(x, inst)

@@ -120,6 +120,10 @@ array.trainer.training_step(_buffers.put(x.reshape(4, 256, 2)), _buffers.put(y.r
 array.network.inference(_buffers.put(x.reshape(4, 256, 2)))                # the grid inside, dense outputs
 freq = tinn.create_from_config(2, 3, dict(config, encoding={"otype": "Frequency", "n_frequencies": 6}), n_instances=4)
 freq.network.inference(_buffers.put(x), _buffers.put((np.arange(1024) % 4).astype(np.int32), ti.i32))
+colour = {"otype": "Composite", "nested": [{"otype": "SphericalHarmonics", "degree": 4, "n_dims_to_encode": 3},
+                                           {"otype": "Identity"}]}                  # examples/nerf.py's colour input
+nerf = tinn.create_from_config(5, 3, dict(config, encoding=colour))
+nerf.network.inference(_buffers.put(rng.random((1024, 5), dtype=np.float32)))   # SH and Identity inside
 tanh = tinn.create_network(2, 3, {"otype": "FullyFusedMLP", "n_neurons": 32, "n_hidden_layers": 2, "activation": "Tanh"})
 out, ctx = tanh.forward(x)                                            # kept pre-activations, dL/dx
 tanh.backward(ctx, rng.random((1024, 3), dtype=np.float32))
@@ -130,8 +134,8 @@ ti.sync()
 @needs_vulkan
 def test_no_fused_mlp_kernel_keeps_a_per_thread_array():
     """The fused MLP's forward and backward (a single network's training step and inference, a routed and a dense
-    array's step, a dense array's inference with the grid inside the forward and a routed one with Frequency inside,
-    an MLP that keeps pre-activations and returns dL/dx): every register tile is indexed statically,
+    array's step, a dense array's inference with the grid inside the forward, a routed one with Frequency inside, a
+    NeRF colour network's with its Composite (SphericalHarmonics and Identity) inside, an MLP that keeps pre-activations and returns dL/dx): every register tile is indexed statically,
     so no kernel of ``_fused_mlp.py`` keeps a per-thread array of 16+ values."""
     found = scan(MLP_SCRIPT)
     names = kernels_in(*MLP_SOURCES)

@@ -339,15 +339,15 @@ class _GridKernels:
                 run_scatter_atomic = run_scatter_kernel(atomic_runs)
 
         @ti.func
-        def features_into(weights: ti.template(), base, k, xs, put: ti.template(), sh: ti.template(), tile, q):
-            """Sample ``xs``'s features for network ``k``, each handed to ``put(sh, tile, q, column, value)`` (a
-            fused MLP kernel's shared tile: the encoding inside the MLP's launch); the padded columns are the
+        def features_into(weights: ti.template(), base, k, xs, put: ti.template(), sh: ti.template(), tile, q, col0):
+            """Sample ``xs``'s features for network ``k``, each handed to ``put(sh, tile, q, col0 + column, value)``
+            (a fused MLP kernel's shared tile: the encoding inside the MLP's launch); the padded columns are the
             caller's (0 for grids)."""
             for mode, first, stop in ti.static(runs):
                 for l in range(first, stop):
                     acc = level_features(weights, base, k, xs, geometry[l], mode)
                     for f in ti.static(range(F)):
-                        put(sh, tile, q, l * F + f, acc[f])
+                        put(sh, tile, q, col0 + l * F + f, acc[f])
 
         # -- one sample inside a user's kernel --------------------------------------
         def sample_funcs(weights, grads, base: int):

@@ -77,10 +77,10 @@ def _kernels(cls, constants: tuple, n_dims: int, width: int, n_padding: int, fil
             d_dy[b, raw + j] = 0.0
 
     @ti.func
-    def features_into(weights: ti.template(), base, k, xs, put: ti.template(), sh: ti.template(), tile, q):
+    def features_into(weights: ti.template(), base, k, xs, put: ti.template(), sh: ti.template(), tile, q, col0):
         for d in ti.static(range(n_dims)):
             for j in range(width):
-                put(sh, tile, q, d * width + j, value(xs[d], j))
+                put(sh, tile, q, col0 + d * width + j, value(xs[d], j))
 
     return Kernels(forward, backward, func, backward_func, backward_backward, features_into)
 

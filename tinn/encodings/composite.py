@@ -37,8 +37,6 @@ kernels that keep a ``ti.ndarray`` on the device), picked once per call.
 composite of neural radiance caching: ``TriangleWave`` on input dims 0-2, ``OneBlob`` on
 dims 3-7, ``Identity`` on the rest (dropped when there are exactly 8 dims).
 """
-from __future__ import annotations
-
 from math import lcm
 
 import numpy as np
@@ -47,7 +45,7 @@ import taichi as ti
 from ..keys import NON_NEGATIVE, REQUIRED, Key, between, reported
 from ..object import Context
 from ..registry import build_encoding, encodings
-from ..runtime.kernels import static_chunks
+from ..runtime.kernels import specialised, static_chunks
 from .encoding import Encoding, next_multiple
 from .oneblob import BINS
 
@@ -192,6 +190,27 @@ class CompositeEncoding(Encoding):
     def _forward(self, x, batch):
         return self._run(x, batch, keep=True)
 
+    @property
+    def fill_value(self) -> float:
+        """The composite's padded columns are its last nested encoding's (``set_padded_output_width``)."""
+        return self.nested[-1].fill_value
+
+    def _features_into(self, batch):
+        """A concatenation inside an MLP kernel: each nested encoding's writer on its input slice, at its output
+        column and parameters, and each gap after it filled with its own ``fill_value``. ``None`` for a Sum or
+        Product, or when a nested encoding has no writer (then the composite runs its own kernels first)."""
+        if self.reduction != "Concatenation":
+            return None
+        parts, column = [], 0
+        for e, (begin, n) in zip(self.nested, self.slices):
+            writer = e._features_into(batch)
+            if writer is None:
+                return None
+            parts.append((writer, begin, n, column, e.n_raw_output_dims, e.padded_output_width, float(e.fill_value),
+                          e._offset - self._offset))
+            column += e.padded_output_width
+        return _concatenation_writer(tuple(parts))
+
     # -- one sample inside a user's kernel ------------------------------------------------
     def _layout(self, weights, grads):
         """Static layout: per nested encoding (its forward and vjp funcs, input begin, dims, output column, width)."""
@@ -307,6 +326,23 @@ class CompositeEncoding(Encoding):
                 g = ops.multiply(dL_dy, ops.fold(others, "+"))
                 ops.add_to_columns(dx, begin, e._backward(ctx.nested[j], g, True, False))
         return d_dy, dx
+
+
+@specialised
+def _concatenation_writer(parts: tuple):
+    """The in-kernel writer (``Encoding._features_into``) of a concatenation of ``parts``: per nested encoding
+    ``(writer, input begin, input dims, output column, raw width, padded width, fill, parameter offset)``."""
+
+    @ti.func
+    def features_into(weights: ti.template(), base, k, xs, put: ti.template(), sh: ti.template(), tile, q, col0):
+        for i in ti.static(range(len(parts))):
+            writer, begin, n, column, raw, width, fill, offset = ti.static(parts[i])
+            writer(weights, base + offset, k, ti.Vector([xs[begin + d] for d in ti.static(range(n))]), put, sh, tile,
+                   q, col0 + column)
+            for c in ti.static(range(raw, width)):
+                put(sh, tile, q, col0 + column + c, fill)
+
+    return features_into
 
 
 def _times_others(ops, a, factors: list, *skip: int):

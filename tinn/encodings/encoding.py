@@ -54,10 +54,11 @@ class Encoding(DifferentiableObject):
         self.padded_output_width = width
 
     def _features_into(self, batch):
-        """``ti.func (weights, base, k, xs, put, sh, tile, q)`` handing each raw feature of one sample ``xs`` of network
-        ``k`` (parameters ``weights[k, base + i]``) to ``put(sh, tile, q, column, value)``, for an MLP kernel that
-        runs the encoding inside its own launch (``NetworkWithInputEncoding``'s inference); ``None`` (the default):
-        the encoding runs its own kernel first."""
+        """``ti.func (weights, base, k, xs, put, sh, tile, q, col0)`` handing each raw feature of one sample ``xs`` of
+        network ``k`` (parameters ``weights[k, base + i]``) to ``put(sh, tile, q, col0 + column, value)``, for an MLP
+        kernel that runs the encoding inside its own launch (``NetworkWithInputEncoding``'s inference; ``col0``: where
+        the encoding's columns begin, 0 but inside a Composite); ``None`` (the default): the encoding runs its own
+        kernel first. The caller fills the padded columns (``fill_value``)."""
         return None
 
     def set_alignment(self, alignment: int):

@@ -134,6 +134,17 @@ def _kernels(degree: int, n_padding: int, fill: float):
         return y
 
     @ti.func
+    def features_into(weights: ti.template(), base, k, xs, put: ti.template(), sh: ti.template(), tile, q, col0):
+        """The raw outputs of one input ``xs``, each handed to ``put`` (``Encoding._features_into``)."""
+        C, S, P, _, _ = basis(2.0 * xs - 1.0)
+        for chunk in ti.static(outputs):
+            for i, coefficient, m, sine, p in ti.static(chunk):
+                if ti.static(sine):
+                    put(sh, tile, q, col0 + i, coefficient * S[m] * P[p])
+                else:
+                    put(sh, tile, q, col0 + i, coefficient * C[m] * P[p])
+
+    @ti.func
     def backward_func(x, dy, k=0):
         """dL/dinput = 2 * sum_i dy_i * grad Y_i for one input ``x`` and output gradient ``dy`` (padded width)."""
         C, S, P, dP, _ = basis(2.0 * x - 1.0)
@@ -201,7 +212,7 @@ def _kernels(degree: int, n_padding: int, fill: float):
             for i in ti.static(range(3)):
                 dx[b, i] = h[i]
 
-    return Kernels(forward, backward, func, backward_func, backward_backward)
+    return Kernels(forward, backward, func, backward_func, backward_backward, features_into)
 
 
 @encodings.register("SphericalHarmonics")

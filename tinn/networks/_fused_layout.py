@@ -235,7 +235,7 @@ def encoding_loader(tiling, lay, encoder: tuple, n_in: int):
                     xs = ti.Vector.zero(ti.f32, n_raw)
                     for d in ti.static(range(n_raw)):
                         xs[d] = x[b, d]
-                    features_into(W, base, k, xs, put, sh, tile, q)
+                    features_into(W, base, k, xs, put, sh, tile, q, 0)
                     for c in ti.static(range(n_features, n_in)):
                         put(sh, tile, q, c, fill)
                 else:
