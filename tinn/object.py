@@ -224,8 +224,10 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         """The :class:`~tinn.batch.batch.Batch` of a checked input ``arr``; ``deferred`` (an inference): a device
         batch's values and ids are checked on the device by a census that writes this object's fault record
         (:meth:`_settle`), nothing read back; shapes, dtypes and host ids are checked here."""
-        sort = deferred and self._sorts_routed() and len(arr.shape) == 2     # a dense batch's networks: no sort
-        census = Request(faults=self._faults, reuse=True, final=True, sort=sort) if deferred else None
+        census = None
+        if deferred:                                    # (a dense batch's networks need no sort)
+            census = Request(faults=self._faults, reuse=True, final=True,
+                             sort=self._sorts_routed() and len(arr.shape) == 2)
         return Batch.of(arr, instance, self.n_instances, checked=(arr,), census=census)
 
     @functools.cached_property
