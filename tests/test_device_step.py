@@ -139,12 +139,12 @@ def test_a_bad_device_batch_skips_its_update_and_raises_when_read(rng, device_pa
     assert not np.array_equal(model.network.params(), params)
 
 
-@pytest.mark.parametrize("what, message", [("target", "target must be finite: row 37 holds inf"),
-                                           ("pdf", r"pdf must be finite and > 0: row 37 holds -1\.0")])
-def test_a_bad_dense_device_batch_names_its_flat_row(rng, device_path, what, message):
+@pytest.mark.parametrize("what, message", [("target", r"target must be finite: row \(2, 5\) holds inf"),
+                                           ("pdf", r"pdf must be finite and > 0: row \(2, 5\) holds -1\.0")])
+def test_a_bad_dense_device_batch_names_network_and_sample(rng, device_path, what, message):
     """A dense ``(K, B_k, D)`` step's census checks its ``target`` and ``pdf`` in their own layout and names a bad
-    value of network k's sample b by its row ``k B_k + b`` of the flattened batch (2 x 16 + 5); the step updates
-    nothing."""
+    value of network k's sample b as the host path does, ``row (k, b)`` (not its row of the flattened batch,
+    2 x 16 + 5); the step updates nothing."""
     K, B = 4, 16
     model = tinn.create_from_config(2, 3, config_hash(), n_instances=K)
     x, t = rng.random((K, B, 2), dtype=np.float32), rng.random((K, B, 3), dtype=np.float32)
@@ -155,6 +155,9 @@ def test_a_bad_dense_device_batch_names_its_flat_row(rng, device_path, what, mes
     with pytest.raises(ValueError, match=message):
         float(loss)
     np.testing.assert_array_equal(model.network.params(), params)
+    with pytest.MonkeyPatch.context() as m, pytest.raises(ValueError, match=message):
+        m.setattr(_program, "FORCE", False)                       # the host batch's check says the same
+        float(model.trainer.training_step(x, t, pdf=pdf))
 
 
 def test_a_bad_device_step_raises_at_the_trainers_next_read(rng, device_path):
@@ -264,7 +267,7 @@ def test_a_device_inference_reads_nothing_back_and_launches_few_kernels(rng, mon
 @pytest.mark.parametrize("routing, what, message", [
     ("single", "x", r"x must be finite: row 5 holds nan"),
     ("routed", "x", r"x must be finite: row 5 holds nan"),
-    ("dense", "x", r"x must be finite: row 5 holds nan"),
+    ("dense", "x", r"x must be finite: row \(0, 5\) holds nan"),
     ("routed", "instance", r"instance ids must lie in \[0, 4\), got values in \[0, 4\]")])
 def test_a_bad_device_inference_raises_at_the_next_call_that_reads(rng, device_path, routing, what, message):
     """A device batch holding NaN (or an id out of range) is found by the inference's census: the call returns

@@ -45,6 +45,10 @@ SCAN = 256
 
 NAMES = {X_ROW: "x", TARGET_ROW: "target", PDF_ROW: "pdf"}
 
+RECORD_FACTS = 3
+"""Where a fault record's copy of the bad call's ``facts`` starts (:class:`Faults`: a flag, the call's number and a
+dense batch's samples per network come first)."""
+
 
 @ti.func
 def _rows(a: ti.template()):
@@ -107,13 +111,13 @@ def bad(facts: ti.template(), n_instances) -> ti.i32:
 
 @ti.func
 def record_fault(facts: ti.template(), values: ti.template(), n_instances, record: ti.template(),
-                 recorded: ti.template(), call):
-    """Write a bad batch's ``facts`` and ``values`` into a fault record (:class:`Faults`) as call number ``call``,
-    unless the record holds an earlier one."""
+                 recorded: ti.template(), call, per_network):
+    """Write a bad batch's ``facts`` and ``values`` into a fault record (:class:`Faults`) as call number ``call``
+    (``per_network``: a dense batch's samples per network, else 0), unless the record holds an earlier one."""
     if bad(facts, n_instances) and record[0] == 0:
-        record[0], record[1] = 1, call
+        record[0], record[1], record[2] = 1, call, per_network
         for i in ti.static(range(N_FACTS)):
-            record[2 + i], recorded[i] = facts[i], values[i]
+            record[RECORD_FACTS + i], recorded[i] = facts[i], values[i]
 
 
 @ti.func
@@ -222,7 +226,10 @@ def _census_kernel(source: F32_ANY, dense: ti.template(), x: F32_2D, ids: I32_1D
         if ti.static(checks > 1):
             record_bad_value(pdf, facts[PDF_ROW], True, values, PDF_ROW)
         if ti.static(settle):
-            record_fault(facts, values, K, record, recorded, call)
+            per_network = 0
+            if ti.static(dense):
+                per_network = source.shape[1]
+            record_fault(facts, values, K, record, recorded, call, per_network)
     if ti.static(step):                                     # a step's mask and normalisers
         for k in range(K):
             count = B // K
@@ -276,6 +283,7 @@ class Census:
         B, K = x.shape[0], n_instances
         routed = ids is not None
         self.batch, self.n_instances, self.routed, self.faults = B, K, routed, faults
+        self.per_network = source.shape[1] if dense else 0       # (a bad row of a dense batch is named (k, b))
 
         def buffer(name, shape, dtype=ti.f32):
             return faults.kept(name, shape, dtype) if reuse and faults is not None else _buffers.buffer(shape, dtype)
@@ -329,15 +337,18 @@ class Census:
     def check(self):
         """``ValueError`` naming what this census found wrong, if anything."""
         facts, values = self.read()
-        raise_for(facts, values, self.n_instances, "")
+        raise_for(facts, values, self.n_instances, "", self.per_network)
 
 
-def raise_for(facts: np.ndarray, values: np.ndarray, n_instances: int, when: str):
-    """The ``ValueError`` the host check would have raised for these ``facts`` (a census's, or a fault record's)."""
+def raise_for(facts: np.ndarray, values: np.ndarray, n_instances: int, when: str, per_network: int = 0):
+    """The ``ValueError`` the host check would have raised for these ``facts`` (a census's, or a fault record's): a
+    bad row of a dense batch (``per_network`` samples per network) named ``(k, b)``, as the host names it."""
     for slot in (X_ROW, TARGET_ROW, PDF_ROW):
         if facts[slot] != NONE:
             rule = "finite and > 0" if slot == PDF_ROW else "finite"
-            raise ValueError(f"{NAMES[slot]} must be {rule}: row {int(facts[slot])} holds {values[slot]}{when}")
+            row = int(facts[slot])
+            where = divmod(row, per_network) if per_network else row
+            raise ValueError(f"{NAMES[slot]} must be {rule}: row {where} holds {values[slot]}{when}")
     lo, hi = int(facts[ID_LO]), int(facts[ID_HI])
     if (lo != NONE or hi != -NONE - 1) and (lo < 0 or hi >= n_instances):
         raise ValueError(f"instance ids must lie in [0, {n_instances}), got values in [{lo}, {hi}]{when}")
@@ -354,7 +365,7 @@ class Faults:
     call's number); ``event`` names one in the ``ValueError`` (``{}``: its number)."""
 
     def __init__(self, event: str = TRAINING_STEP):
-        self.record, self.values = _buffers.buffer((2 + N_FACTS,), ti.i32), _buffers.buffer((N_FACTS,))
+        self.record, self.values = _buffers.buffer((RECORD_FACTS + N_FACTS,), ti.i32), _buffers.buffer((N_FACTS,))
         self.step, self._settled, self.event = 0, 0, event
         self._kept = {}
 
@@ -381,4 +392,5 @@ class Faults:
         if record[0]:
             values = self.values.to_numpy()
             self.record.fill(0)
-            raise_for(record[2:], values, n_instances, f" (in {self.event.format(int(record[1]))})")
+            raise_for(record[RECORD_FACTS:], values, n_instances, f" (in {self.event.format(int(record[1]))})",
+                      int(record[2]))
