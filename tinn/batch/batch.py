@@ -20,7 +20,7 @@ import taichi as ti
 
 from ..runtime.program import active, check_live
 from .buffers import buffer
-from .census import Census, Request
+from .census import Census, Request, bad_value
 from .device_ops import DEVICE
 from .host_ops import HOST, ndarray_view, to_numpy
 from .routing import Routing, check_id_range, device_ids
@@ -198,10 +198,7 @@ def check_values(a, name: str, *, positive: bool = False, ops=HOST):
     if positive:
         bad |= ~(rows > 0)
     first = int(np.flatnonzero(bad.any(axis=1))[0])
-    where = first if arr.ndim == 2 else tuple(int(i) for i in np.unravel_index(first, arr.shape[:-1]))
-    value = rows[first][bad[first]][0]
-    rule = "finite and > 0" if positive else "finite"
-    raise ValueError(f"{name} must be {rule}: row {where} holds {value}")
+    raise bad_value(name, positive, first, arr.shape[1] if arr.ndim == 3 else 0, rows[first][bad[first]][0])
 
 
 def check_ids(ids, batch: int, name: str = "instance"):

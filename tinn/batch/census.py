@@ -340,15 +340,19 @@ class Census:
         raise_for(facts, values, self.n_instances, "", self.per_network)
 
 
+def bad_value(name: str, positive: bool, row: int, per_network: int, value, when: str = "") -> ValueError:
+    """The one message for a batch's first bad row ``row`` (of the flat batch; ``(k, b)`` for a dense one of
+    ``per_network`` samples per network, else 0), whichever path found it; ``when``: the deferred call."""
+    rule = "finite and > 0" if positive else "finite"
+    where = divmod(row, per_network) if per_network else row
+    return ValueError(f"{name} must be {rule}: row {where} holds {value}{when}")
+
+
 def raise_for(facts: np.ndarray, values: np.ndarray, n_instances: int, when: str, per_network: int = 0):
-    """The ``ValueError`` the host check would have raised for these ``facts`` (a census's, or a fault record's): a
-    bad row of a dense batch (``per_network`` samples per network) named ``(k, b)``, as the host names it."""
+    """The ``ValueError`` the host check would have raised for these ``facts`` (a census's, or a fault record's)."""
     for slot in (X_ROW, TARGET_ROW, PDF_ROW):
         if facts[slot] != NONE:
-            rule = "finite and > 0" if slot == PDF_ROW else "finite"
-            row = int(facts[slot])
-            where = divmod(row, per_network) if per_network else row
-            raise ValueError(f"{NAMES[slot]} must be {rule}: row {where} holds {values[slot]}{when}")
+            raise bad_value(NAMES[slot], slot == PDF_ROW, int(facts[slot]), per_network, values[slot], when)
     lo, hi = int(facts[ID_LO]), int(facts[ID_HI])
     if (lo != NONE or hi != -NONE - 1) and (lo < 0 or hi >= n_instances):
         raise ValueError(f"instance ids must lie in [0, {n_instances}), got values in [{lo}, {hi}]{when}")
