@@ -92,3 +92,15 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+@pytest.fixture
+def one_torch_thread():
+    """torch's CPU ops on one thread for the test (restored after). About one process in 20 on a 2-core
+    machine, torch's CPU ``sqrt`` computes its second thread's share of a tensor (over 2048 elements) to about
+    12 bits: an Adam step of torch's used as a reference is then not the same from run to run."""
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -43,7 +43,8 @@ def run_example(tmp_path, nproc: int, *extra) -> np.ndarray:
 
 
 def train_in_one_process(n_instances: int) -> np.ndarray:
-    """The example's steps on the whole batch in this process, with an unsharded module."""
+    """The example's steps on the whole batch in this process, with an unsharded module (torch on one thread,
+    as torchrun's processes run it: ``one_torch_thread``)."""
     image = Image(load_image(IMAGE), "cpu")
     model = tt.NetworkWithInputEncoding(2, 3, CONFIG["encoding"], CONFIG["network"], seed=SEED,
                                         n_instances=n_instances or 1)
@@ -71,12 +72,12 @@ def test_shard_ranges_cover_the_networks_contiguously():
         assert max(sizes) - min(sizes) <= 1
 
 
-def test_data_parallel_on_two_processes_equals_one_process(tmp_path):
+def test_data_parallel_on_two_processes_equals_one_process(tmp_path, one_torch_thread):
     two = run_example(tmp_path, 2)
     np.testing.assert_allclose(two, train_in_one_process(0), rtol=1e-4, atol=1e-6)
 
 
-def test_instance_sharded_array_on_two_processes_equals_one_process(tmp_path):
+def test_instance_sharded_array_on_two_processes_equals_one_process(tmp_path, one_torch_thread):
     two = run_example(tmp_path, 2, "--instances", "3")            # ranks own networks [0, 1) and [1, 3)
     one = train_in_one_process(3)
     assert two.shape == one.shape == (3, one.shape[1])
