@@ -98,7 +98,8 @@ def rng():
 def one_torch_thread():
     """torch's CPU ops on one thread for the test (restored after). About one process in 20 on a 2-core
     machine, torch's CPU ``sqrt`` computes its second thread's share of a tensor (over 2048 elements) to about
-    12 bits: an Adam step of torch's used as a reference is then not the same from run to run."""
+    12 bits (MKL's first-call race, pytorch/pytorch#188792): an Adam step of torch's used as a reference is
+    then not the same from run to run."""
     torch = pytest.importorskip("torch")
     before = torch.get_num_threads()
     torch.set_num_threads(1)
