@@ -67,3 +67,63 @@ def test_python_m_tinn_torch_without_a_script_says_how_to_use_it(tmp_path):
         main([])
     with pytest.raises(SystemExit, match="no such script"):
         main([str(tmp_path / "missing.py")])
+
+
+@pytest.mark.x64_only("command-line usage; nothing device-specific")
+def test_python_m_tinn_torch_help_prints_the_usage_and_exits_0(capsys):
+    from tinn.torch.__main__ import main
+    for flag in ("-h", "--help"):
+        with pytest.raises(SystemExit) as done:
+            main([flag])
+        assert done.value.code == 0
+        assert capsys.readouterr().out.startswith("usage: python -m tinn.torch ")
+
+
+@pytest.mark.x64_only("command-line error handling; nothing device-specific")
+def test_a_script_error_whose_str_fails_is_reported_as_the_scripts_own(tinycudann, tmp_path):
+    """The CUDA hint reads ``str(error)``; an error whose ``str()`` raises passes through unchanged."""
+    from tinn.torch.__main__ import main
+    script = tmp_path / "bad_str.py"
+    script.write_text("class BadStr(Exception):\n    def __str__(self):\n        raise RuntimeError('str fails')\n"
+                      "raise BadStr()\n")
+    with pytest.raises(Exception) as raised:
+        main([str(script)])
+    assert type(raised.value).__name__ == "BadStr"
+
+
+SPAWNING_SCRIPT = '''import multiprocessing as mp
+import torch
+import tinycudann as tcnn
+from torch.utils.data import DataLoader, Dataset
+
+class Names(Dataset):
+    def __len__(self):
+        return 2
+    def __getitem__(self, i):
+        return torch.tensor(len(tcnn.__name__))
+
+def name(_):
+    import tinycudann
+    return tinycudann.__name__, tinycudann.modules.__name__
+
+if __name__ == "__main__":
+    loader = DataLoader(Names(), batch_size=2, num_workers=1, multiprocessing_context="spawn")
+    print("loader", [b.tolist() for b in loader], flush=True)
+    with mp.get_context("spawn").Pool(1) as pool:
+        print("pool", pool.map(name, [0]), flush=True)
+'''
+
+
+@pytest.mark.x64_only("runs subprocesses on the CPU; checks the command line, nothing device-specific")
+def test_python_m_tinn_torch_workers_started_with_spawn_see_tinycudann(tmp_path):
+    """A spawned worker re-imports the script in a fresh interpreter: its ``import tinycudann`` gives tinn.torch
+    too (a DataLoader worker ran and a Pool answered; before, the DataLoader's worker died and the Pool hung)."""
+    script = tmp_path / "spawning.py"
+    script.write_text(SPAWNING_SCRIPT)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("TINN_ARCH", None)
+    done = subprocess.run([sys.executable, "-m", "tinn.torch", str(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "loader [[10, 10]]" in done.stdout and "pool [('tinn.torch', 'tinn.torch.modules')]" in done.stdout, \
+        done.stdout

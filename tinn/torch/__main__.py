@@ -2,7 +2,9 @@
 
 ``import tinycudann`` inside ``SCRIPT`` gives :mod:`tinn.torch` (:func:`tinn.torch.as_tinycudann`);
 ``SCRIPT`` runs as ``__main__`` with ``sys.argv = [SCRIPT, *ARGS]`` and its directory first on ``sys.path``,
-as ``python SCRIPT ARGS`` would run it.
+as ``python SCRIPT ARGS`` would run it. Next on ``sys.path`` comes a folder whose ``tinycudann`` is
+``tinn.torch`` (:mod:`tinn.torch._alias`), so worker processes the script starts with ``spawn``, which
+re-import it in a fresh interpreter with this ``sys.path``, see ``tinycudann`` as ``tinn.torch`` too.
 
 ``--device cpu`` (opt-in) serves the script's requests for CUDA with the CPU for this run
 (:func:`tinn.torch._cuda_on_cpu.cuda_on_cpu`): ``torch.device("cuda")``, ``.cuda()``, ``.to("cuda")``,
@@ -33,7 +35,10 @@ def _split(argv: list):
             device, argv = argv[0].partition("=")[2], argv[1:]
         if device != "cpu":
             raise SystemExit(f"python -m tinn.torch: --device takes only 'cpu', not {device!r}\n{USAGE}")
-    if not argv or argv[0] in ("-h", "--help"):
+    if argv and argv[0] in ("-h", "--help"):
+        print(USAGE)
+        raise SystemExit(0)
+    if not argv:
         raise SystemExit(USAGE)
     return device, argv[0], argv[1:]
 
@@ -44,7 +49,7 @@ def main(argv: list) -> None:
         raise SystemExit(f"python -m tinn.torch: no such script: {script!r}")
     as_tinycudann()
     sys.argv = [script, *args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    sys.path[:0] = [os.path.dirname(os.path.abspath(script)), os.path.join(os.path.dirname(__file__), "_alias")]
     with cuda_on_cpu() if device == "cpu" else contextlib.nullcontext():
         try:
             runpy.run_path(script, run_name="__main__")

@@ -81,7 +81,11 @@ def cuda_on_cpu():
 
 def asks_for_missing_cuda(error: BaseException) -> bool:
     """Whether ``error`` is torch refusing CUDA on a machine without it (a CPU build: "Torch not compiled with
-    CUDA enabled"; a CUDA build without a GPU: "Found no NVIDIA driver ...")."""
-    message = str(error)
+    CUDA enabled"; a CUDA build without a GPU: "Found no NVIDIA driver ..."). An error whose ``str()`` fails
+    is not (the script's own error is then reported as it is)."""
+    try:
+        message = str(error)
+    except Exception:
+        return False
     return (isinstance(error, (AssertionError, RuntimeError)) and not torch.cuda.is_available()
             and ("CUDA" in message or "NVIDIA" in message))
