@@ -43,6 +43,17 @@ def test_every_way_of_asking_for_cuda_gets_the_cpu():
 
 
 @CPU_ONLY
+def test_a_warning_of_a_torch_call_names_the_callers_line():
+    """torch's C++ warnings name the innermost Python frame: inside the mode that is the mode's, so the mode
+    shows them at the line that made the call."""
+    with pytest.warns(UserWarning, match="To copy construct from a tensor") as caught:
+        with cuda_on_cpu():
+            line = sys._getframe().f_lineno + 1
+            torch.tensor([1.0, 2.0], device="cuda").new_tensor(torch.ones(2))
+    assert [(w.filename, w.lineno) for w in caught] == [(__file__, line)]
+
+
+@CPU_ONLY
 @NO_CUDA
 def test_the_mapping_ends_with_the_run():
     with cuda_on_cpu():

@@ -12,8 +12,14 @@ Inside :func:`cuda_on_cpu` (a context manager):
 
 ``torch.device("cuda")`` itself still builds a CUDA device object; it is mapped where a tensor meets it, so a
 script's own ``x.device == device`` comparison sees the CPU. Leaving the context restores torch exactly.
+
+A warning that a torch call raises (torch's C++ warnings name the innermost Python frame, which is now the
+mode's) is shown at the line of the script that made the call, as it would be without the mode.
 """
 import contextlib
+import os
+import sys
+import warnings
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -63,20 +69,48 @@ def _set_device(device):
 
 
 _STANDINS = {"synchronize": _synchronize, "set_device": _set_device, "device": _NoDevice}
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
+def _callers_frame():
+    """The frame of the code that made the torch call now inside the mode: the first frame outside torch
+    beyond the mode's ``__torch_function__`` (``None`` outside a call)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code is not _CudaAsCpu.__torch_function__.__code__:
+        frame = frame.f_back
+    while frame is not None and (frame.f_code.co_filename == __file__
+                                 or frame.f_code.co_filename.startswith(_TORCH_DIR)):
+        frame = frame.f_back
+    return frame
+
+
+def _shown_at_callers_line(showwarning):
+    """``warnings.showwarning`` that shows a warning raised inside the mode at the caller's line."""
+    def show(message, category, filename, lineno, file=None, line=None):
+        frame = _callers_frame() if filename == __file__ else None
+        if frame is not None:
+            filename, lineno, line = frame.f_code.co_filename, frame.f_lineno, None
+        showwarning(message, category, filename, lineno, file, line)
+    return show
 
 
 @contextlib.contextmanager
 def cuda_on_cpu():
     """Run the enclosed code with every request for CUDA served by the CPU (see the module's docstring)."""
     saved = {name: getattr(torch.cuda, name) for name in _STANDINS}
+    showwarning = warnings.showwarning
+    shown = _shown_at_callers_line(showwarning)
     try:
         for name, standin in _STANDINS.items():
             setattr(torch.cuda, name, standin)
+        warnings.showwarning = shown
         with _CudaAsCpu():
             yield
     finally:
         for name, original in saved.items():
             setattr(torch.cuda, name, original)
+        if warnings.showwarning is shown:
+            warnings.showwarning = showwarning
 
 
 def asks_for_missing_cuda(error: BaseException) -> bool:
