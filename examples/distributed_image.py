@@ -20,19 +20,12 @@ import argparse
 import os
 
 import numpy as np
-import taichi as ti
-import torch
-import torch.distributed as dist
 
-import tinn
-import tinn.torch as tcnn
 from _progress import Progress
-from mlp_learning_an_image import DEFAULT_CONFIG, DEFAULT_IMAGE, load_image, pixel_centres, psnr
-from mlp_learning_an_image_pytorch import Image
-from tinn.torch.distributed import ShardedArray
+from mlp_learning_an_image import DEFAULT_CONFIG, DEFAULT_IMAGE, load_image, pixel_centres, psnr, shipped_configs
 
 
-def main():
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("image", nargs="?", default=DEFAULT_IMAGE, help="image to learn")
@@ -44,8 +37,29 @@ def main():
     ap.add_argument("--seed", type=int, default=1337, help="seed of the parameters and of the sampled batches")
     ap.add_argument("--save", default="", help="write the final parameters to this .npz file (rank 0; none if empty)")
     ap.add_argument("--arch", default="cpu", help="Taichi arch (cpu, cuda, vulkan, metal, ...)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if not os.path.isfile(args.image):
+        ap.error(f"IMAGE {args.image!r} is not a file")
+    if not os.path.isfile(args.config) and args.config.removesuffix(".json") not in shipped_configs():
+        ap.error(f"CONFIG {args.config!r} is not a file nor a config shipped with tinn "
+                 f"({', '.join(shipped_configs())})")
+    return args
 
+
+if __name__ == "__main__":      # --help and argument errors are answered before torch and Taichi load
+    ARGS = parse_args()
+
+import taichi as ti  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import tinn  # noqa: E402
+import tinn.torch as tcnn  # noqa: E402
+from mlp_learning_an_image_pytorch import Image  # noqa: E402
+from tinn.torch.distributed import ShardedArray  # noqa: E402
+
+
+def main(args):
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -124,4 +138,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

@@ -14,14 +14,42 @@ import os
 import time
 
 import numpy as np
-import taichi as ti
-import torch
 
-import tinn
-import tinn.torch as tcnn
 from _progress import Progress  # noqa: E402
 from mlp_learning_an_image import (DEFAULT_CONFIG, DEFAULT_IMAGE, is_snapshot, load_image, pixel_centres, psnr,
-                                   write_jpg)
+                                   shipped_configs, write_jpg)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("image", nargs="?", default=DEFAULT_IMAGE, help="image to learn")
+    ap.add_argument("config", nargs="?", default=DEFAULT_CONFIG,
+                    help="tcnn JSON config file, or the name of a config shipped with tinn")
+    ap.add_argument("--steps", type=int, default=1000, help="training steps")
+    ap.add_argument("--batch", type=int, default=1 << 16, help="samples per step")
+    ap.add_argument("--out", default=os.path.join("out", "pytorch"), help="folder for the snapshots")
+    ap.add_argument("--seed", type=int, default=1337, help="seed of the parameters and of the sampled batches")
+    ap.add_argument("--arch", default="cpu", help="Taichi arch (cpu, cuda, vulkan, metal, ...)")
+    ap.add_argument("--torch-threads", type=int, default=1,
+                    help="torch's CPU threads (its share of a step is small; tinn's own threads do the rest)")
+    args = ap.parse_args(argv)
+    if not os.path.isfile(args.image):
+        ap.error(f"IMAGE {args.image!r} is not a file")
+    if not os.path.isfile(args.config) and args.config.removesuffix(".json") not in shipped_configs():
+        ap.error(f"CONFIG {args.config!r} is not a file nor a config shipped with tinn "
+                 f"({', '.join(shipped_configs())})")
+    return args
+
+
+if __name__ == "__main__":      # --help and argument errors are answered before torch and Taichi load
+    ARGS = parse_args()
+
+import taichi as ti  # noqa: E402
+import torch  # noqa: E402
+
+import tinn  # noqa: E402
+import tinn.torch as tcnn  # noqa: E402
 
 
 class Image(torch.nn.Module):
@@ -48,21 +76,7 @@ class Image(torch.nn.Module):
             return top * (1 - ty) + bottom * ty
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("image", nargs="?", default=DEFAULT_IMAGE, help="image to learn")
-    ap.add_argument("config", nargs="?", default=DEFAULT_CONFIG,
-                    help="tcnn JSON config file, or the name of a config shipped with tinn")
-    ap.add_argument("--steps", type=int, default=1000, help="training steps")
-    ap.add_argument("--batch", type=int, default=1 << 16, help="samples per step")
-    ap.add_argument("--out", default=os.path.join("out", "pytorch"), help="folder for the snapshots")
-    ap.add_argument("--seed", type=int, default=1337, help="seed of the parameters and of the sampled batches")
-    ap.add_argument("--arch", default="cpu", help="Taichi arch (cpu, cuda, vulkan, metal, ...)")
-    ap.add_argument("--torch-threads", type=int, default=1,
-                    help="torch's CPU threads (its share of a step is small; tinn's own threads do the rest)")
-    args = ap.parse_args()
-
+def main(args):
     tinn.init(arch=getattr(ti, args.arch))
     torch.set_num_threads(args.torch_threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -116,4 +130,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

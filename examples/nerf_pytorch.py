@@ -12,11 +12,28 @@ import argparse
 import math
 
 import numpy as np
-import torch
 
 import nerf_data
-from sdf_eikonal import ensure_out_dir
-from nerf import DENSITY_NET, COLOUR_NET, MAX_LOG_SIGMA, N_FEATURES, OPTIMIZER, grid_config
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    nerf_data.add_arguments(ap)
+    ap.add_argument("--threads", type=nerf_data.positive, help="torch's CPU threads (default: torch's choice)")
+    ap.add_argument("--device", default="cpu", help="torch device: cpu or cuda")
+    args = ap.parse_args(argv)
+    nerf_data.check_arguments(ap, args)
+    return ap, args
+
+
+if __name__ == "__main__":      # --help and argument errors are answered before torch and Taichi load
+    AP, ARGS = parse_args()
+
+import torch  # noqa: E402
+
+from sdf_eikonal import ensure_out_dir  # noqa: E402
+from nerf import DENSITY_NET, COLOUR_NET, MAX_LOG_SIGMA, N_FEATURES, OPTIMIZER, grid_config  # noqa: E402
 
 PRIMES = (1, 2654435761, 805459861)
 
@@ -141,14 +158,7 @@ class Renderer:
         return np.concatenate(out).reshape(len(c2w), height, width, 3)
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    nerf_data.add_arguments(ap)
-    ap.add_argument("--threads", type=nerf_data.positive, help="torch's CPU threads (default: torch's choice)")
-    ap.add_argument("--device", default="cpu", help="torch device: cpu or cuda")
-    args = ap.parse_args(argv)
-    nerf_data.check_arguments(ap, args)
+def main(ap, args):
     ensure_out_dir(ap, args.out)
     train, test = nerf_data.load_scene(args, ap)
     if args.threads:
@@ -179,4 +189,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    main(AP, ARGS)

@@ -36,3 +36,38 @@ def test_pytorch_example_learns_as_the_native_one(tmp_path):
     native_psnr = _final_psnr("mlp_learning_an_image.py", tmp_path, 30, 4096)
     assert torch_psnr > 12.0
     assert abs(torch_psnr - native_psnr) < 1.5, (torch_psnr, native_psnr)
+
+
+TORCH_EXAMPLES = {"mlp_learning_an_image_pytorch.py": ("image", "--steps", "--batch", "--out", "--seed", "--arch",
+                                                       "--torch-threads"),
+                  "distributed_image.py": ("image", "--steps", "--batch", "--instances", "--seed", "--save", "--arch"),
+                  "nerf_pytorch.py": ("--data", "--steps", "--rays", "--out", "--threads", "--device")}
+
+
+@pytest.fixture
+def without_torch_and_taichi(tmp_path):
+    """An environment where ``import torch`` and ``import taichi`` fail: what an example does before it needs them."""
+    for name in ("torch", "taichi"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"raise ImportError('{name} imported before the arguments were "
+                                                     "checked')\n")
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), ROOT]))
+
+
+@pytest.mark.parametrize("script", sorted(TORCH_EXAMPLES))
+def test_torch_examples_answer_help_and_argument_errors_before_importing_torch_or_taichi(script,
+                                                                                         without_torch_and_taichi):
+    def run(*args):
+        return subprocess.run([sys.executable, os.path.join(ROOT, "examples", script), *args], capture_output=True,
+                              text=True, timeout=120, env=without_torch_and_taichi)
+
+    helped = run("--help")
+    assert helped.returncode == 0, helped.stderr[-2000:]
+    for argument in TORCH_EXAMPLES[script]:
+        assert argument in helped.stdout, argument
+    refused = run("--steps", "many")
+    assert refused.returncode == 2 and "--steps" in refused.stderr and "Traceback" not in refused.stderr, \
+        refused.stderr[-2000:]
+    if script != "nerf_pytorch.py":
+        missing = run("missing.png")
+        assert missing.returncode == 2 and "IMAGE 'missing.png' is not a file" in missing.stderr, missing.stderr
