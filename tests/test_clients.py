@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 import tinn.torch  # noqa: E402
 
 CLIENTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "clients")
@@ -89,6 +89,29 @@ def test_a_script_error_whose_str_fails_is_reported_as_the_scripts_own(tinycudan
     with pytest.raises(Exception) as raised:
         main([str(script)])
     assert type(raised.value).__name__ == "BadStr"
+
+
+@pytest.mark.x64_only("command-line defaults; nothing device-specific")
+@pytest.mark.parametrize("environment, threads", [({}, 1), ({"OMP_NUM_THREADS": "2"}, 2),
+                                                  ({"OMP_WAIT_POLICY": "PASSIVE"}, 2)], ids=["unset", "omp", "policy"])
+def test_python_m_tinn_torch_runs_torch_on_one_thread_unless_the_environment_says(tinycudann, tmp_path, monkeypatch,
+                                                                                  environment, threads):
+    """torch's OpenMP threads spin after each operation on the cores tinn's kernels need next (docs/torch.md):
+    one torch thread by default; a thread setting in the environment is left alone."""
+    from tinn.torch.__main__ import TORCH_THREAD_SETTINGS, main
+    for name in TORCH_THREAD_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    script, seen = tmp_path / "threads.py", tmp_path / "threads.txt"
+    script.write_text("import sys, torch\nopen(sys.argv[1], 'w').write(str(torch.get_num_threads()))\n")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        main([str(script), str(seen)])
+    finally:
+        torch.set_num_threads(before)
+    assert int(seen.read_text()) == threads
 
 
 SPAWNING_SCRIPT = '''import multiprocessing as mp

@@ -10,6 +10,11 @@ re-import it in a fresh interpreter with this ``sys.path``, see ``tinycudann`` a
 (:func:`tinn.torch._cuda_on_cpu.cuda_on_cpu`): ``torch.device("cuda")``, ``.cuda()``, ``.to("cuda")``,
 ``device="cuda"`` arguments, ``torch.cuda.synchronize()``. Without it, a script that asks for CUDA on a
 machine without CUDA stops with its error and a line naming the flag.
+
+torch's CPU operations run on one thread unless the environment sets torch's threads (``OMP_NUM_THREADS``,
+``MKL_NUM_THREADS``, ``OMP_WAIT_POLICY``); the script's own ``torch.set_num_threads(n)`` still wins. After
+each multi-threaded operation torch's OpenMP threads keep spinning on the cores that tinn's Taichi kernels
+need next, which made tcnn's PyTorch sample about 3x slower than on one torch thread (see docs/torch.md).
 """
 import contextlib
 import os
@@ -18,9 +23,12 @@ import shlex
 import sys
 import traceback
 
+import torch
+
 from . import as_tinycudann
 from ._cuda_on_cpu import asks_for_missing_cuda, cuda_on_cpu
 
+TORCH_THREAD_SETTINGS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY")
 USAGE = ("usage: python -m tinn.torch [--device cpu] SCRIPT [ARGS]  (runs SCRIPT with tinycudann as tinn.torch; "
          "--device cpu runs a script that asks for CUDA on the CPU)")
 
@@ -48,6 +56,8 @@ def main(argv: list) -> None:
     if not os.path.isfile(script):
         raise SystemExit(f"python -m tinn.torch: no such script: {script!r}")
     as_tinycudann()
+    if not any(name in os.environ for name in TORCH_THREAD_SETTINGS):
+        torch.set_num_threads(1)
     sys.argv = [script, *args]
     sys.path[:0] = [os.path.dirname(os.path.abspath(script)), os.path.join(os.path.dirname(__file__), "_alias")]
     with cuda_on_cpu() if device == "cpu" else contextlib.nullcontext():
