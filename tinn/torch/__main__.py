@@ -14,7 +14,7 @@ machine without CUDA stops with its error and a line naming the flag.
 torch's CPU operations run on one thread unless the environment sets torch's threads (``OMP_NUM_THREADS``,
 ``MKL_NUM_THREADS``, ``OMP_WAIT_POLICY``); the script's own ``torch.set_num_threads(n)`` still wins. After
 each multi-threaded operation torch's OpenMP threads keep spinning on the cores that tinn's Taichi kernels
-need next, which made tcnn's PyTorch sample about 3x slower than on one torch thread (see docs/torch.md).
+need next: tcnn's PyTorch sample ran 2.5x slower on torch's default threads than on one (docs/torch.md).
 """
 import contextlib
 import os
