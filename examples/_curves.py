@@ -115,3 +115,62 @@ def write_curves(path: str, panels, width: int = 640, panel_height: int = 220):
     import imageio.v3 as iio
     images = [draw_panel(p, width, panel_height, COLOURS[i % len(COLOURS)]) for i, p in enumerate(panels)]
     iio.imwrite(path, np.concatenate(images, axis=0))
+
+
+@dataclass
+class Series:
+    """One labelled curve of a chart that holds several: ``ys`` over ``xs``."""
+    label: str
+    xs: np.ndarray
+    ys: np.ndarray
+
+
+def draw_series(title: str, series, width: int = 640, height: int = 300, log: bool = False,
+                x_label: str = "STEPS") -> np.ndarray:
+    """Several labelled curves on common axes in one chart, ``(height, width, 3)`` uint8: ``COLOURS[i]`` for
+    ``series[i]``, a legend (a swatch and the label of each) at the top right, the y range at the left, the x
+    range and ``x_label`` below; ``log``: a logarithmic y axis (say so in ``title``; values <= 0 are left out)."""
+    img = np.full((height, width, 3), WHITE, np.uint8)
+    left, right, top, bottom = 9 * 4 * SCALE + 8, 12, 8 * SCALE + 6, 7 * SCALE + 6
+    w, h = width - left - right, height - top - bottom
+    text(img, left, 3, title)
+    kept = []
+    for s in series:
+        xs, ys = np.asarray(s.xs, np.float64), np.asarray(s.ys, np.float64)
+        keep = np.isfinite(ys) & ((ys > 0) if log else True)
+        kept.append((xs[keep], np.log10(ys[keep]) if log else ys[keep]))
+    xs_all = np.concatenate([x for x, _ in kept] + [np.zeros(0)])
+    if len(xs_all) == 0:
+        return img
+    vs_all = np.concatenate([v for _, v in kept])
+    x_lo, x_hi, v_lo, v_hi = xs_all.min(), xs_all.max(), vs_all.min(), vs_all.max()
+    if x_hi == x_lo:
+        x_lo, x_hi = x_lo - 1, x_hi + 1
+    if v_hi == v_lo:
+        v_lo, v_hi = v_lo - 0.5, v_hi + 0.5
+    for k in range(5):                                            # grid
+        img[top + round(k * (h - 1) / 4), left:left + w] = GRID
+        img[top:top + h, left + round(k * (w - 1) / 4)] = GRID
+    for i, (xs, vs) in enumerate(kept):
+        colour = COLOURS[i % len(COLOURS)]
+        px = left + (xs - x_lo) / (x_hi - x_lo) * (w - 1)
+        py = top + (v_hi - vs) / (v_hi - v_lo) * (h - 1)
+        for k in range(len(px) - 1):
+            _line(img, px[k], py[k], px[k + 1], py[k + 1], colour)
+        if len(px) == 1:
+            x, y = int(round(px[0])), int(round(py[0]))
+            img[max(y - 2, 0):y + 3, max(x - 2, 0):x + 3] = colour
+    unlog = (lambda v: 10 ** v) if log else (lambda v: v)
+    text(img, 4, top, _label(unlog(v_hi)))
+    text(img, 4, top + h - 5 * SCALE, _label(unlog(v_lo)))
+    text(img, left, top + h + 4, f"{x_lo:.0f}")
+    hi = f"{x_hi:.0f} {x_label}"
+    text(img, left + w - text_width(hi), top + h + 4, hi)
+    legend_w = max(text_width(s.label) for s in series) + 6 * SCALE + 8
+    for i, s in enumerate(series):                                # legend, on a white box over the grid
+        y = top + 4 + i * 7 * SCALE
+        x = left + w - legend_w - 4
+        img[y - 2:y + 5 * SCALE + 2, x - 4:left + w - 2] = WHITE
+        img[y + 2 * SCALE - 1:y + 3 * SCALE + 1, x:x + 5 * SCALE] = COLOURS[i % len(COLOURS)]
+        text(img, x + 6 * SCALE, y, s.label)
+    return img
