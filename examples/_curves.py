@@ -127,10 +127,11 @@ class Series:
 
 def draw_series(title: str, series, width: int = 640, height: int = 300, log: bool = False,
                 x_label: str = "STEPS") -> np.ndarray:
-    """Several labelled curves on common axes in one chart, ``(height, width, 3)`` uint8: ``COLOURS[i]`` for
-    ``series[i]``, a legend (a swatch and the label of each) at the top right, the y range at the left, the x
-    range and ``x_label`` below; ``log``: a logarithmic y axis (say so in ``title``; values <= 0 are left out)."""
-    img = np.full((height, width, 3), WHITE, np.uint8)
+    """Several labelled curves on common axes in one chart, ``(height + legend, width, 3)`` uint8: ``COLOURS[i]``
+    for ``series[i]``, the y range at the left, the x range and ``x_label`` below, and under them a legend (a
+    swatch and the label of each series, a line each); ``log``: a logarithmic y axis (say so in ``title``; values
+    <= 0 are left out)."""
+    img = np.full((height + len(series) * 7 * SCALE + 4, width, 3), WHITE, np.uint8)
     left, right, top, bottom = 9 * 4 * SCALE + 8, 12, 8 * SCALE + 6, 7 * SCALE + 6
     w, h = width - left - right, height - top - bottom
     text(img, left, 3, title)
@@ -141,7 +142,7 @@ def draw_series(title: str, series, width: int = 640, height: int = 300, log: bo
         kept.append((xs[keep], np.log10(ys[keep]) if log else ys[keep]))
     xs_all = np.concatenate([x for x, _ in kept] + [np.zeros(0)])
     if len(xs_all) == 0:
-        return img
+        return img[:height]
     vs_all = np.concatenate([v for _, v in kept])
     x_lo, x_hi, v_lo, v_hi = xs_all.min(), xs_all.max(), vs_all.min(), vs_all.max()
     if x_hi == x_lo:
@@ -166,11 +167,8 @@ def draw_series(title: str, series, width: int = 640, height: int = 300, log: bo
     text(img, left, top + h + 4, f"{x_lo:.0f}")
     hi = f"{x_hi:.0f} {x_label}"
     text(img, left + w - text_width(hi), top + h + 4, hi)
-    legend_w = max(text_width(s.label) for s in series) + 6 * SCALE + 8
-    for i, s in enumerate(series):                                # legend, on a white box over the grid
-        y = top + 4 + i * 7 * SCALE
-        x = left + w - legend_w - 4
-        img[y - 2:y + 5 * SCALE + 2, x - 4:left + w - 2] = WHITE
-        img[y + 2 * SCALE - 1:y + 3 * SCALE + 1, x:x + 5 * SCALE] = COLOURS[i % len(COLOURS)]
-        text(img, x + 6 * SCALE, y, s.label)
+    for i, s in enumerate(series):                                # the legend, below the chart
+        y = height + i * 7 * SCALE
+        img[y + 2 * SCALE - 1:y + 3 * SCALE + 1, left:left + 5 * SCALE] = COLOURS[i % len(COLOURS)]
+        text(img, left + 7 * SCALE, y, s.label)
     return img

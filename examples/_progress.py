@@ -83,3 +83,30 @@ class Progress:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+class Heartbeat:
+    """A line every ``every`` seconds while a silent call runs (a compile), from a thread of its own::
+
+        with Heartbeat("compiling"):
+            first_step()
+    """
+
+    def __init__(self, label: str, every: float = 3.0, stream=None):
+        self.label, self.every = label, every
+        self.stream = sys.stdout if stream is None else stream
+
+    def __enter__(self):
+        import threading
+        self.stop, start = threading.Event(), time.perf_counter()
+
+        def beat():
+            while not self.stop.wait(self.every):
+                print(f"{self.label}: {clock(time.perf_counter() - start)}", file=self.stream, flush=True)
+        self.thread = threading.Thread(target=beat, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()

@@ -1,8 +1,8 @@
 """The pictures of ``examples/swarm.py``, drawn with numpy (written with imageio): the objective of each learner
 during training in one labelled chart, and the agents' paths and a GIF of their run, a titled panel per learner.
 
-Agents are coloured by the direction of their goal; obstacles are grey discs; in the paths picture a black dot
-marks where each agent ended.
+Agents are coloured by the direction of their goal; obstacles are grey discs; in the paths picture a square in
+an agent's colour marks its goal and a black dot where it ended.
 """
 import os
 
@@ -38,15 +38,16 @@ def dots(img, points, rgb, radius=1):
             img[np.clip(py + dy, 0, size - 1), np.clip(px + dx, 0, size - 1)] = rgb
 
 
-def trajectory_picture(paths, rgb, obstacles, size=384, sub=6, shown=96):
-    """The paths of ``shown`` agents (every k-th), each step drawn as ``sub`` points along its segment, and
-    where every agent ended (black)."""
+def trajectory_picture(paths, goal, rgb, obstacles, size=384, sub=6, shown=32):
+    """The paths of ``shown`` agents (every k-th), each step drawn as ``sub`` points along its segment, each
+    one's goal (a square in its colour) and where it ended (a black dot: on its square when it arrived)."""
     img = canvas(size, obstacles)
     pick = slice(None, None, max(1, paths.shape[1] // shown))
     for t in range(len(paths) - 1):
         for s in range(sub):
             dots(img, (paths[t] + (paths[t + 1] - paths[t]) * s / sub)[pick], rgb[pick], radius=2)
-    dots(img, paths[-1], 0)
+    dots(img, goal[pick], rgb[pick], radius=5)
+    dots(img, paths[-1][pick], 0, radius=3)
     return img
 
 
@@ -66,7 +67,7 @@ def save_pictures(out, results, goal, obstacles):
     imageio.imwrite(curves, draw_series("OBJECTIVE (LOG) DURING TRAINING", [
         Series(TITLES[n], np.arange(len(results[n]["curve"])), results[n]["curve"]) for n in names], log=True))
     path = os.path.join(out, "swarm_trajectories.png")
-    imageio.imwrite(path, side_by_side([trajectory_picture(results[n]["paths"], rgb, obstacles) for n in names], titles))
+    imageio.imwrite(path, side_by_side([trajectory_picture(results[n]["paths"], goal, rgb, obstacles) for n in names], titles))
     frames = []
     for t in range(len(results[names[0]]["paths"])):
         panels = []

@@ -42,7 +42,7 @@ import numpy as np
 import taichi as ti
 
 import tinn
-from _progress import Progress, clock
+from _progress import Heartbeat, Progress, clock
 from _swarm_pictures import save_pictures
 from sdf_eikonal import ensure_out_dir
 
@@ -58,7 +58,7 @@ AGENT_NET = {"otype": "FullyFusedMLP", "activation": "Tanh", "output_activation"
              "n_hidden_layers": 1}
 OPTIMIZER = {"otype": "Adam", "learning_rate": 1e-2, "beta1": 0.9, "beta2": 0.99}
 LEARNERS = ("array", "shared", "shared_with_id")
-SWEEP = {"array": (3e-3, 1e-2, 3e-2), "shared": (3e-4, 1e-3, 3e-3), "shared_with_id": (3e-4, 1e-3, 3e-3)}
+SWEEP = {"array": (3e-3, 1e-2, 3e-2), "shared": (3e-4, 1e-3, 3e-3), "shared_with_id": (1e-3, 3e-3, 1e-2)}
 
 
 def ring(n, rng):
@@ -276,7 +276,8 @@ def train(name, swarm, learning_rate, steps, goal, budget=None, every=3.0):
     returns the results, ``curve``: the objective before each step and after the last."""
     trainer = tinn.Trainer(swarm.network, tinn.create_optimizer(dict(OPTIMIZER, learning_rate=learning_rate)),
                            tinn.create_loss({"otype": "L2"}))
-    swarm.gradients()                                 # compiles (not counted in the wall time)
+    with Heartbeat(f"  {name}: compiling"):
+        swarm.gradients()                             # compiles (not counted in the wall time)
     curve, progress = [], Progress(steps, f"  {name}", every=every)
     start = time.perf_counter()
     while len(curve) < steps and (budget is None or time.perf_counter() - start < budget):

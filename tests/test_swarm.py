@@ -123,13 +123,17 @@ def test_the_pictures_title_every_panel_and_label_every_curve(tmp_path, monkeypa
         assert sum(s.startswith(title + " (") and "PARAMS" in s for s in drawn) == 1
 
 
-def test_a_chart_of_several_series_draws_each_in_its_colour_with_a_legend():
-    xs = np.arange(10)
+def test_a_chart_of_several_series_draws_each_in_its_colour_with_a_legend(monkeypatch):
+    xs, drawn = np.arange(10), []
+    real = _curves.text
+    monkeypatch.setattr(_curves, "text", lambda img, x, y, s: (drawn.append(s), real(img, x, y, s)))
     img = _curves.draw_series("TWO (LOG)", [_curves.Series("A", xs, 10.0 ** -xs), _curves.Series("B", xs, xs + 1.0)],
                               log=True)
-    assert img.shape == (300, 640, 3)
+    assert img.shape[1] == 640 and img.shape[0] > 300                  # the legend's lines below the chart
+    assert drawn[0] == "TWO (LOG)" and drawn[-2:] == ["A", "B"] and "9 STEPS" in drawn
+    assert "10" in drawn and "1E-09" in drawn                         # the y range, from the values, not their logs
     for colour in _curves.COLOURS[:2]:
-        assert (img == colour).all(-1).sum() > 50
+        assert (img[:300] == colour).all(-1).sum() > 50 and (img[300:] == colour).all(-1).any()
     assert not (img == _curves.COLOURS[2]).all(-1).any()
 
 
