@@ -67,7 +67,8 @@ def save_pictures(out, results, goal, obstacles):
     imageio.imwrite(curves, draw_series("OBJECTIVE (LOG) DURING TRAINING", [
         Series(TITLES[n], np.arange(len(results[n]["curve"])), results[n]["curve"]) for n in names], log=True))
     path = os.path.join(out, "swarm_trajectories.png")
-    imageio.imwrite(path, side_by_side([trajectory_picture(results[n]["paths"], goal, rgb, obstacles) for n in names], titles))
+    paths = [trajectory_picture(results[n]["paths"], goal, rgb, obstacles) for n in names]
+    imageio.imwrite(path, side_by_side(paths, titles))
     frames = []
     for t in range(len(results[names[0]]["paths"])):
         panels = []

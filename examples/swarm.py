@@ -279,19 +279,19 @@ def train(name, swarm, learning_rate, steps, goal, budget=None, every=3.0):
     with Heartbeat(f"  {name}: compiling"):
         swarm.gradients()                             # compiles (not counted in the wall time)
     curve, progress = [], Progress(steps, f"  {name}", every=every)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     while len(curve) < steps and (budget is None or time.perf_counter() - start < budget):
         swarm.gradients()
         curve.append(float(swarm.loss[None]))        # a read-back per step: the curve (cheap next to a step)
         trainer.optimizer_step(active=swarm.stage.active)
         progress.update(len(curve), objective=curve[-1])
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     curve.append(swarm.objective())
     paths = swarm.trajectories()
     return {"objective": curve[-1], "goal_distance": float(np.linalg.norm(paths[-1] - goal, axis=1).mean()),
             "collisions": collisions(paths), "in_obstacles": in_obstacles(paths), "steps": len(curve) - 1,
             "n_params": int(swarm.network.n_params * swarm.network.n_instances), "wall_s": round(seconds, 2),
-            "learning_rate": learning_rate, "curve": curve, "paths": paths}
+            "cpu_s": round(cpu, 2), "learning_rate": learning_rate, "curve": curve, "paths": paths}
 
 
 def sweep(name, swarm, rates, steps, goal, every=3.0):
@@ -345,11 +345,12 @@ def parse_args(argv=None):
 def table(results, start_distance):
     """The comparison as lines of text."""
     head = f"{'learner':<15} {'objective':>9} {'goal distance':>13} {'collisions':>10} {'steps':>5} " \
-           f"{'parameters':>10} {'wall':>7} {'lr':>6}"
+           f"{'parameters':>10} {'wall':>7} {'CPU':>7} {'lr':>6}"
     lines = [head, f"{'(start)':<15} {'':>9} {start_distance:>13.3f}"]
     for name, r in results.items():
         lines.append(f"{name:<15} {r['objective']:>9.4f} {r['goal_distance']:>13.3f} {r['collisions']:>10} "
-                     f"{r['steps']:>5} {r['n_params']:>10} {r['wall_s']:>6.1f}s {r['learning_rate']:>6g}")
+                     f"{r['steps']:>5} {r['n_params']:>10} {r['wall_s']:>6.1f}s {r['cpu_s']:>6.1f}s "
+                     f"{r['learning_rate']:>6g}")
     return lines
 
 
