@@ -33,8 +33,12 @@ def test_thrusters_are_rotations_within_the_turn():
     assert np.abs(angle).max() <= 30.0 and np.abs(angle).max() > 25.0
 
 
-def test_the_shared_networks_have_at_least_the_arrays_parameters():
-    for n in (8, 100, 256, 1024):
+def test_the_shared_network_with_id_has_at_least_the_arrays_parameters():
+    for n in (8, 100, 256):
+        array, with_id = swarm.make_network(n, "array"), swarm.make_network(n, "shared_with_id")
+        assert array.n_instances == n and array.n_params == 16 * 16 + 16 * 16        # inputs, outputs padded to 16
+        assert with_id.n_instances == 1 and with_id.n_params >= n * array.n_params
+    for n in (8, 100, 256, 1024):                     # and its width is the least that gets there
         array = n * 512                               # 16-wide MLP, inputs and outputs padded to 16
         w, b = swarm.shared_width(n), swarm.id_bins(n)
         assert w % 16 == 0 and b >= n and b & (b - 1) == 0
