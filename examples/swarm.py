@@ -374,15 +374,18 @@ def main(argv=None):
         results[name] = train(name, swarm, lr, args.steps, goal, budget=args.budget)
     start_distance = float(np.linalg.norm(start - goal, axis=1).mean())
     print("\n".join(table(results, start_distance)))
-    ratio = results["array"]["objective"] / results["shared"]["objective"]
-    print(f"array / shared objective: {ratio:.2f}; array / shared_with_id: "
-          f"{results['array']['objective'] / results['shared_with_id']['objective']:.2f}")
+    array = results["array"]["objective"]
+    print(f"objective of the array / of the shared network: {array / results['shared']['objective']:.2f}; "
+          f"/ of the shared network with id: {array / results['shared_with_id']['objective']:.2f}")
     if len({r["steps"] for r in results.values()}) > 1:
         print("note: --budget stopped some learners early, so their steps differ")
     summary = os.path.join(args.out, "summary.json")
     with open(summary, "w") as f:
-        json.dump({n: {k: v for k, v in r.items() if k not in ("paths",)} for n, r in results.items()}, f, indent=1)
-    for path in (summary, *save_pictures(args.out, results, goal, OBSTACLES)):
+        json.dump({n: {k: v for k, v in r.items() if k != "paths"} for n, r in results.items()}, f, indent=1)
+    print(f"wrote {summary}", flush=True)
+    with Heartbeat("drawing the pictures"):
+        pictures = save_pictures(args.out, results, goal, OBSTACLES)
+    for path in pictures:
         print(f"wrote {path}")
     print(f"whole run {clock(time.perf_counter() - t0)} ({time.process_time() - cpu0:.0f} s of CPU)")
     return results
