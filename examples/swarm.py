@@ -1,7 +1,7 @@
 """Many tiny networks against one large one: a swarm whose agents differ in something their inputs do not show.
 
-    python examples/swarm.py [--agents N] [--horizon T] [--steps S] [--turn DEGREES] [--budget SECONDS]
-                             [--seed 0] [--arch cpu] [--out DIR]
+    python examples/swarm.py [--agents N] [--horizon T] [--steps S] [--sweep-steps S'] [--turn DEGREES]
+                             [--budget SECONDS] [--seed 0] [--arch cpu] [--out DIR]
 
 N agents start spread over a ring around three obstacles; each must reach the point opposite its start (through
 the centre) within T simulation steps. Every agent's thrusters are mounted turned by its own hidden angle
@@ -27,7 +27,8 @@ Three learners steer the agents, in the same Taichi program, each trained for th
 * ``shared_with_id``: the same network given the agent's id as one more input, encoded by OneBlob (a soft
   one-hot over a bin per agent), with at least the array's parameter count.
 
-Each learner's learning rate is picked by a short sweep (printed) before its run. The example prints a table of
+Each learner's learning rate is picked by a short sweep (printed): S' steps at each of three rates from the
+same initial parameters; the rate with the lowest objective trains the S steps. The example prints a table of
 the three (objective, distance to the goal, collisions, steps, parameters, wall time) and writes to ``--out``:
 ``summary.json``, ``swarm_curves.png`` (the objective of each during training), ``swarm_trajectories.png`` and
 ``swarm.gif`` (one titled panel per learner).
