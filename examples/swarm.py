@@ -317,12 +317,12 @@ def parse_args(argv=None):
     ap.add_argument("--horizon", type=int, default=24, help="simulation steps the objective looks through")
     ap.add_argument("--steps", type=int, default=150, help="training steps of each learner (the same for all)")
     ap.add_argument("--sweep-steps", type=int, default=None,
-                    help="steps of each try of the learning-rate sweep (default: a fifth of --steps)")
+                    help="steps of each try of the learning-rate sweep (None: a fifth of --steps)")
     ap.add_argument("--turn", type=float, default=180.0, help="the agents' hidden thruster turns, uniform in "
                     "+-DEGREES (0: every agent alike, and nothing is hidden)")
     ap.add_argument("--budget", type=float, default=None,
-                    help="most seconds of training for each learner (default: none; a learner it stops early "
-                    "gets fewer steps, and the table says so)")
+                    help="most seconds of training for each learner (None: no limit; a learner it stops "
+                    "early gets fewer steps, and the table says so)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the scene and of the models")
     ap.add_argument("--arch", default="cpu", choices=["cpu", "vulkan", "cuda", "metal", "gpu"], help="Taichi arch")
     ap.add_argument("--out", default="out", help="folder for the pictures and summary.json (created)")
