@@ -11,6 +11,8 @@ no ``\\r``): at the first step, then whenever ``every`` seconds have passed, and
         progress.update(step, loss=loss, PSNR=f"{psnr:.2f} dB")
         progress.write("a line of its own")      # print, without breaking a bar
     progress.close()
+
+``Heartbeat(label)`` prints a line every few seconds while a call that reports nothing (a compile) runs.
 """
 import sys
 import time

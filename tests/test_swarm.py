@@ -15,6 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 import _curves  # noqa: E402
+import _progress  # noqa: E402
 import _swarm_pictures  # noqa: E402
 import swarm  # noqa: E402
 
@@ -103,6 +104,18 @@ def test_training_lowers_the_objective():
     result = swarm.train("array", sim, 1e-2, steps=30, goal=goal)
     assert result["steps"] == 30 and result["objective"] < 0.9 * result["curve"][0]
     assert len(result["curve"]) == 31 and result["paths"].shape == (7, 16, 2)
+
+
+def test_a_heartbeat_prints_while_a_silent_call_runs_and_stops_after_it():
+    import io
+    import time
+    stream = io.StringIO()
+    with _progress.Heartbeat("compiling", every=0.05, stream=stream):
+        time.sleep(0.4)
+    lines = stream.getvalue().splitlines()
+    time.sleep(0.2)
+    assert len(lines) >= 3 and all(line.startswith("compiling: ") for line in lines)
+    assert stream.getvalue().splitlines() == lines
 
 
 def fake_results(n=12, steps=5):
