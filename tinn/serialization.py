@@ -89,7 +89,7 @@ def save(parts, path):
     model, store = parts.model, parts.master
     arrays = {"params": store.read(store.params, store.offset, model.n_params),
               "inference_params": store.read(store.inference_params, store.offset, model.n_params)}
-    arrays.update({f"optimizer.{k}": np.ascontiguousarray(v) for k, v in parts.optimizer.state_dict().items()})
+    arrays.update({f"optimizer.{k}": np.asarray(v) for k, v in parts.optimizer.state_dict().items()})  # 0-d stays 0-d
     header = {"format": FORMAT, "version": VERSION, "n_instances": model.n_instances, "n_params": model.n_params,
               "model": model.hyperparams(), "loss": parts.loss.hyperparams(),
               "optimizer": parts.optimizer.hyperparams()}
@@ -154,7 +154,7 @@ class _Archive:
         except Exception as e:               # any other failure to parse means a damaged (or hostile) file
             raise ValueError(f"{self.path}: damaged tinn checkpoint ({type(e).__name__}: {e})") from None
         array = np.frombuffer(raw, dtype).reshape(got_shape, order="F" if fortran else "C")
-        return np.ascontiguousarray(array)
+        return np.ascontiguousarray(array).reshape(got_shape)          # (ascontiguousarray makes a 0-d array 1-d)
 
 
 def _read_header(archive: _Archive) -> dict:
