@@ -55,17 +55,15 @@ class LossScale:
         return f"LossScale(scale={self.scale:g}, good_steps={self.good_steps}, skipped={self.skipped})"
 
     def update(self, overflow: bool) -> bool:
-        """Record one step's gradients; ``True`` if the optimizer should apply them."""
+        """Record one step's gradients (all at once, in the last line); ``True`` if the optimizer should apply
+        them."""
+        scale, good, skipped = self.scale, self.good_steps + 1, self.skipped
         if overflow:
-            self.scale = max(self.scale * self.backoff_factor, self.MIN)
-            self.good_steps = 0
-            self.skipped += 1
-            return False
-        self.good_steps += 1
-        if self.good_steps >= self.growth_interval:
-            self.scale = min(self.scale * self.growth_factor, self.MAX)
-            self.good_steps = 0
-        return True
+            scale, good, skipped = max(scale * self.backoff_factor, self.MIN), 0, skipped + 1
+        elif good >= self.growth_interval:
+            scale, good = min(scale * self.growth_factor, self.MAX), 0
+        self.scale, self.good_steps, self.skipped = scale, good, skipped
+        return not overflow
 
     def state(self) -> dict:
         """What a checkpoint keeps (JSON numbers)."""

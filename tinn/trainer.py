@@ -42,6 +42,8 @@ inference weights, optimizer state) in one pickle-free ``.npz`` file;
 """
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from . import serialization, tcnn_snapshot
@@ -49,6 +51,7 @@ from .batch.batch import Batch, as_batch, callers_loss
 from .batch.census import Faults, Request
 from .mixed_precision import LossScale, MasterWeights
 from .object import Context, DifferentiableObject, chunk_samples
+from .optimizers.step import commit
 from .runtime.program import RuntimeBound
 
 
@@ -244,16 +247,18 @@ class Trainer(RuntimeBound):
     def optimizer_step(self, active=None):
         """Apply the gradients: step the networks ``active`` (ids of an array's networks, or an int32
         ``ti.ndarray`` mask ``(n_instances,)``), or all of them. The optimizer was bound to the model at
-        construction; it checks ``active``."""
+        construction; it checks ``active``. The step is whole or not taken (``tinn.optimizers.step.commit``)."""
         self._check_runtime()
         if self._masters is None:
             self.optimizer.step(loss_scale=1.0, active=active)
             return
         self._masters.sync()
         scale = self.loss_scale                     # the scale the gradients carry
-        if self.loss_scaler.update(self._masters.read_gradients()):
-            self.optimizer.step(loss_scale=scale, active=active)
-            self._masters.publish()
+        overflow = self._masters.read_gradients()
+        phases = [partial(self.loss_scaler.update, overflow)]
+        if not overflow:
+            phases += self.optimizer._bound_phases(scale, active) + [self._masters.publish]
+        commit(phases)
 
     def training_step(self, x, target, instance=None, pdf=None, *, per_instance: bool = False):
         """One step; returns the loss, or ``(loss, per-network losses)`` with ``per_instance=True``.

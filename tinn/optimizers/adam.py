@@ -14,6 +14,7 @@ State: ``current_step`` (per instance, AdaBound's t), ``first_moments``,
 and ``param_steps`` (per non-matrix parameter).
 """
 import math
+from functools import partial
 
 import numpy as np
 import taichi as ti
@@ -211,12 +212,9 @@ class Adam(Optimizer):
         """Every weight of a stepped instance is written (so the step can fill the inference weights)."""
         return bool(self.hparams["optimize_matrix_params"] and self.hparams["optimize_non_matrix_params"])
 
-    def _advance(self, step):
+    def _phases(self, step):
         """The update counts the steps in its own kernel (without parameters: the shared counter)."""
-        if self.n_params:
-            self.update(step)
-        else:
-            super()._advance(step)
+        return [partial(self.update, step)] if self.n_params else super()._phases(step)
 
     def update(self, step):
         h, s = self.hparams, self.slot

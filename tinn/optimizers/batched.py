@@ -12,6 +12,7 @@ State: ``current_step``, ``averaged_gradients`` plus ``nested.*`` (tcnn also kee
 half-precision copy of the pool; tinn is float32 throughout).
 """
 import dataclasses
+from functools import partial
 
 import taichi as ti
 
@@ -57,10 +58,12 @@ class Batched(Wrapper):
         super()._set_slot(slot, layer_sizes)
         self._fire = zeros((self.n_instances,), ti.i32)
 
-    def _advance(self, step):
+    def _phases(self, step):
         """Every call adds to the pool; the nested optimizer steps on every N-th call of an instance."""
+        return [partial(self._accumulate, step)] + self.nested._phases(dataclasses.replace(step, mask=self._fire))
+
+    def _accumulate(self, step):
         s = self.slot
         pool, po = (self.averaged_gradients.field, self.averaged_gradients.offset) if self.n_params else (s.grads, 0)
         _accumulate(pool, po, s.grads, s.g_off, s.n, step.mask, self._steps, self._fire,
                     self.hparams["batch_size_multiplier"])
-        self.nested._advance(dataclasses.replace(step, mask=self._fire))

@@ -23,6 +23,7 @@ State: ``base_learning_rates``, ``learning_rate_factor``, ``custom_weights`` (on
 inference weights) plus ``nested.<i>.*``.
 """
 import warnings
+from functools import partial
 
 import numpy as np
 
@@ -152,17 +153,20 @@ class Composite(Nesting):
         self.custom_weights_buffer = C = Buffer(self.n_instances, self.n_params, "Composite inference weights")
         copy_columns(C.field, C.offset, slot.params, slot.p_off, self.n_params, self.all_networks())
 
-    def _advance(self, step):
+    def _phases(self, step):
         """Each slice's step with the same record (its mask already a kernel array), then the inference copies."""
         s, C = self.slot, getattr(self, "custom_weights_buffer", None)
+        phases = []
         for opt, off, n in zip(self.nested_list, self.offsets, self.sizes):
-            opt._advance(step)
+            phases += opt._phases(step)
             if self._has_custom:
-                copy_columns(C.field, C.offset + off, *(opt.inference_weights() or (s.params, s.p_off + off)), n,
-                             step.mask)
+                phases.append(partial(copy_columns, C.field, C.offset + off,
+                                      *(opt.inference_weights() or (s.params, s.p_off + off)), n, step.mask))
         if self._has_custom:                               # the unoptimized tail mirrors the parameters
             total = sum(self.sizes)
-            copy_columns(C.field, C.offset + total, s.params, s.p_off + total, self.n_params - total, step.mask)
+            phases.append(partial(copy_columns, C.field, C.offset + total, s.params, s.p_off + total,
+                                  self.n_params - total, step.mask))
+        return phases
 
     def _children(self):
         return [(f"nested.{i}", opt) for i, opt in enumerate(self.nested_list)]

@@ -76,11 +76,12 @@ class ExponentialDecay(Wrapper):
     def learning_rate(self, value: float):
         self.nested.learning_rate = float(np.float32(check_learning_rate(self, value)) / self._factor())
 
+    def before_nested(self, step):
+        if self.n_params:
+            h, outer = self.hparams, step.lr_scale
+            _decay(self.learning_rate_factor, self._scale, self._scale if outer is None else outer, step.mask,
+                   self.nested.steps_array(), h["decay_base"], h["decay_start"], h["decay_interval"],
+                   h["decay_end"], outer is not None)
+
     def nested_step(self, step):
-        if not self.n_params:
-            return step
-        h, outer = self.hparams, step.lr_scale
-        _decay(self.learning_rate_factor, self._scale, self._scale if outer is None else outer, step.mask,
-               self.nested.steps_array(), h["decay_base"], h["decay_start"], h["decay_interval"], h["decay_end"],
-               outer is not None)
-        return dataclasses.replace(step, lr_scale=self._scale)
+        return dataclasses.replace(step, lr_scale=self._scale) if self.n_params else step

@@ -29,13 +29,16 @@ Writing an optimizer (the whole contract; wrappers: see ``wrapper.py``):
 * ``create_state()`` — allocate them, once ``n_instances``, ``n_params``, ``n_matrix``,
   ``layer_sizes`` and ``slot`` (where its weights and gradients live) are set;
 * ``update(step)`` — one step (:class:`~tinn.optimizers.step.Step`) of the instances with
-  ``step.mask[k] != 0``, network ``k`` at learning rate ``learning_rate * lr_scale(step)[k]``;
+  ``step.mask[k] != 0``, network ``k`` at learning rate ``learning_rate * lr_scale(step)[k]``: a phase of the
+  step (``step.py``), so it changes state only in its last line (one kernel launch);
 * ``inference_weights()`` — ``(field, offset)`` of separate inference weights (tcnn's
   ``custom_weights``), if it keeps any.
 
 Stepping numpy arrays is the free function :func:`step_arrays`.
 """
 from __future__ import annotations
+
+from functools import partial
 
 import numpy as np
 import taichi as ti
@@ -47,7 +50,7 @@ from ..keys import NON_NEGATIVE, UNIT_INTERVAL, Key, Options
 from ..object import Object, ParametricObject
 from ..params import ParamStore
 from ..runtime.program import RuntimeBound, active
-from .step import STEP_LIMIT, Step, count_steps, new_counter
+from .step import STEP_LIMIT, Step, commit, count_steps, new_counter
 
 
 def zeros(shape, dtype):
@@ -203,17 +206,19 @@ class Optimizer(Object, RuntimeBound):
         if gradients is not None:
             raise TypeError("step() takes gradients only with numpy params")
         self._require_allocated()
-        self._step_bound(loss_scale, active)
+        commit(self._bound_phases(loss_scale, active))
 
-    def _step_bound(self, loss_scale: float, active):
-        """Step the bound slot; fill the model's inference weights (in the update itself where it can)."""
+    def _bound_phases(self, loss_scale: float, active) -> list:
+        """The phases (``step.py``) of a step of the bound slot, filling the model's inference weights (in the
+        update itself where it can)."""
         mask = self.mask(active)
         store = self.slot.store
         mirrored = self._publishes and self.inference_weights() is None and self.mirrors()
         step = Step(mask, float(loss_scale), None, (store.inference_params, store.offset) if mirrored else None)
-        self._advance(step)
+        phases = self._phases(step)
         if self._publishes and not mirrored:
-            self._publish(mask)
+            phases.append(partial(self._publish, mask))
+        return phases
 
     def mask(self, active):
         """``active`` (module docstring) as the int32 ``(K,)`` mask that kernels read: a device mask as it
@@ -236,11 +241,10 @@ class Optimizer(Object, RuntimeBound):
         source = self.inference_weights() or (slot.params, slot.p_off)
         slot.store.publish(*source, mask)
 
-    def _advance(self, step: Step):
-        """Count and run one step (the counter first: ``update`` sees the count including this step)."""
-        count_steps(self._steps, step.mask)
-        if self.n_params:
-            self.update(step)
+    def _phases(self, step: Step) -> list:
+        """One step's phases, changing nothing yet: count, then update (``update`` sees the count including this
+        step)."""
+        return [partial(count_steps, self._steps, step.mask)] + ([partial(self.update, step)] if self.n_params else [])
 
     def lr_scale(self, step: Step):
         """float32 ``(K,)`` kernel array by which the kernels multiply ``learning_rate`` (a scalar
@@ -341,7 +345,10 @@ def step_arrays(optimizer: Optimizer, params: np.ndarray, gradients, *, loss_sca
     mask = optimizer.mask(active)
     store.write(store.params, store.offset, flat)
     store.write(store.grads, store.offset, grads.reshape(flat.shape))
-    optimizer._advance(Step(mask, float(loss_scale)))
+    commit(optimizer._phases(Step(mask, float(loss_scale))) + [partial(_read_back, store, flat)])
+
+
+def _read_back(store, flat: np.ndarray):
     flat[...] = store.read(store.params, store.offset, flat.shape[1])
 
 

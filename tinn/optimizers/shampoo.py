@@ -99,6 +99,17 @@ class Shampoo(Optimizer):
         return alpha.astype(np.float32), beta.astype(np.float32)
 
     def update(self, step):
+        """The step on host copies of the state: all of it, or (an exception on the way) none of it."""
+        saved = {name: a.copy() for name, a in self.state_arrays().items()}
+        try:
+            self._update(step)
+        except BaseException:
+            for name, a in self.state_arrays().items():
+                a[...] = saved[name]
+            raise
+
+    def _update(self, step):
+        """Changes the host state, then the parameters in its last line."""
         rows = np.flatnonzero(host(step.mask))
         if not len(rows):
             return
@@ -148,8 +159,8 @@ class Shampoo(Optimizer):
         nm = slice(self.n_matrix, self.n_params)
         new[:, nm] = _decay(w[:, nm], rel * col(lr), absd * col(lr)) - col(lr) * momentum[:, nm]
         params[rows] = new
-        s.write(s.params, s.p_off, params)
         self._refresh_roots(rows, steps[rows])
+        s.write(s.params, s.p_off, params)
 
     def _refresh_roots(self, rows, T):
         nb = len(self.batches)

@@ -10,13 +10,16 @@ the wrapper's own arrays plus the nested state under ``nested.``.
 
 Writing a wrapper: ``KEYS``, ``STATE`` and ``create_state()`` as any optimizer (the nested
 optimizer is bound first), then ``before_nested(step)`` and / or ``after_nested(step)``
-around the nested step; ``nested_step(step)`` to hand the nested optimizer another step record
-(a schedule's learning-rate scale); ``nested_slot(slot)`` to hand the nested optimizer other
+around the nested step (phases of the step: each changes state only in its last line, see ``step.py``);
+``nested_step(step)`` to hand the nested optimizer another step record (a schedule's learning-rate scale;
+it changes nothing); ``nested_slot(slot)`` to hand the nested optimizer other
 gradients (a pool); ``inference_weights()`` for averaged weights (``nested_weights()`` gives the
 weights to average: the nested optimizer's own inference weights, else the trained ones).
 A wrapper's kernels read the nested step counts where they live (``nested.steps_array()``)
 and the step's mask, so a device step hands them no host table.
 """
+
+from functools import partial
 
 from ..keys import Options
 from ..registry import create_optimizer
@@ -103,10 +106,9 @@ class Wrapper(Nesting):
         """Where the nested optimizer finds its weights and gradients (default: the same)."""
         return slot
 
-    def _advance(self, step):
-        self.before_nested(step)
-        self.nested._advance(self.nested_step(step))
-        self.after_nested(step)
+    def _phases(self, step):
+        return ([partial(self.before_nested, step)] + self.nested._phases(self.nested_step(step)) +
+                [partial(self.after_nested, step)])
 
     def before_nested(self, step):
         """Runs before each nested step (:class:`~tinn.optimizers.step.Step`)."""
@@ -115,7 +117,7 @@ class Wrapper(Nesting):
         """Runs after each nested step."""
 
     def nested_step(self, step):
-        """The step record passed to the nested optimizer (default: the same)."""
+        """The step record passed to the nested optimizer (default: the same); changes nothing."""
         return step
 
     def _children(self):
