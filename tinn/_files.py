@@ -44,7 +44,7 @@ def write_atomically(path, write, what: str):
         with os.fdopen(fd, "wb") as f:
             if hasattr(os, "fchmod"):
                 os.fchmod(f.fileno(), mode)
-            write(f)
+            _unmasked(write, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)             # never leaves a half-written file behind
@@ -60,6 +60,21 @@ def write_atomically(path, write, what: str):
                 os.remove(tmp)
             except OSError:
                 pass
+
+
+def _unmasked(write, f):
+    """``write(f)``; a ``KeyboardInterrupt`` that a library's cleanup turned into another exception (zipfile's
+    "Can't close the ZIP file while there is an open writing handle", when a Ctrl-C lands in ``np.savez``) is
+    raised as itself."""
+    try:
+        write(f)
+    except Exception as e:
+        cause = e.__context__
+        while cause is not None and not isinstance(cause, KeyboardInterrupt):
+            cause = cause.__context__
+        if cause is None:
+            raise
+        raise cause.with_traceback(None) from None
 
 
 def _mode_for(target: str) -> int:

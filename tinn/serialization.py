@@ -84,8 +84,11 @@ def save(parts, path):
 
     The file is written beside ``path``, flushed to disk with its directory, then renamed
     over ``path``: a crash never leaves a half-written checkpoint. A symlink's target is written, the old
-    file's permissions kept (:func:`tinn._files.write_atomically`). Errors name ``path``.
+    file's permissions kept (:func:`tinn._files.write_atomically`). Errors name ``path``. What :func:`load`
+    would refuse (non-finite values, counters beyond ``MAX_STEPS``) is refused here (``ValueError``), before
+    anything is written: the file at ``path`` stays as it was.
     """
+    path = os.fspath(path)
     model, store = parts.model, parts.master
     arrays = {"params": store.read(store.params, store.offset, model.n_params),
               "inference_params": store.read(store.inference_params, store.offset, model.n_params)}
@@ -93,6 +96,8 @@ def save(parts, path):
     header = {"format": FORMAT, "version": VERSION, "n_instances": model.n_instances, "n_params": model.n_params,
               "model": model.hyperparams(), "loss": parts.loss.hyperparams(),
               "optimizer": parts.optimizer.hyperparams()}
+    for name, a in arrays.items():
+        _check_values(f"{path}: cannot save the checkpoint", name, a)
     if parts.loss_scaler is not None:
         header.update(precision="float16", loss_scale=parts.loss_scaler.state())
     arrays["header"] = np.frombuffer(json.dumps(header).encode("utf-8"), np.uint8)
@@ -179,7 +184,8 @@ def _check_values(path: str, name: str, a: np.ndarray):
     """Parameters and state must be finite; step counters within [0, MAX_STEPS]."""
     if a.dtype.kind == "f":
         if not np.isfinite(a).all():
-            raise ValueError(f"{path}: checkpoint array '{name}' holds non-finite values")
+            raise ValueError(f"{path}: checkpoint array '{name}' holds non-finite values "
+                             f"({int(np.size(a) - np.isfinite(a).sum())} of {np.size(a)})")
     elif a.dtype.kind in "iu" and a.size and (a.min() < 0 or a.max() > MAX_STEPS):
         raise ValueError(f"{path}: checkpoint array '{name}' holds counters outside [0, {MAX_STEPS}] "
                          f"(from {a.min()} to {a.max()})")

@@ -16,10 +16,15 @@ from .params import FLOAT16_MAX
 
 def export_tcnn(parts, path, instance: int | None = None):
     """Write tcnn's ``Trainer::serialize()`` JSON (inference weights, float) for one network, as :func:`save`
-    writes: whole or not at all (the previous file stays until the new one replaces it); errors name ``path``."""
+    writes: whole or not at all (the previous file stays until the new one replaces it); errors name ``path``.
+    Non-finite parameters, which :func:`load_tcnn` refuses, are refused (``ValueError``) before anything is written."""
     model, store = parts.model, parts.model.store
     row = _instance_row(model, instance)
     params = store.read(store.inference_params, store.offset, model.n_params)[row]
+    bad = int(np.size(params) - np.isfinite(params).sum())
+    if bad:
+        raise ValueError(f"{os.fspath(path)}: cannot write the tcnn snapshot: it would hold {bad} non-finite "
+                         f"parameters (load_tcnn refuses them); the file was not changed")
     half = store.precision == "float16"            # as tcnn's half-precision build: "__half"
     data = {"n_params": model.n_params, "params_type": "__half" if half else "float",
             "params_binary": {"bytes": params.astype("<f2" if half else "<f4").tobytes(), "subtype": None}}
@@ -87,6 +92,8 @@ def _read_json(path: str, max_bytes: int):
     try:
         with open_regular(path, "tcnn snapshot", max_bytes) as f:
             text = f.read(max_bytes + 1)
+    except FileNotFoundError:
+        raise                                   # as Trainer.load: the OSError naming the path
     except OSError as e:
         raise ValueError(f"{path}: cannot read the tcnn snapshot ({type(e).__name__}: {e})") from None
     if len(text) > max_bytes:
