@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import warnings
 
+from ._files import check_json_depth
 from .keys import check_int, check_precision, check_seed, describe
 from .params import allocate
 
@@ -33,8 +35,15 @@ def load_config(config) -> dict:
         path = os.fspath(config)
         if not os.path.isfile(path):
             path = shipped_config(path)
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            raw = f.read()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = raw.count(b"\n", 0, e.start) + 1
+            column = e.start - raw.rfind(b"\n", 0, e.start)
+            raise ValueError(f"{path}: not UTF-8 text: byte 0x{raw[e.start]:02x} at line {line}, column {column} "
+                             f"({e.reason})") from None
         data = parse_json(text, path)
         if not isinstance(data, dict):
             raise ValueError(f"{path}: a config must be a JSON object, got {type(data).__name__}")
@@ -60,36 +69,62 @@ def shipped_config(name: str) -> str:
                             f"(shipped: {', '.join(shipped_configs())})")
 
 
-def _no_constant(name):
-    raise ValueError(f"{name} is not JSON")
+MAX_CONFIG_DEPTH = 100      # arrays and objects nested in a config (tcnn's nest optimizers a few levels deep)
+
+# One pass over the text finds, left to right: a string (kept), a comment (// or # to the end of the line, or
+# /* ... */) or a trailing comma (one before a closing bracket, comments between allowed): the comments and
+# trailing commas become spaces, so positions in the text stay the file's.
+_COMMENT = r'//[^\n]*|#[^\n]*|/\*[^*]*\*+(?:[^/*][^*]*\*+)*/'       # a block comment ends at its first */
+_TOKENS = re.compile(rf'"(?:[^"\\\n]|\\.)*"|{_COMMENT}|,(?=(?:\s|{_COMMENT})*[\]}}])', re.DOTALL)
+_CONSTANT = re.compile(r'-?\b(?:NaN|Infinity)\b')
+
+
+def _blank(match) -> str:
+    text = match.group()
+    return text if text[0] == '"' else re.sub(r"[^\n]", " ", text)
 
 
 def parse_json(text: str, where: str):
-    """JSON with comments (commentjson's grammar); errors name ``where``, the line and the column.
+    """JSON with comments, as commentjson and tcnn read it: ``//``, ``#`` and ``/* */`` comments, trailing commas
+    and a UTF-8 byte-order mark accepted; NaN and Infinity refused; in time linear in the text's length (the
+    comments become spaces, then the standard library parses). Errors are ``ValueError`` naming ``where``, the
+    line, the column and the character; arrays and objects nested more than ``MAX_CONFIG_DEPTH`` deep are refused
+    before any parser recurses into them."""
+    text = _TOKENS.sub(_blank, text[1:] if text.startswith("\ufeff") else text)
+    try:
+        check_json_depth(text.encode("utf-8", "surrogatepass"), MAX_CONFIG_DEPTH)
+    except ValueError as e:
+        raise ValueError(f"{where}: invalid JSON: {e} (the limit for a config)") from None
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as e:
+        pos, line, column, why = e.pos, e.lineno, e.colno, e.msg
+    except _Constant:
+        strings = _TOKENS.sub(lambda m: " " * len(m.group()), text)          # the constant outside strings
+        pos = _CONSTANT.search(strings).start()
+        line = text.count("\n", 0, pos) + 1
+        column, why = pos - text.rfind("\n", 0, pos), "NaN and Infinity are not JSON"
+    what = f"unexpected character {text[pos]!r}" if pos < len(text) else "unexpected end of file"
+    raise ValueError(f"{where}: invalid JSON at line {line}, column {column}: {what} ({why})") from None
 
-    Plain JSON (tcnn's shipped configs) is read by the standard library; commentjson, whose grammar takes
-    a tenth of a second to build, is imported for text that has comments (or is not JSON at all)."""
-    try:
-        return json.loads(text, parse_constant=_no_constant)    # NaN / Infinity: left to commentjson's rule
-    except ValueError:
-        pass
-    with warnings.catch_warnings():     # lark, which commentjson parses with, imports the deprecated sre_parse
-        warnings.simplefilter("ignore", DeprecationWarning)
-        import commentjson
-    try:
-        return commentjson.loads(text)
-    except Exception as e:                  # lark's parse errors, or commentjson's ValueError wrapping one
-        cause = e if hasattr(e, "line") else e.__context__ if hasattr(e.__context__, "line") else None
-        if cause is None:
-            raise ValueError(f"{where}: invalid JSON: {str(e).splitlines()[0]}") from None
-        token = getattr(cause, "token", None)
-        if token is not None and getattr(token, "type", "") == "$END":
-            what = "unexpected end of file"
-        elif token is not None:
-            what = f"unexpected {str(token)!r}"
-        else:
-            what = f"unexpected character {getattr(cause, 'char', '?')!r}"
-        raise ValueError(f"{where}: invalid JSON at line {cause.line}, column {cause.column}: {what}") from None
+
+class _Constant(Exception):
+    pass
+
+
+def _no_constant(name):
+    raise _Constant(name)
+
+
+def check_config_depth(config, what: str):
+    """``ValueError`` if the dict ``config`` nests dicts and lists more than ``MAX_CONFIG_DEPTH`` deep (found
+    without recursion)."""
+    level = [config]
+    for _ in range(MAX_CONFIG_DEPTH + 1):
+        level = [v for c in level for v in (c.values() if isinstance(c, dict) else c) if isinstance(v, (dict, list))]
+        if not level:
+            return
+    raise ValueError(f"{what} config nests dicts and lists more than {MAX_CONFIG_DEPTH} deep")
 
 
 class Registry:
@@ -190,6 +225,8 @@ def create_optimizer(config):
     inner optimizer's config under ``nested``; Composite a list of them. Unknown keys warn;
     a bad value is a ``ValueError`` naming the optimizer and the key. The optimizer allocates
     its state on its first ``step`` (or ``allocate``)."""
+    if isinstance(config, dict):
+        check_config_depth(config, "optimizer")
     return _build(optimizers, config)
 
 
