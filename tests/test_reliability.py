@@ -248,6 +248,32 @@ def test_a_forked_child_gets_a_clear_error_and_the_parent_keeps_working(call):
     np.testing.assert_array_equal(m.network.inference(x), expected)
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+@pytest.mark.x64_only("the child starts a CPU program and compares with the parent's CPU inference")
+def test_a_forked_child_that_starts_taichi_anew_can_use_new_models():
+    x, y = batch()
+    m = model()
+    expected = model().network.inference(x)
+
+    def work():
+        ti.reset()
+        ti.init(arch=ti.cpu, log_level=ti.ERROR)
+        fresh = model()
+        try:
+            m.network.inference(x)
+            old = "no error"
+        except tinn.RuntimeResetError:
+            old = "RuntimeResetError"
+        return fresh.network.inference(x), old
+
+    result = _in_fork_child(work, timeout=300.0)
+    assert result is not None, "the forked child hung"
+    assert result[0] == "ok", result
+    inferred, old = result[1]
+    np.testing.assert_array_equal(inferred, expected)
+    assert old == "RuntimeResetError"                      # objects from before the fork stay refused
+
+
 # -- 6. threads and re-init -------------------------------------------------------------------------------------
 def test_first_model_of_a_config_in_a_worker_thread_works_or_names_the_thread_rule():
     cfg = {**CFG, "encoding": {**CFG["encoding"], "n_levels": 3, "per_level_scale": 1.7}}

@@ -16,7 +16,9 @@ Python (``_check_runtime``) and while a user's kernel compiles (:func:`guarded`)
 A process forked after Taichi was initialised (multiprocessing's ``fork`` start method, the Linux default,
 and so torch DataLoader workers) inherits a Taichi program whose worker threads did not survive the fork:
 any kernel there blocks forever. tinn notices the fork (``os.register_at_fork``) and its first call in the
-child raises :class:`ForkedProcessError`, naming the ``spawn`` start method; the parent is not affected.
+child raises :class:`ForkedProcessError`, naming the ``spawn`` start method; the parent is not affected. A child
+that starts a Taichi program of its own (``ti.reset()``, then ``ti.init``) can build and use new tinn objects there
+(those from before the fork belong to the inherited program: :class:`RuntimeResetError`).
 
 A ``ti.ndarray`` made before the last ``ti.init`` is refused too (:func:`check_live`). Taichi cannot tell:
 a freed ndarray's allocation id may name a live ndarray of the new program. So every ``ti.ndarray`` records,
@@ -84,12 +86,12 @@ _FORK_ADVICE = (
     "block forever. Start worker processes with the 'spawn' start method instead: "
     "multiprocessing.get_context('spawn') (or multiprocessing.set_start_method('spawn')), and for torch "
     "DataLoader(..., multiprocessing_context='spawn'); or keep tinn calls in the parent process")
-_forked_after_init = False
+_inherited = None              # the Taichi program this process inherited through a fork (unusable here)
 
 
 def _after_fork_in_child():
-    global _forked_after_init
-    _forked_after_init = _forked_after_init or impl.get_runtime().prog is not None
+    global _inherited
+    _inherited = impl.get_runtime().prog or _inherited
 
 
 if hasattr(os, "register_at_fork"):
@@ -97,8 +99,9 @@ if hasattr(os, "register_at_fork"):
 
 
 def check_not_forked():
-    """:class:`ForkedProcessError` in a child forked after Taichi was initialised."""
-    if _forked_after_init:
+    """:class:`ForkedProcessError` in a child forked after Taichi was initialised, while it runs the inherited
+    program."""
+    if _inherited is not None and impl.get_runtime().prog is _inherited:
         raise ForkedProcessError(_FORK_ADVICE)
 
 
