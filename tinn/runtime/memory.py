@@ -12,6 +12,7 @@ import weakref
 
 import numpy as np
 import taichi as ti
+from taichi._lib import core as _ti_core
 from taichi.lang import impl
 
 try:
@@ -104,7 +105,8 @@ class FieldTree:
     Sizes are checked before Taichi sees them, and a failed allocation leaves no unfinalised
     builder or unplaced field behind, so the process stays usable. Taichi's CPU and CUDA backends
     place fields only from the thread that called ``ti.init``: elsewhere a ``RuntimeError`` states
-    that rule (``THREAD_RULE``) instead of Taichi's internal assertion.
+    that rule (``THREAD_RULE``) instead of Taichi's internal assertion (which Taichi would also print: off the
+    main thread its log is quiet while the fields are placed).
     """
 
     def __init__(self, place, what: str = "tinn fields"):
@@ -117,7 +119,7 @@ class FieldTree:
             _discard(builder, impl.get_runtime())
             raise
         try:
-            self._tree = builder.finalize()
+            self._tree = _finalize(builder)
         except RuntimeError as e:
             if "main_thread_id_" not in str(e):
                 raise
@@ -130,6 +132,22 @@ class FieldTree:
                 self._tree.destroy()
         except Exception:  # interpreter shutdown or a runtime that is already gone
             pass
+
+
+_LOG_LEVELS = ("trace", "debug", "info", "warn", "error", "critical")
+
+
+def _finalize(builder):
+    """``builder.finalize()``; off the main thread with Taichi's log at "critical" meanwhile, so that Taichi does
+    not print the assertion that :data:`THREAD_RULE` replaces."""
+    if threading.current_thread() is threading.main_thread():
+        return builder.finalize()
+    level = next((name for name in _LOG_LEVELS if _ti_core.logging_effective(name)), "critical")
+    _ti_core.set_logging_level("critical")
+    try:
+        return builder.finalize()
+    finally:
+        _ti_core.set_logging_level(level)
 
 
 def _discard(builder, runtime):
