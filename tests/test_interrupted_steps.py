@@ -4,11 +4,14 @@ line event of tinn's code, ``interrupts.Interrupt``) anywhere in ``training_step
 optimizer state) as it was before the call or as it is after it, and the next step gives exactly what it gives
 without the interrupt. By default a spread of line events per optimizer; ``TINN_FULL=1``: every one."""
 import os
+import signal
+from functools import partial
 
 import numpy as np
 import pytest
 
 import tinn
+from tinn.optimizers.step import commit
 
 from interrupts import CFG, Interrupt, batch, line_events
 
@@ -126,3 +129,28 @@ def test_interrupted_numpy_step_is_all_or_nothing(name):
     warm = Arrays()
     n_events = line_events(lambda: call(warm))
     sweep(Arrays(), Arrays(), call, points(n_events, 2), arrays_state)
+
+
+def test_a_commit_runs_whole_or_not_at_all_and_holds_a_real_sigint_to_its_end():
+    ran, failed = [], set()
+
+    def phase(i, fail=None):
+        if fail == "before" and i not in failed:
+            failed.add(i)
+            raise KeyboardInterrupt                 # as a Ctrl-C before the phase changed anything (once)
+        ran.append(i)
+        if fail == "sigint":
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt):
+        commit([partial(phase, 0, "before"), partial(phase, 1)])
+    assert ran == []                                # the first phase interrupted: nothing taken
+    failed.clear()
+    with pytest.raises(KeyboardInterrupt):
+        commit([partial(phase, 0), partial(phase, 1, "before"), partial(phase, 2)])
+    assert ran == [0, 1, 2]                         # after the first: the rest runs, then the interrupt
+    ran.clear()
+    with pytest.raises(KeyboardInterrupt):
+        commit([partial(phase, 0, "sigint"), partial(phase, 1), partial(phase, 2)])
+    assert ran == [0, 1, 2]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

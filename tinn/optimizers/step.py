@@ -14,7 +14,7 @@ taken at all.
 Every table in a :class:`Step` is a kernel argument: on the device path a ``ti.ndarray``, so a
 device step hands no numpy array to any kernel and reads nothing back.
 """
-import signal
+import _signal                  # signal.signal and signal.getsignal without their enum conversion (~20 us a step)
 import threading
 from dataclasses import dataclass
 
@@ -70,16 +70,16 @@ def _defer_sigint() -> bool:
     """Hold SIGINT back (``True``) if this is the main thread and Python's default handler is installed."""
     if threading.current_thread() is not threading.main_thread():
         return False
-    if signal.getsignal(signal.SIGINT) not in (signal.default_int_handler, _hold):
+    if _signal.getsignal(_signal.SIGINT) not in (_signal.default_int_handler, _hold):
         return False                                    # the user's own handler
-    signal.signal(signal.SIGINT, _hold)
+    _signal.signal(_signal.SIGINT, _hold)
     return True
 
 
 def _resume_sigint(deferred: bool):
     """Put the default handler back; a SIGINT held meanwhile raises ``KeyboardInterrupt`` now."""
     if deferred:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _signal.signal(_signal.SIGINT, _signal.default_int_handler)
         if _pending:
             _pending.clear()
             raise KeyboardInterrupt
