@@ -55,15 +55,19 @@ class LossScale:
         return f"LossScale(scale={self.scale:g}, good_steps={self.good_steps}, skipped={self.skipped})"
 
     def update(self, overflow: bool) -> bool:
-        """Record one step's gradients (all at once, in the last line); ``True`` if the optimizer should apply
-        them."""
+        """Record one step's gradients; ``True`` if the optimizer should apply them."""
+        self.record(overflow)
+        return not overflow
+
+    def record(self, overflow: bool):
+        """:meth:`update` without the answer: all of its state changes at once, in its last line (a phase of a
+        step, ``tinn.optimizers.step.commit``)."""
         scale, good, skipped = self.scale, self.good_steps + 1, self.skipped
         if overflow:
             scale, good, skipped = max(scale * self.backoff_factor, self.MIN), 0, skipped + 1
         elif good >= self.growth_interval:
             scale, good = min(scale * self.growth_factor, self.MAX), 0
         self.scale, self.good_steps, self.skipped = scale, good, skipped
-        return not overflow
 
     def state(self) -> dict:
         """What a checkpoint keeps (JSON numbers)."""

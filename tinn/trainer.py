@@ -255,7 +255,7 @@ class Trainer(RuntimeBound):
         self._masters.sync()
         scale = self.loss_scale                     # the scale the gradients carry
         overflow = self._masters.read_gradients()
-        phases = [partial(self.loss_scaler.update, overflow)]
+        phases = [partial(self.loss_scaler.record, overflow)]
         if not overflow:
             phases += self.optimizer._bound_phases(scale, active) + [self._masters.publish]
         commit(phases)
