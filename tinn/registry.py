@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import warnings
 
 from ._files import check_json_depth
 from .keys import check_int, check_precision, check_seed, describe
