@@ -21,7 +21,7 @@ import nerf_data
 from _curves import titled
 from _progress import Progress
 
-SCALE = 3                                               # the picture's pixels per rendered pixel
+MIN_WIDTH = 300                                         # a view in the picture is enlarged to this width
 
 
 def _train_interleaved(args, fields, data):
@@ -65,10 +65,10 @@ def _render_interleaved(fields, test):
 
 
 def compare_picture(test, renders, results, view=0):
-    """Held-out view ``view``: the target and each field's render side by side (enlarged ``SCALE`` times),
+    """Held-out view ``view``: the target and each field's render side by side (enlarged to ``MIN_WIDTH``),
     each titled with its PSNR on that view, under a title saying what is equal."""
     def big(img):
-        return nerf_data.to_uint8(np.kron(img, np.ones((SCALE, SCALE, 1), np.float32)))
+        return nerf_data.enlarged(nerf_data.to_uint8(img), MIN_WIDTH)
     panels = [titled(big(test.images[view]), f"HELD-OUT VIEW {view} (TARGET)")]
     for name, r in zip(results, renders):
         panels.append(titled(big(r[view]), f"{name}: {nerf_data.psnr(r[view], test.images[view]):.2f} DB"))

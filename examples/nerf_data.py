@@ -322,13 +322,18 @@ def render_turntable(render_images, n):
     return np.stack(frames)
 
 
+def enlarged(img, min_width):
+    """``img`` repeated pixel by pixel until it is at least ``min_width`` wide (titles fit above it)."""
+    k = max(1, -(-min_width // img.shape[1]))
+    return img.repeat(k, 0).repeat(k, 1)
+
+
 def test_picture(targets, predictions, score, k=8):
     """Up to ``k`` held-out views above their renders, each row titled (the renders' PSNR in the title)."""
     k = min(k, len(targets))
-    top = titled(to_uint8(np.concatenate(list(targets[:k]), 1)), "HELD-OUT VIEWS (TARGETS)")
-    bottom = titled(to_uint8(np.concatenate(list(predictions[:k]), 1)),
-                    f"RENDERS OF THE SAME VIEWS (PSNR {score:.2f} DB)")
-    return np.concatenate([top, bottom], 0)
+    rows = [enlarged(to_uint8(np.concatenate(list(views[:k]), 1)), 400) for views in (targets, predictions)]
+    return np.concatenate([titled(rows[0], "HELD-OUT VIEWS (TARGETS)"),
+                           titled(rows[1], f"RENDERS OF THE SAME VIEWS (PSNR {score:.2f} DB)")], 0)
 
 
 def save_results(out, prefix, targets, predictions, turntable, score):
