@@ -1,6 +1,6 @@
 """Instant-NGP's NeRF recipe in Taichi with tinn: a radiance field learned from photographs of a scene.
 
-    python examples/nerf.py [--data DIR] [--steps N] [--instances K] [--out DIR]
+    python examples/nerf.py [--data DIR] [--steps N] [--instances K] [--compare] [--no-render] [--out DIR]
 
 The field (tiny-cuda-nn's NeRF layout): a density network, HashGrid + MLP with 16 outputs, ``sigma =
 exp(h_0)`` and 15 geometric features ``h_1..15``; a colour network, SphericalHarmonics (degree 4) of the
@@ -17,12 +17,16 @@ delta_i))``, ``C = sum_i w_i c_i + T_S * white``. An occupancy grid (``sigma`` a
 decayed maximum, Instant-NGP's rule) masks the samples in empty cells out of both stages: they cost no
 network evaluation and contribute nothing. ``--instances K`` (a cube: 8, 27, 64) routes each sample to
 one of K micro-networks by position, KiloNeRF-style: the box is cut into K cells, each with its own
-density and colour network seeing coordinates local to its cell.
+density and colour network seeing coordinates local to its cell; their MLPs are KiloNeRF's tiny ones (32
+wide) and their hash tables are sized so that the K networks hold as many parameters as the one, within
+10 %. ``--compare`` trains both, interleaved for the same time, and prints held-out PSNR, render time per
+view and training speed side by side (``_nerf_compare.py``).
 
 Data: ``--data DIR`` is a NeRF-synthetic folder (``transforms_{train,test}.json``, e.g. the lego scene);
-without it a scene is rendered with Mitsuba 3 (``pip install tinn[nerf]``) once into ``--scene`` and read
-from there afterwards. Prints the held-out PSNR; writes ``nerf_test.png`` (held-out views above, renders
-below) and ``nerf_turntable.gif``.
+without it a scene is rendered with Mitsuba 3 (``pip install tinn[nerf]``) once into ``--scene`` (by
+default ``nerf_scene`` in ``--out``) and read from there afterwards. Prints the held-out PSNR; writes into
+``--out`` ``nerf_test.png`` (held-out views above, renders below, each row titled) and, unless
+``--no-render``, ``nerf_turntable.gif``.
 """
 import argparse
 import math
