@@ -39,8 +39,9 @@ def _train_interleaved(args, fields, data):
         k = 0 if one.step < args.steps and one.seconds <= array.seconds else 1
         steps = min(LOSS_EVERY, args.steps - one.step) if k == 0 else LOSS_EVERY
         fields[k].train(steps, data, logs[k])
-        progress.update(one.step + array.step, **{
-            _name(f): f"{f.step} steps ({f.seconds:.0f} s) PSNR {log.train_psnr:.2f}dB" for f, log in zip(fields, logs)})
+        shown = {_name(f): f"{f.step} steps ({f.seconds:.0f} s) PSNR {log.train_psnr:.2f}dB"
+                 for f, log in zip(fields, logs)}
+        progress.update(one.step + array.step, **shown)
     return logs
 
 
@@ -75,8 +76,9 @@ def compare_picture(test, renders, results, view=0):
     gap = np.full((panels[0].shape[0], 12, 3), 255, np.uint8)
     row = np.concatenate([p for panel in panels for p in (panel, gap)][:-1], 1)
     one, array = results.values()
-    return titled(titled(row, f"TRAINING TIME {one['train_s']:.0f} / {array['train_s']:.0f} S, PARAMETERS "
-                              f"{one['n_params']} / {array['n_params']}"), "ONE NETWORK AGAINST A KILONERF-STYLE ARRAY, SAME VIEW")
+    sizes = f"TRAINING TIME {one['train_s']:.0f} / {array['train_s']:.0f} S, PARAMETERS {one['n_params']} / " \
+            f"{array['n_params']}"
+    return titled(titled(row, sizes), "ONE NETWORK AGAINST A KILONERF-STYLE ARRAY, SAME VIEW")
 
 
 def compare(args, train, test, Field):
@@ -96,7 +98,8 @@ def compare(args, train, test, Field):
             render_s_per_view=float(np.median(s)), psnr_reached_at_s={str(m): t for m, t in log.reached.items()})
     one, array = results.values()
     rows = [("networks", "n_networks", "{}"), ("parameters", "n_params", "{}"), ("training steps", "steps", "{}"),
-            ("training time, s (after step 1)", "train_s", "{:.1f}"), ("step 1 (compiling), s", "first_step_s", "{:.1f}"),
+            ("training time, s (after step 1)", "train_s", "{:.1f}"),
+            ("step 1 (compiling), s", "first_step_s", "{:.1f}"),
             ("training steps per second", "steps_per_s", "{:.2f}"), ("held-out PSNR, dB", "psnr", "{:.2f}"),
             ("render time per held-out view, s (median)", "render_s_per_view", "{:.3f}")]
     names = list(results)

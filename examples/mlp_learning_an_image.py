@@ -9,7 +9,8 @@ image are written at steps 10, 100, 1000, 2000, ... and at the end, each with it
 against the reference (the image itself, evaluated at pixel centres); the PSNR is also
 measured every 100 steps, and ``curves.png`` beside the snapshots plots the loss of every
 step and the PSNRs. Progress (step, that step's loss, the last PSNR measured and its step, time
-left) is shown at least every few seconds; tcnn's ``Step#N`` lines give the mean loss since the last one. Pixel values are used as stored (``v / 255``), and grayscale images are learnt as RGB.
+left) is shown at least every few seconds; tcnn's ``Step#N`` lines give the mean loss since the
+last one. Pixel values are used as stored (``v / 255``), and grayscale images are learnt as RGB.
 Everything is written into ``--out``.
 """
 import argparse

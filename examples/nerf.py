@@ -70,7 +70,8 @@ def make_field(instances=1, grid=None):
         density_net, colour_net = dict(DENSITY_NET, n_neurons=ARRAY_NEURONS), dict(COLOUR_NET, n_neurons=ARRAY_NEURONS)
         if grid is None:
             grid = array_grid(instances)
-    density = tinn.NetworkWithInputEncoding(3, 1 + N_FEATURES, grid or grid_config(), density_net, n_instances=instances)
+    density = tinn.NetworkWithInputEncoding(3, 1 + N_FEATURES, grid or grid_config(), density_net,
+                                            n_instances=instances)
     colour = tinn.NetworkWithInputEncoding(3 + N_FEATURES, 3, DIRECTION, colour_net, n_instances=instances)
     return density, colour
 

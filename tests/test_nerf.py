@@ -180,7 +180,8 @@ def test_nerf_example_learns_a_tiny_scene(tmp_path, instances):
     assert psnr > baseline + 6, stdout
     import imageio.v2 as imageio
     picture = imageio.imread(tmp_path / "out" / "nerf_test.png")
-    assert has_text(picture, "HELD-OUT VIEWS (TARGETS)") and has_text(picture, f"RENDERS OF THE SAME VIEWS (PSNR {psnr:.2f} DB)")
+    assert has_text(picture, "HELD-OUT VIEWS (TARGETS)")
+    assert has_text(picture, f"RENDERS OF THE SAME VIEWS (PSNR {psnr:.2f} DB)")
     if no_render:
         assert sorted(os.listdir(tmp_path / "out")) == ["nerf_test.png"] and "turntable" not in stdout
     else:
@@ -232,7 +233,8 @@ def test_the_scene_is_cached_under_out_unless_told_otherwise(tmp_path):
 def test_the_held_out_picture_titles_its_rows():
     targets, renders = np.zeros((3, 20, 30, 3), np.float32), np.ones((3, 20, 30, 3), np.float32)
     picture = nerf_data.test_picture(targets, renders, 23.456)
-    assert has_text(picture, "HELD-OUT VIEWS (TARGETS)") and has_text(picture, "RENDERS OF THE SAME VIEWS (PSNR 23.46 DB)")
+    assert has_text(picture, "HELD-OUT VIEWS (TARGETS)")
+    assert has_text(picture, "RENDERS OF THE SAME VIEWS (PSNR 23.46 DB)")
     assert picture.shape[1] >= 400                                       # tiny views are enlarged: the titles fit
 
 
