@@ -12,6 +12,7 @@ Prints a side-by-side table and writes ``nerf_compare.json`` and ``nerf_compare.
 the target and both renders, each titled) into ``--out``.
 """
 import json
+import math
 import os
 import time
 
@@ -38,6 +39,9 @@ def _train_interleaved(args, fields, data):
     while one.step < args.steps or array.seconds < one.seconds:
         k = 0 if one.step < args.steps and one.seconds <= array.seconds else 1
         steps = min(LOSS_EVERY, args.steps - one.step) if k == 0 else LOSS_EVERY
+        if k == 1 and one.step >= args.steps:           # the array's last steps: those that fit the time left
+            per_step = array.seconds / max(array.step - 1, 1)
+            steps = min(steps, max(1, math.ceil((one.seconds - array.seconds) / max(per_step, 1e-9))))
         fields[k].train(steps, data, logs[k])
         shown = {_name(f): f"{f.step} steps ({f.seconds:.0f} s) PSNR {log.train_psnr:.2f}dB"
                  for f, log in zip(fields, logs)}
