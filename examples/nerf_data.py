@@ -247,12 +247,12 @@ class TrainingLog:
 
     MILESTONES = (20, 25, 28, 30)
 
-    def __init__(self, steps, label="training", clock=None, show=True):
+    def __init__(self, steps, clock=None, show=True):
         """``steps``: the steps to make (``None``: a run for a time); ``clock``: the seconds trained so far
         (default: since now); ``show``: print the progress (else the caller does)."""
         self.steps, self.start, self.losses, self.reached = steps, time.perf_counter(), [], {}
         self.clock = clock if clock is not None else (lambda: time.perf_counter() - self.start)
-        self.progress = Progress(steps, label) if show else None
+        self.progress = Progress(steps, "training") if show else None
         self.train_psnr = 0.0
 
     @property
