@@ -350,13 +350,13 @@ def parse_args(argv=None):
     ap.add_argument("--instances", type=nerf_data.positive, default=1,
                     help="K micro-networks, one per cell of a cube of cells (K = 1, 8, 27, 64, ...)")
     ap.add_argument("--compare", action="store_true",
-                    help="train one network for --steps and --instances K micro-networks (64 if not given) for the "
+                    help="train one network for --steps and --instances K micro-networks (8 if not given) for the "
                          "same time, interleaved; print both side by side and write nerf_compare.png/.json")
     ap.add_argument("--arch", default="cpu", choices=["cpu", "vulkan", "cuda", "metal", "gpu"], help="Taichi arch")
     args = ap.parse_args(argv)
     nerf_data.check_arguments(ap, args)
     if args.compare and args.instances == 1:
-        args.instances = 64
+        args.instances = 8
     cells = round(args.instances ** (1 / 3))
     if cells ** 3 != args.instances:
         ap.error(f"--instances must be a cube (1, 8, 27, 64, ...), got {args.instances}")

@@ -227,7 +227,7 @@ def test_the_scene_is_cached_under_out_unless_told_otherwise(tmp_path):
     _, args = nerf.parse_args(["--out", str(tmp_path / "o")])
     assert args.scene == os.path.join(str(tmp_path / "o"), "nerf_scene") and not args.compare
     _, args = nerf.parse_args(["--scene", str(tmp_path / "s"), "--compare"])
-    assert args.scene == str(tmp_path / "s") and args.instances == 64        # --compare: 64 micro-networks
+    assert args.scene == str(tmp_path / "s") and args.instances == 8          # --compare: 8 micro-networks
 
 
 def test_the_held_out_picture_titles_its_rows():
