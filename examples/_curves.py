@@ -2,8 +2,9 @@
 
     write_curves("out/curves.png", [Panel("LOSS", steps, losses, log=True), Panel("PSNR DB", at, psnrs)])
 
-Each panel is a chart of its own, stacked top to bottom: a light grid, the curve (and a dot per point
-when there are few), the y range at the left and the x range (steps) below, in a 3x5 pixel font.
+Each panel is a chart of its own, stacked top to bottom: its title (``LOG SCALE`` added for a log y axis),
+a light grid, the curve (and a dot per point when there are few), the y value of every grid line at the left
+and the step of every grid line below, in a 3x5 pixel font.
 """
 from dataclasses import dataclass
 
@@ -69,7 +70,7 @@ def draw_panel(panel: Panel, width: int, height: int, colour) -> np.ndarray:
     xs, ys = np.asarray(panel.xs, np.float64), np.asarray(panel.ys, np.float64)
     keep = np.isfinite(ys) & ((ys > 0) if panel.log else True)
     xs, ys = xs[keep], ys[keep]
-    text(img, left, 3, panel.title)
+    text(img, left, 3, axis_title(panel))
     if len(xs) == 0:
         return img
     vs = np.log10(ys) if panel.log else ys
@@ -95,7 +96,23 @@ def draw_panel(panel: Panel, width: int, height: int, colour) -> np.ndarray:
     text(img, left, top + h + 4, f"{x_lo:.0f}")
     hi = f"{x_hi:.0f} STEPS"
     text(img, left + w - len(hi) * 4 * SCALE, top + h + 4, hi)
+    _inner_ticks(img, left, top, w, h, (x_lo, x_hi), (v_lo, v_hi), unlog)
     return img
+
+
+def axis_title(panel: Panel) -> str:
+    """The panel's title, saying ``LOG SCALE`` when its y axis is logarithmic and the title does not say so."""
+    return panel.title if not panel.log or "LOG" in panel.title.upper() else f"{panel.title} (LOG SCALE)"
+
+
+def _inner_ticks(img, left, top, w, h, x_range, v_range, unlog):
+    """The values at the three inner grid lines of each axis (the ends are labelled by ``draw_panel``)."""
+    (x_lo, x_hi), (v_lo, v_hi) = x_range, v_range
+    for k in (1, 2, 3):
+        y = top + round(k * (h - 1) / 4)
+        text(img, 4, y - 5 * SCALE // 2, _label(unlog(v_hi - k * (v_hi - v_lo) / 4)))
+        s = f"{x_lo + k * (x_hi - x_lo) / 4:.0f}"
+        text(img, left + round(k * (w - 1) / 4) - text_width(s) // 2, top + h + 4, s)
 
 
 def text_width(s: str) -> int:

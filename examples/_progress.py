@@ -2,7 +2,9 @@
 left, shown at least every few seconds.
 
 On a terminal with tqdm installed it is a tqdm bar; otherwise plain lines (a log file reads them as they are,
-no ``\\r``): at the first step, then whenever ``every`` seconds have passed, and at the last step.
+no ``\\r``): at the first step, then whenever ``every`` seconds have passed, and at the last step. The time
+left is the remaining steps at the rate since the first line (which includes start-up and compiling), so the
+first line shows none.
 ``total=None`` (a loop that runs for a time, not a number of steps) shows no step count to reach and no ETA.
 
     progress = Progress(steps, "training")
@@ -50,7 +52,7 @@ class Progress:
         self.total, self.label, self.every = total, label, every
         self.stream = sys.stdout if stream is None else stream
         self.start = time.perf_counter()
-        self.shown_at, self.done = None, 0
+        self.shown_at, self.done, self.first = None, 0, None
         self.bar = _tqdm_bar(total, label, self.stream)
 
     def update(self, done: int, **numbers):
@@ -67,7 +69,12 @@ class Progress:
             if self.shown_at is None or now - self.shown_at >= self.every or last:
                 elapsed = now - self.start
                 of = "" if self.total is None else f"/{self.total}"
-                eta = "" if self.total is None else f" ETA {clock(elapsed / done * (self.total - done))}"
+                if self.first is None:
+                    self.first = (now, done)
+                eta = ""
+                if self.total is not None and (done > self.first[1] or last):
+                    rate_s = (now - self.first[0]) / max(done - self.first[1], 1)
+                    eta = f" ETA {clock(rate_s * (self.total - done))}"
                 print(f"{self.label}: step {done}{of} {fields} {done / max(elapsed, 1e-9):.2f} steps/s "
                       f"elapsed {clock(elapsed)}{eta}", file=self.stream, flush=True)
                 self.shown_at = now

@@ -8,8 +8,9 @@ edges, like tcnn's CUDA texture), and runs one training step. Snapshots of the f
 image are written at steps 10, 100, 1000, 2000, ... and at the end, each with its PSNR
 against the reference (the image itself, evaluated at pixel centres); the PSNR is also
 measured every 100 steps, and ``curves.png`` beside the snapshots plots the loss of every
-step and the PSNRs. Progress (step, loss, PSNR, time left) is shown at least every few
-seconds. Pixel values are used as stored (``v / 255``), and grayscale images are learnt as RGB.
+step and the PSNRs. Progress (step, that step's loss, the last PSNR measured and its step, time
+left) is shown at least every few seconds; tcnn's ``Step#N`` lines give the mean loss since the
+last one. Pixel values are used as stored (``v / 255``), and grayscale images are learnt as RGB.
 Everything is written into ``--out``.
 """
 import argparse
@@ -135,11 +136,15 @@ class Curve:
     def __init__(self):
         self.losses, self.psnrs = [], []
 
-    def write(self, path):
+    def panels(self):
+        """The two charts: the loss of every step (log scale) and the PSNR of the whole image."""
         steps = np.arange(1, len(self.losses) + 1)
         at, values = zip(*self.psnrs) if self.psnrs else ((), ())
-        write_curves(path, [Panel("LOSS (LOG)", steps, np.array(self.losses), log=True),
-                            Panel("PSNR DB", np.array(at), np.array(values))])
+        return [Panel("TRAINING LOSS OF EACH STEP (LOG SCALE)", steps, np.array(self.losses), log=True),
+                Panel("PSNR OF THE WHOLE IMAGE, DB", np.array(at), np.array(values))]
+
+    def write(self, path):
+        write_curves(path, self.panels())
 
 
 class _Parser(argparse.ArgumentParser):
@@ -239,7 +244,8 @@ def main(argv=None):
 
         snapshot = is_snapshot(step) or step == args.steps
         if snapshot:
-            progress.write(f"Step#{step}: loss={np.mean(losses):.6f} steps/s={(step - last_print) / t_train:.2f} "
+            progress.write(f"Step#{step}: loss={np.mean(losses):.6f} (mean of steps {last_print + 1}-{step}) "
+                           f"steps/s={(step - last_print) / t_train:.2f} "
                            f"samples/s={(step - last_print) * args.batch / t_train:.4g} "
                            f"elapsed={time.perf_counter() - T_START:.1f}s")
             t_train, last_print, losses = 0.0, step, []
@@ -253,8 +259,10 @@ def main(argv=None):
             if window is not None:
                 window.set_image(np.ascontiguousarray(np.rot90(result, -1)))
                 window.show()
-        progress.update(step, loss=f"{curve.losses[-1]:.5f}",
-                        PSNR=f"{curve.psnrs[-1][1]:.2f}dB" if curve.psnrs else "-")
+        numbers = {"step_loss": f"{curve.losses[-1]:.5f}"}          # this step's loss (Step# lines: a mean)
+        if curve.psnrs:                                            # the last PSNR measured, and when
+            numbers[f"PSNR(step {curve.psnrs[-1][0]})"] = f"{curve.psnrs[-1][1]:.2f}dB"
+        progress.update(step, **numbers)
     progress.close()
 
     print("PSNR against the reference:")

@@ -1,6 +1,6 @@
 """Instant-NGP's NeRF recipe in Taichi with tinn: a radiance field learned from photographs of a scene.
 
-    python examples/nerf.py [--data DIR] [--steps N] [--instances K] [--out DIR]
+    python examples/nerf.py [--data DIR] [--steps N] [--instances K] [--compare] [--no-render] [--out DIR]
 
 The field (tiny-cuda-nn's NeRF layout): a density network, HashGrid + MLP with 16 outputs, ``sigma =
 exp(h_0)`` and 15 geometric features ``h_1..15``; a colour network, SphericalHarmonics (degree 4) of the
@@ -17,12 +17,16 @@ delta_i))``, ``C = sum_i w_i c_i + T_S * white``. An occupancy grid (``sigma`` a
 decayed maximum, Instant-NGP's rule) masks the samples in empty cells out of both stages: they cost no
 network evaluation and contribute nothing. ``--instances K`` (a cube: 8, 27, 64) routes each sample to
 one of K micro-networks by position, KiloNeRF-style: the box is cut into K cells, each with its own
-density and colour network seeing coordinates local to its cell.
+density and colour network seeing coordinates local to its cell; their MLPs are KiloNeRF's tiny ones (32
+wide) and their hash tables are sized so that the K networks hold as many parameters as the one, within
+10 %. ``--compare`` trains both, interleaved for the same time, and prints held-out PSNR, render time per
+view and training speed side by side (``_nerf_compare.py``).
 
 Data: ``--data DIR`` is a NeRF-synthetic folder (``transforms_{train,test}.json``, e.g. the lego scene);
-without it a scene is rendered with Mitsuba 3 (``pip install tinn[nerf]``) once into ``--scene`` and read
-from there afterwards. Prints the held-out PSNR; writes ``nerf_test.png`` (held-out views above, renders
-below) and ``nerf_turntable.gif``.
+without it a scene is rendered with Mitsuba 3 (``pip install tinn[nerf]``) once into ``--scene`` (by
+default ``nerf_scene`` in ``--out``) and read from there afterwards. Prints the held-out PSNR; writes into
+``--out`` ``nerf_test.png`` (held-out views above, renders below, each row titled) and, unless
+``--no-render``, ``nerf_turntable.gif``.
 """
 import argparse
 import math
@@ -34,6 +38,7 @@ import taichi as ti
 
 import tinn
 import nerf_data
+from tinn.encodings.grid import level_geometry
 from sdf_eikonal import ensure_out_dir
 
 N_FEATURES = 15                                 # geometric features the density network passes on
@@ -41,6 +46,7 @@ DENSITY_NET = {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activatio
                "n_hidden_layers": 1}
 COLOUR_NET = {"otype": "FullyFusedMLP", "activation": "ReLU", "output_activation": "None", "n_neurons": 64,
               "n_hidden_layers": 2}
+ARRAY_NEURONS = 32                              # an array's micro-networks: KiloNeRF's width (its MLPs are 32 wide)
 DIRECTION = {"otype": "Composite", "nested": [{"otype": "SphericalHarmonics", "degree": 4, "n_dims_to_encode": 3},
                                               {"otype": "Identity"}]}
 OPTIMIZER = {"otype": "Adam", "learning_rate": 1e-2, "beta1": 0.9, "beta2": 0.99, "epsilon": 1e-15}
@@ -56,14 +62,51 @@ def grid_config(log2_hashmap_size=17, n_levels=12, base_resolution=16, finest_re
 
 def make_field(instances=1, grid=None):
     """The density and colour networks (arrays of ``instances`` networks). With an array each micro-network
-    covers a cell of the box, so its grid is coarser by the cells per axis and its table smaller."""
-    cells = round(instances ** (1 / 3))
-    if grid is None:
-        grid = grid_config(max(12, 17 - int(math.log2(instances))), base_resolution=max(16 // cells, 2),
-                           finest_resolution=512 // cells)
-    density = tinn.NetworkWithInputEncoding(3, 1 + N_FEATURES, grid, DENSITY_NET, n_instances=instances)
-    colour = tinn.NetworkWithInputEncoding(3 + N_FEATURES, 3, DIRECTION, COLOUR_NET, n_instances=instances)
+    covers a cell of the box, so its grid is coarser by the cells per axis, its MLPs are KiloNeRF's tiny ones
+    (``ARRAY_NEURONS`` wide) and its table is sized so that the K networks together hold about as many
+    parameters as the one network (:func:`array_grid`)."""
+    density_net, colour_net = DENSITY_NET, COLOUR_NET
+    if instances > 1:
+        density_net, colour_net = dict(DENSITY_NET, n_neurons=ARRAY_NEURONS), dict(COLOUR_NET, n_neurons=ARRAY_NEURONS)
+        if grid is None:
+            grid = array_grid(instances)
+    density = tinn.NetworkWithInputEncoding(3, 1 + N_FEATURES, grid or grid_config(), density_net,
+                                            n_instances=instances)
+    colour = tinn.NetworkWithInputEncoding(3 + N_FEATURES, 3, DIRECTION, colour_net, n_instances=instances)
     return density, colour
+
+
+def _mlp_params(n_in, n_out, width, n_hidden_layers):
+    """FullyFusedMLP's parameter count: input and output widths padded to 16."""
+    pad = lambda n: -(-n // 16) * 16                                # noqa: E731
+    return pad(n_in) * width + (n_hidden_layers - 1) * width * width + width * pad(n_out)
+
+
+def field_params(instances, grid, neurons):
+    """The parameters of all ``instances`` density + colour networks with this grid and MLP width."""
+    _, entries = level_geometry(3, "Hash", grid["n_levels"], grid["log2_hashmap_size"], grid["base_resolution"],
+                                grid["per_level_scale"])
+    grid_width = grid["n_levels"] * grid["n_features_per_level"]
+    mlps = (_mlp_params(grid_width, 1 + N_FEATURES, neurons, DENSITY_NET["n_hidden_layers"]) +
+            _mlp_params(16 + N_FEATURES, 3, neurons, COLOUR_NET["n_hidden_layers"]))
+    return instances * (entries * grid["n_features_per_level"] + mlps)
+
+
+def array_grid(instances):
+    """The hash grid of each of ``instances`` micro-networks: its cell's share of the one network's
+    resolutions, and the table size and level count (12 if it can be) that bring the K networks' parameters
+    closest to the one network's (within 10 %)."""
+    cells = round(instances ** (1 / 3))
+    target = field_params(1, grid_config(), DENSITY_NET["n_neurons"])
+    candidates = []
+    for n_levels in (12, 11, 13, 10, 14):                           # in order of preference
+        grids = [grid_config(log2, n_levels, max(16 // cells, 2), max(512 // cells, 4)) for log2 in range(6, 20)]
+        miss, grid = min(((abs(field_params(instances, g, ARRAY_NEURONS) / target - 1), g) for g in grids),
+                         key=lambda c: c[0])
+        if miss <= 0.1:
+            return grid
+        candidates.append((miss, grid))
+    return min(candidates, key=lambda c: c[0])[1]
 
 
 class OccupancyGrid(nerf_data.OccupancyGrid):
@@ -258,15 +301,62 @@ def render_images(renderer, c2w, height, width, focal):
     return renderer.render_rays(o, d).reshape(len(c2w), height, width, 3)
 
 
+class Field:
+    """A radiance field in training: its networks (one, or an array of ``instances``), their trainers, the
+    occupancy grid, the renderer and the random stream of its ray batches; the seconds it has trained."""
+
+    def __init__(self, args, instances):
+        self.instances = instances
+        self.density_net, self.colour_net = make_field(instances)
+        self.trainers = [tinn.Trainer(n, tinn.create_optimizer(OPTIMIZER), tinn.create_loss({"otype": "L2"}))
+                         for n in (self.density_net, self.colour_net)]
+        self.occupancy = OccupancyGrid(args.occupancy, nerf_data.occupancy_step(args.bound, args.samples))
+        self.renderer = Renderer(self.density_net, self.colour_net, args.rays, args.samples, -args.bound, args.bound,
+                                 self.occupancy)
+        self.n_params = (self.density_net.n_params + self.colour_net.n_params) * instances
+        self.rng, self.rays, self.samples = np.random.default_rng(args.seed), args.rays, args.samples
+        self.step, self.seconds, self.occupied = 0, 0.0, 1.0
+
+    def train(self, steps, data, log):
+        """``steps`` more training steps on the rays ``data = (o, d, colour)``; the loss is read (a wait for
+        the device) every ``LOSS_EVERY`` steps and at the last, and logged."""
+        start, last = time.perf_counter(), self.step + steps
+        o, d, c = data
+        for step in range(self.step + 1, last + 1):
+            idx = self.rng.integers(0, len(o), self.rays)
+            self.renderer.set_rays(o[idx], d[idx], self.rng.random((self.rays, self.samples), dtype=np.float32))
+            self.renderer.target.from_numpy(c[idx])
+            self.renderer.loss_and_gradients()
+            for t, active in zip(self.trainers, self.renderer.active()):
+                t.optimizer_step(active=active)
+            self.occupied = nerf_data.update_occupancy(step, self.occupancy, self.renderer.density_at, self.rng)
+            if step % LOSS_EVERY == 0 or step == last:
+                log.add(step, self.renderer.mean_loss(step - log.n_steps), self.occupied)
+        self.step = last
+        self.seconds += time.perf_counter() - start
+
+    def render_images(self, c2w, test):
+        return render_images(self.renderer, c2w, test.height, test.width, test.focal)
+
+    def describe(self):
+        return (f"{self.instances} network(s) of {self.density_net.n_params} + {self.colour_net.n_params} "
+                f"parameters ({self.n_params} in all)")
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     nerf_data.add_arguments(ap)
     ap.add_argument("--instances", type=nerf_data.positive, default=1,
                     help="K micro-networks, one per cell of a cube of cells (K = 1, 8, 27, 64, ...)")
+    ap.add_argument("--compare", action="store_true",
+                    help="train one network for --steps and --instances K micro-networks (8 if not given) for the "
+                         "same time, interleaved; print both side by side and write nerf_compare.png/.json")
     ap.add_argument("--arch", default="cpu", choices=["cpu", "vulkan", "cuda", "metal", "gpu"], help="Taichi arch")
     args = ap.parse_args(argv)
     nerf_data.check_arguments(ap, args)
+    if args.compare and args.instances == 1:
+        args.instances = 8
     cells = round(args.instances ** (1 / 3))
     if cells ** 3 != args.instances:
         ap.error(f"--instances must be a cube (1, 8, 27, 64, ...), got {args.instances}")
@@ -278,29 +368,14 @@ def main(argv=None):
     ensure_out_dir(ap, args.out)
     train, test = nerf_data.load_scene(args, ap)
     tinn.init(getattr(ti, args.arch))
-    density_net, colour_net = make_field(args.instances)
-    trainers = [tinn.Trainer(n, tinn.create_optimizer(OPTIMIZER), tinn.create_loss({"otype": "L2"}))
-                for n in (density_net, colour_net)]
-    occupancy = OccupancyGrid(args.occupancy, nerf_data.occupancy_step(args.bound, args.samples))
-    renderer = Renderer(density_net, colour_net, args.rays, args.samples, -args.bound, args.bound, occupancy)
-    o_train, d_train, c_train = train.rays()
-    print(f"{train.n} training views, {test.n} held-out views at {train.width}x{train.height}; "
-          f"{args.instances} network(s) of {density_net.n_params} + {colour_net.n_params} parameters")
-
-    rng = np.random.default_rng(args.seed)
-    log, occupied = nerf_data.TrainingLog(args.steps), 1.0
-    for step in range(1, args.steps + 1):
-        idx = rng.integers(0, len(o_train), args.rays)
-        renderer.set_rays(o_train[idx], d_train[idx], rng.random((args.rays, args.samples), dtype=np.float32))
-        renderer.target.from_numpy(c_train[idx])
-        renderer.loss_and_gradients()
-        for t, active in zip(trainers, renderer.active()):
-            t.optimizer_step(active=active)
-        occupied = nerf_data.update_occupancy(step, occupancy, renderer.density_at, rng)
-        if step % LOSS_EVERY == 0 or step == args.steps:     # one wait for the device per LOSS_EVERY steps
-            log.add(step, renderer.mean_loss(step - log.n_steps), occupied)
-    return nerf_data.report(args, "nerf", log, test, lambda c2w: render_images(renderer, c2w, test.height, test.width,
-                                                                               test.focal))
+    if args.compare:
+        from _nerf_compare import compare
+        return compare(args, train, test, Field)
+    field = Field(args, args.instances)
+    print(f"{train.n} training views, {test.n} held-out views at {train.width}x{train.height}; {field.describe()}")
+    log = nerf_data.TrainingLog(args.steps)
+    field.train(args.steps, train.rays(), log)
+    return nerf_data.report(args, "nerf", log, test, lambda c2w: field.render_images(c2w, test))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import os
 import time
 
 import numpy as np
+from _curves import titled
 from _progress import Progress
 
 WHITE = np.ones(3, np.float32)
@@ -189,7 +190,8 @@ def positive(text):
 def add_arguments(ap):
     """The arguments both NeRF examples take (scene, sampling, training, output)."""
     ap.add_argument("--data", help="a NeRF-synthetic folder (transforms_train.json, ...) instead of the Mitsuba scene")
-    ap.add_argument("--scene", default="nerf_scene", help="where the Mitsuba scene is rendered once and cached")
+    ap.add_argument("--scene", default=os.path.join("OUT", "nerf_scene"),
+                    help="where the Mitsuba scene is rendered once and cached (OUT: the --out directory)")
     ap.add_argument("--render-size", type=positive, default=200, help="Mitsuba image size (pixels per side)")
     ap.add_argument("--spp", type=positive, default=16, help="Mitsuba samples per pixel")
     ap.add_argument("--downscale", type=positive, default=2, help="train and test on images this many times smaller")
@@ -200,6 +202,7 @@ def add_arguments(ap):
     ap.add_argument("--bound", type=float, default=1.5, help="the scene's box is [-bound, bound]^3")
     ap.add_argument("--occupancy", type=positive, default=32, help="occupancy grid cells per axis")
     ap.add_argument("--turntable", type=positive, default=24, help="frames of the turntable GIF")
+    ap.add_argument("--no-render", action="store_true", help="skip the turntable GIF (the held-out renders are kept)")
     ap.add_argument("--seed", type=int, default=0, help="random seed of the training run")
     ap.add_argument("--out", default="out", help="directory for the held-out renders and the turntable GIF")
     ap.add_argument("--json", action="store_true", help="print the results as one JSON line last")
@@ -208,6 +211,9 @@ def add_arguments(ap):
 def check_arguments(ap, args):
     if not args.bound > 0:
         ap.error("--bound must be positive")
+    parts = args.scene.split(os.sep)
+    if parts[0] == "OUT":                               # the default: the cache lives under --out
+        args.scene = os.path.join(args.out, *parts[1:])
 
 
 def load_scene(args, parser):
@@ -241,9 +247,13 @@ class TrainingLog:
 
     MILESTONES = (20, 25, 28, 30)
 
-    def __init__(self, steps):
+    def __init__(self, steps, clock=None, show=True):
+        """``steps``: the steps to make (``None``: a run for a time); ``clock``: the seconds trained so far
+        (default: since now); ``show``: print the progress (else the caller does)."""
         self.steps, self.start, self.losses, self.reached = steps, time.perf_counter(), [], {}
-        self.progress = Progress(steps, "training")
+        self.clock = clock if clock is not None else (lambda: time.perf_counter() - self.start)
+        self.progress = Progress(steps, "training") if show else None
+        self.train_psnr = 0.0
 
     @property
     def n_steps(self):
@@ -253,15 +263,16 @@ class TrainingLog:
     def add(self, step, loss, occupied):
         """``loss``: the mean loss of the steps since the last call (each of them gets it), up to ``step``."""
         self.losses.extend([loss] * (step - len(self.losses)))
-        train_psnr = -10 * np.log10(max(np.mean(self.losses[-25:]), 1e-10))
-        elapsed = time.perf_counter() - self.start
+        self.train_psnr = train_psnr = -10 * np.log10(max(np.mean(self.losses[-25:]), 1e-10))
+        elapsed = self.clock()
         for m in self.MILESTONES:
             if train_psnr >= m and m not in self.reached and len(self.losses) >= 25:
                 self.reached[m] = elapsed
-        self.progress.update(step, PSNR=f"{train_psnr:.2f}dB", occupied=f"{occupied:.0%}")
+        if self.progress is not None:
+            self.progress.update(step, PSNR=f"{train_psnr:.2f}dB", occupied=f"{occupied:.0%}")
 
     def seconds(self):
-        return time.perf_counter() - self.start
+        return self.clock()
 
     def summary(self):
         return "training PSNR " + (", ".join(f"{m} dB at {t:.0f} s" for m, t in self.reached.items()) or
@@ -284,7 +295,8 @@ def report(args, prefix, log, test, render_images):
           f"{psnr(test.images.mean((0, 1, 2)), test.images):.2f} dB); training {train_seconds:.1f} s "
           f"({log.summary()}), rendering {time.perf_counter() - start:.1f} s")
     render_seconds = time.perf_counter() - start
-    for path in save_results(args.out, prefix, test.images, predictions, render_images(orbit(args.turntable))):
+    turntable = None if args.no_render else render_turntable(render_images, args.turntable)
+    for path in save_results(args.out, prefix, test.images, predictions, turntable, score):
         print(f"wrote {path}")
     if args.json:
         print(json.dumps(dict(psnr=score, baseline_psnr=psnr(test.images.mean((0, 1, 2)), test.images),
@@ -301,12 +313,36 @@ def to_uint8(img):
     return (np.clip(img, 0, 1) * 255 + 0.5).astype(np.uint8)
 
 
-def save_results(out, prefix, targets, predictions, turntable):
-    """``{prefix}_test.png`` (targets above, renders below, up to 8 views) and ``{prefix}_turntable.gif``."""
+def render_turntable(render_images, n):
+    """``n`` frames ``(n, H, W, 3)`` around the scene, one render at a time with progress."""
+    frames, rendering = [], Progress(n, "turntable")
+    for k, c2w in enumerate(orbit(n)):
+        frames.append(render_images(c2w[None])[0])
+        rendering.update(k + 1)
+    return np.stack(frames)
+
+
+def enlarged(img, min_width):
+    """``img`` repeated pixel by pixel until it is at least ``min_width`` wide (titles fit above it)."""
+    k = max(1, -(-min_width // img.shape[1]))
+    return img.repeat(k, 0).repeat(k, 1)
+
+
+def test_picture(targets, predictions, score, k=8):
+    """Up to ``k`` held-out views above their renders, each row titled (the renders' PSNR in the title)."""
+    k = min(k, len(targets))
+    rows = [enlarged(to_uint8(np.concatenate(list(views[:k]), 1)), 400) for views in (targets, predictions)]
+    return np.concatenate([titled(rows[0], "HELD-OUT VIEWS (TARGETS)"),
+                           titled(rows[1], f"RENDERS OF THE SAME VIEWS (PSNR {score:.2f} DB)")], 0)
+
+
+def save_results(out, prefix, targets, predictions, turntable, score):
+    """``{prefix}_test.png`` (:func:`test_picture`) and, unless ``turntable`` is ``None``,
+    ``{prefix}_turntable.gif``; the paths written."""
     import imageio.v2 as imageio
-    k = min(8, len(targets))
-    grid = np.concatenate([np.concatenate(list(targets[:k]), 1), np.concatenate(list(predictions[:k]), 1)], 0)
-    imageio.imwrite(os.path.join(out, f"{prefix}_test.png"), to_uint8(grid))
-    imageio.mimsave(os.path.join(out, f"{prefix}_turntable.gif"), [to_uint8(f) for f in turntable], duration=0.08,
-                    loop=0)
-    return [os.path.join(out, f"{prefix}_test.png"), os.path.join(out, f"{prefix}_turntable.gif")]
+    paths = [os.path.join(out, f"{prefix}_test.png")]
+    imageio.imwrite(paths[0], test_picture(targets, predictions, score))
+    if turntable is not None:
+        paths.append(os.path.join(out, f"{prefix}_turntable.gif"))
+        imageio.mimsave(paths[1], [to_uint8(f) for f in turntable], duration=0.08, loop=0)
+    return paths

@@ -5,19 +5,23 @@
 The image is cut into T x T tiles; network ``ty * T + tx`` sees the coordinates local to
 its tile, and every training sample is routed to the network of the tile it falls in
 (``instance=``). The same config then trains ONE network whose width is chosen to have the
-same total parameter count, for the same wall-clock time, and both PSNRs are printed.
+same total parameter count, for the same wall-clock time, and both PSNRs are printed. Writes both
+reconstructions (``network_array_{array,single}.jpg``) and, side by side with their titles,
+``network_array_compare.png``.
 """
 import argparse
 import os
 import sys
 import time
 
+import imageio.v3 as iio
 import numpy as np
 import taichi as ti
 
 import tinn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _curves import titled  # noqa: E402
 from _progress import Progress, clock  # noqa: E402
 from mlp_learning_an_image import bilinear_lookup, load_image, pixel_centres, psnr, write_jpg  # noqa: E402
 
@@ -93,15 +97,29 @@ def main():
           f"against one network of width {width} with {big.network.n_params} parameters; "
           f"{args.seconds:g} s of training each, batch {args.batch}")
 
-    results = {}
+    results, images = {}, []
     for name, model, route in (("array", array, lambda xy: to_tiles(xy, args.tiles)),
                                ("single", big, lambda xy: (xy, None))):
         steps, speed, quality, image_out = train(name, model, image, coords, args.batch, args.seconds, route)
         write_jpg(os.path.join(args.out, f"network_array_{name}.jpg"), image_out)
         results[name] = (steps, speed, quality)
+        images.append(image_out)
     print(f"{'model':8s} {'steps':>6s} {'M samples/s':>12s} {'PSNR dB':>8s}")
     for name, (steps, speed, quality) in results.items():
         print(f"{name:8s} {steps:6d} {speed / 1e6:12.3f} {quality:8.2f}")
+    path = os.path.join(args.out, "network_array_compare.png")
+    titles = [f"{K} NETWORKS, ONE PER TILE: {results['array'][2]:.2f} DB, {results['array'][0]} STEPS",
+              f"ONE NETWORK OF WIDTH {width}: {results['single'][2]:.2f} DB, {results['single'][0]} STEPS"]
+    iio.imwrite(path, compare_picture(images, titles, f"{args.seconds:g} S OF TRAINING EACH, ABOUT "
+                                                      f"{total} PARAMETERS EACH"))
+    print(f"wrote {path}")
+
+
+def compare_picture(images, titles, title):
+    """The reconstructions side by side, each under its title, under ``title``."""
+    panels = [titled((np.clip(img, 0, 1) * 255 + 0.5).astype(np.uint8), t) for img, t in zip(images, titles)]
+    gap = np.full((panels[0].shape[0], 12, 3), 255, np.uint8)
+    return titled(np.concatenate([panels[0], gap, panels[1]], 1), title)
 
 
 if __name__ == "__main__":

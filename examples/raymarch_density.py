@@ -21,6 +21,7 @@ import numpy as np
 import taichi as ti
 
 import tinn
+from _curves import titled
 from _progress import Progress
 from sdf_eikonal import ensure_out_dir
 
@@ -178,11 +179,18 @@ def psnr(a, b):
     return float(10 * np.log10(1.0 / np.mean((a - b) ** 2)))
 
 
-def write_png(path, rows):
+def views_picture(rows, titles):
+    """Rows of grey views side by side, 4x4 pixels per pixel (easier to see), each row under its title."""
+    pictures = []
+    for r, title in zip(rows, titles):
+        row = (np.clip(np.concatenate(list(r), axis=1), 0, 1) * 255).astype(np.uint8).repeat(4, 0).repeat(4, 1)
+        pictures.append(titled(np.repeat(row[..., None], 3, -1), title))
+    return np.concatenate(pictures, axis=0)
+
+
+def write_png(path, rows, titles):
     import imageio.v2 as imageio
-    img = np.concatenate([np.concatenate(list(r), axis=1) for r in rows], axis=0)
-    img = img.repeat(4, axis=0).repeat(4, axis=1)                    # 4x4 pixels per pixel: easier to see
-    imageio.imwrite(path, (np.clip(img, 0, 1) * 255).astype(np.uint8))
+    imageio.imwrite(path, views_picture(rows, titles))
 
 
 def main():
@@ -242,7 +250,9 @@ def main():
     print(f"final held-out PSNR {psnr(test, target_test):.2f} dB, gain {float(marcher.gain[None]):.3f}")
     s = args.size
     path = os.path.join(args.out, "raymarch_views.png")
-    write_png(path, [target_test.reshape(4, s, s), test.reshape(4, s, s)])
+    write_png(path, [target_test.reshape(4, s, s), test.reshape(4, s, s)],
+              ["HELD-OUT VIEWS: TRUE DENSITY (TARGETS)",
+               f"LEARNED DENSITY, {args.instances} NETWORK(S), {args.steps} STEPS: {psnr(test, target_test):.2f} DB"])
     print(f"wrote {path}")
 
 

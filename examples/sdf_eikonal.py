@@ -22,6 +22,7 @@ import numpy as np
 import taichi as ti
 
 import tinn
+from _curves import SCALE, titled
 from _progress import Progress
 
 CENTRE, MAJOR, MINOR = np.array([0.5, 0.5, 0.5]), 0.28, 0.1          # a torus around the y axis
@@ -161,8 +162,18 @@ def main():
         print(f"{name:15s}: mean |SDF error| {err:.4f}, mean ||grad f| - 1| {eik:.3f} on {len(held_out)} held-out points")
     import imageio.v2 as imageio
     path = os.path.join(args.out, "sdf_slices.png")
-    imageio.imwrite(path, (np.clip(np.concatenate(images, axis=1), 0, 1) * 255).astype(np.uint8))
+    titles = ["TRUE SDF"] + [f"{name}, ERROR {err:.4f}" for name, (err, _) in results.items()]
+    imageio.imwrite(path, slices_picture(images, titles))
     print(f"wrote {path} (true SDF | data only | data + Eikonal, slice z = 0.5)")
+
+
+def slices_picture(images, titles):
+    """The slices side by side, 2x2 pixels per pixel, each under its title, under a title saying what they are."""
+    gap = np.full((images[0].shape[0] * 2 + 7 * SCALE + 6, 8, 3), 255, np.uint8)
+    panels = [titled((np.clip(img, 0, 1) * 255).astype(np.uint8).repeat(2, 0).repeat(2, 1), title)
+              for img, title in zip(images, titles)]
+    row = np.concatenate([p for panel in panels for p in (panel, gap)][:-1], 1)
+    return titled(row, "SLICE Z = 0.5 OF THE TORUS: SIGNED DISTANCE, BLUE INSIDE, WHITE AT 0, BANDS EVERY 0.05")
 
 
 if __name__ == "__main__":

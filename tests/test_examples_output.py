@@ -1,6 +1,7 @@
 """The examples talk and show: progress at least every few seconds (plain lines off a terminal, a tqdm bar
 on one where tqdm is installed), ``--help`` gives every option's default, outputs go into ``--out`` only,
-and the image example draws its loss and PSNR curves."""
+the image example draws its loss and PSNR curves, and every picture says what its panels and axes are
+(:func:`has_text` finds a title in a picture's pixels)."""
 import io
 import os
 import re
@@ -16,7 +17,8 @@ EXAMPLES = os.path.join(ROOT, "examples")
 sys.path.insert(0, EXAMPLES)
 
 import _progress  # noqa: E402
-from _curves import Panel, draw_panel  # noqa: E402
+from _curves import SCALE, Panel, draw_panel, titled  # noqa: E402
+from pictures import has_text  # noqa: E402
 
 SCRIPTS = sorted(f for f in os.listdir(EXAMPLES) if f.endswith(".py") and not f.startswith("_") and f != "nerf_data.py")
 CPU_ONLY = pytest.mark.x64_only("runs examples in CPU subprocesses; nothing device-specific")
@@ -45,8 +47,22 @@ def test_plain_progress_lines_come_every_few_seconds_and_at_the_end(monkeypatch)
     assert shown == [1] + list(range(7, 100, 6)) + [100]          # the first, every 3 s (6 steps), the last
     lines = out.getvalue().splitlines()
     assert "\r" not in out.getvalue()
-    assert lines[0] == "training: step 1/100 loss=1 PSNR=20.00dB 2.00 steps/s elapsed 0s ETA 50s"
+    assert lines[0] == "training: step 1/100 loss=1 PSNR=20.00dB 2.00 steps/s elapsed 0s"     # no ETA yet
+    assert lines[1] == "training: step 7/100 loss=0.1429 PSNR=20.00dB 2.00 steps/s elapsed 4s ETA 46s"
     assert lines[-1] == "training: step 100/100 loss=0.01 PSNR=20.00dB 2.00 steps/s elapsed 50s ETA 0s"
+
+
+def test_the_time_left_leaves_out_the_first_step(monkeypatch):
+    """A first step of 30 s (compiling), then 0.5 s a step: 10 steps left take 5 s, not 10 x 30.5 / 11."""
+    clock, out = Clock(), io.StringIO()
+    monkeypatch.setattr(_progress.time, "perf_counter", clock)
+    progress = _progress.Progress(21, "training", every=0.0, stream=out)
+    clock.now += 30.0
+    progress.update(1)
+    for step in range(2, 12):
+        clock.now += 0.5
+        progress.update(step)
+    assert out.getvalue().splitlines()[-1].endswith("elapsed 35s ETA 5s")
 
 
 def test_a_timed_loop_shows_no_eta(monkeypatch):
@@ -158,4 +174,52 @@ def test_the_image_example_writes_only_into_out_and_draws_its_curves(tmp_path):
     curves = iio.imread(tmp_path / "out" / "curves.png")
     assert curves.ndim == 3 and curves.shape[0] > curves.shape[1] / 2          # two panels stacked
     assert "\r" not in result.stdout
-    assert re.search(r"training: step 12/12 loss=\S+ PSNR=[0-9.]+dB .* ETA 0s", result.stdout), result.stdout
+    assert re.search(r"training: step 12/12 step_loss=\S+ PSNR\(step 12\)=[0-9.]+dB .* ETA 0s", result.stdout), \
+        result.stdout
+    assert re.search(r"Step#10: loss=\S+ \(mean of steps 1-10\)", result.stdout), result.stdout
+    assert has_text(curves, "TRAINING LOSS OF EACH STEP (LOG SCALE)") and has_text(curves, "PSNR OF THE WHOLE IMAGE")
+
+
+def test_has_text_finds_a_title_and_only_that_title():
+    img = titled(np.zeros((20, 300, 3), np.uint8), "HELD-OUT VIEWS")
+    assert has_text(img, "HELD-OUT VIEWS") and has_text(img, "OUT")
+    assert not has_text(img, "HELD-OUT VIEW 2") and not has_text(img, "RENDERS")
+    assert not has_text(np.zeros((20, 300, 3), np.uint8), "HELD")
+
+
+def test_a_log_panel_says_so_and_labels_every_grid_line():
+    """A loss falling from 1 to 1e-4 over steps 0..400: the title says LOG SCALE, the y axis reads 1, 0.1,
+    0.01, 0.001 and 0.0001 at its five grid lines (log10 is linear), the x axis 0, 100, ... 400 STEPS."""
+    xs = np.linspace(0, 400, 81)
+    img = draw_panel(Panel("LOSS", xs, 10.0 ** (-xs / 100), log=True), 640, 220, (200, 0, 0))
+    assert has_text(img, "LOSS (LOG SCALE)")
+    for label in ("1", "0.1", "0.01", "0.001", "0.0001", "100", "200", "300", "400 STEPS"):
+        assert has_text(img, label), label
+    linear = draw_panel(Panel("PSNR DB", xs, xs / 10), 640, 220, (200, 0, 0))
+    assert not has_text(linear, "LOG") and has_text(linear, "20") and has_text(linear, "30")
+
+
+def test_the_image_example_titles_both_of_its_charts():
+    from mlp_learning_an_image import Curve
+    curve = Curve()
+    curve.losses, curve.psnrs = [1.0, 0.5, 0.1], [(3, 20.0)]
+    loss, psnr = curve.panels()
+    assert loss.log and "LOG" in loss.title and "LOSS" in loss.title and "PSNR" in psnr.title and not psnr.log
+
+
+def test_the_raymarch_and_sdf_pictures_title_their_rows_and_panels():
+    import raymarch_density
+    import sdf_eikonal
+    views = raymarch_density.views_picture([np.zeros((4, 40, 40)), np.ones((4, 40, 40))], ["TARGETS", "PREDICTIONS"])
+    assert has_text(views, "TARGETS") and has_text(views, "PREDICTIONS")
+    assert views.shape == (2 * (160 + 7 * SCALE + 6), 640, 3)
+    slices = sdf_eikonal.slices_picture([np.zeros((64, 64, 3))] * 3, ["TRUE SDF", "DATA ONLY", "DATA + EIKONAL"])
+    for title in ("TRUE SDF", "DATA ONLY", "DATA + EIKONAL", "SLICE Z = 0.5"):
+        assert has_text(slices, title), title
+
+
+def test_the_network_array_picture_titles_both_reconstructions():
+    import network_array_image
+    img = network_array_image.compare_picture([np.zeros((64, 300, 3))] * 2, ["256 NETWORKS", "ONE NETWORK"],
+                                              "30 S EACH")
+    assert has_text(img, "256 NETWORKS") and has_text(img, "ONE NETWORK") and has_text(img, "30 S EACH")

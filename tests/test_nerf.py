@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 
 import nerf  # noqa: E402
 import nerf_data  # noqa: E402
+from pictures import has_text  # noqa: E402
 
 BOUND = 1.5
 TINY_GRID = {"otype": "HashGrid", "n_levels": 2, "n_features_per_level": 2, "log2_hashmap_size": 8,
@@ -155,22 +156,86 @@ def write_sphere_scene(folder, size=24, n_train=16, n_test=3):
             json.dump({"camera_angle_x": nerf_data.FOV_X, "frames": frames}, f)
 
 
+def tiny_scene_run(tmp_path, *args):
+    """examples/nerf.py on a tiny sphere scene (``write_sphere_scene``), output into ``tmp_path / "out"``."""
+    if not (tmp_path / "scene").exists():
+        write_sphere_scene(tmp_path / "scene")
+    arch = ["--arch", os.environ["TINN_ARCH"]] if "TINN_ARCH" in os.environ else []
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "nerf.py"), "--data", str(tmp_path / "scene"),
+                             "--downscale", "1", "--rays", "512", "--samples", "32", "--occupancy", "16", *args, *arch,
+                             "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "\r" not in result.stdout + result.stderr                   # a log file holds the progress
+    return result.stdout
+
+
 @pytest.mark.long_compile("the example's stages and renderer, compiled through llvmpipe, then 100 steps")
 @pytest.mark.parametrize("instances", ["1", "8"])
 def test_nerf_example_learns_a_tiny_scene(tmp_path, instances):
-    write_sphere_scene(tmp_path / "scene")
-    arch = ["--arch", os.environ["TINN_ARCH"]] if "TINN_ARCH" in os.environ else []
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "nerf.py"), "--data", str(tmp_path / "scene"),
-                             "--downscale", "1", "--steps", "120", "--rays", "512", "--samples", "32", "--occupancy",
-                             "16", "--turntable", "2", "--instances", instances, *arch, "--out", str(tmp_path)],
-                            capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "\r" not in result.stdout + result.stderr                   # a log file holds the progress
-    found = re.search(r"held-out PSNR ([\d.]+) dB .*mean-colour baseline ([\d.]+) dB", result.stdout)
-    assert found, result.stdout
+    no_render = ["--no-render"] if instances == "8" else []          # the turntable is skipped
+    stdout = tiny_scene_run(tmp_path, "--steps", "120", "--turntable", "2", "--instances", instances, *no_render)
+    found = re.search(r"held-out PSNR ([\d.]+) dB .*mean-colour baseline ([\d.]+) dB", stdout)
+    assert found, stdout
     psnr, baseline = float(found.group(1)), float(found.group(2))
-    assert psnr > baseline + 6, result.stdout
-    assert (tmp_path / "nerf_test.png").exists() and (tmp_path / "nerf_turntable.gif").exists()
+    assert psnr > baseline + 6, stdout
+    import imageio.v2 as imageio
+    picture = imageio.imread(tmp_path / "out" / "nerf_test.png")
+    assert has_text(picture, "HELD-OUT VIEWS (TARGETS)")
+    assert has_text(picture, f"RENDERS OF THE SAME VIEWS (PSNR {psnr:.2f} DB)")
+    if no_render:
+        assert sorted(os.listdir(tmp_path / "out")) == ["nerf_test.png"] and "turntable" not in stdout
+    else:
+        assert sorted(os.listdir(tmp_path / "out")) == ["nerf_test.png", "nerf_turntable.gif"]
+        assert "turntable: step 2/2" in stdout                          # the turntable shows progress
+
+
+@pytest.mark.long_compile("two fields' stages and renderers, compiled through llvmpipe")
+def test_nerf_compare_trains_both_for_the_same_time_and_titles_its_picture(tmp_path):
+    stdout = tiny_scene_run(tmp_path, "--steps", "50", "--compare", "--instances", "8")
+    with open(tmp_path / "out" / "nerf_compare.json") as f:
+        summary = json.load(f)
+    one, array = summary["one"], summary["array"]
+    assert set(one) == set(array) == {"n_networks", "n_params", "steps", "train_s", "first_step_s", "steps_per_s",
+                                      "psnr", "render_s_per_view", "psnr_reached_at_s"}
+    assert (one["n_networks"], array["n_networks"], one["steps"]) == (1, 8, 50)
+    assert 0.9 <= array["n_params"] / one["n_params"] <= 1.1                  # the same parameters within 10 %
+    assert one["train_s"] <= array["train_s"] <= 2 * one["train_s"]           # the array trains as long, in chunks
+    for r in (one, array):
+        assert r["steps_per_s"] == pytest.approx((r["steps"] - 1) / r["train_s"])
+        assert r["render_s_per_view"] > 0 and r["psnr"] > 0
+    for row in ("held-out PSNR, dB", "render time per held-out view", "training steps per second"):
+        assert row in stdout, stdout
+    import imageio.v2 as imageio
+    picture = imageio.imread(tmp_path / "out" / "nerf_compare.png")
+    times = f"TRAINING TIME {one['train_s']:.0f} / {array['train_s']:.0f} S"
+    for title in ("HELD-OUT VIEW 0 (TARGET)", "ONE NETWORK: ", "8 NETWORKS: ", times,
+                  "ONE NETWORK AGAINST A KILONERF-STYLE ARRAY, SAME VIEW"):
+        assert has_text(picture, title), title
+
+
+def test_the_micro_networks_hold_as_many_parameters_as_the_one_network():
+    one = sum(n.n_params for n in nerf.make_field(1))
+    for k in (8, 27, 64):
+        density, colour = nerf.make_field(k)
+        assert density.n_instances == colour.n_instances == k
+        total = k * (density.n_params + colour.n_params)
+        assert 0.9 <= total / one <= 1.1, (k, total, one)
+        assert nerf.field_params(k, nerf.array_grid(k), nerf.ARRAY_NEURONS) == total     # the count that sized it
+
+
+def test_the_scene_is_cached_under_out_unless_told_otherwise(tmp_path):
+    _, args = nerf.parse_args(["--out", str(tmp_path / "o")])
+    assert args.scene == os.path.join(str(tmp_path / "o"), "nerf_scene") and not args.compare
+    _, args = nerf.parse_args(["--scene", str(tmp_path / "s"), "--compare"])
+    assert args.scene == str(tmp_path / "s") and args.instances == 8          # --compare: 8 micro-networks
+
+
+def test_the_held_out_picture_titles_its_rows():
+    targets, renders = np.zeros((3, 20, 30, 3), np.float32), np.ones((3, 20, 30, 3), np.float32)
+    picture = nerf_data.test_picture(targets, renders, 23.456)
+    assert has_text(picture, "HELD-OUT VIEWS (TARGETS)")
+    assert has_text(picture, "RENDERS OF THE SAME VIEWS (PSNR 23.46 DB)")
+    assert picture.shape[1] >= 400                                       # tiny views are enlarged: the titles fit
 
 
 def test_nerf_example_refuses_bad_arguments(tmp_path):
