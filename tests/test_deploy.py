@@ -220,7 +220,12 @@ def test_python_side_errors_come_before_anything_is_written(tmp_path):
         otype = "MyEncoding"
     with pytest.raises(ValueError, match="otype 'MyEncoding'.*cannot be exported"):
         tinn.deploy.export(Custom(2), tmp_path / "c")
-    assert not any(os.path.exists(tmp_path / d) for d in "abc")
+    empty = tinn.NetworkWithInputEncoding(3, 1, {"otype": "Composite", "nested": [
+        {"n_dims_to_encode": 1, "otype": "Identity"}, {"n_dims_to_encode": 1, "otype": "Empty"},
+        {"otype": "Identity"}]}, SMALL_MLP)
+    with pytest.raises(ValueError, match="cannot be exported: an Empty encoding without padding has no outputs"):
+        tinn.deploy.export(empty, tmp_path / "d")
+    assert not any(os.path.exists(tmp_path / d) for d in "abcd")
 
 
 def test_float16_models_export_their_inference_weights_as_float32(tmp_path, monkeypatch):
@@ -265,3 +270,35 @@ def test_importing_tinn_imports_nothing_of_the_deploy_path():
     code = "import sys, tinn; print(sorted(m for m in sys.modules if m.startswith('tinn.deploy')))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip().splitlines()[-1] == "[]", done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("encoding, n_in", [
+    ({"otype": "Identity", "scale": 2.0, "offset": -0.5}, 3),
+    ({"otype": "OneBlob", "n_bins": 8}, 2),
+    ({"otype": "TriangleWave", "n_frequencies": 3}, 2),
+    ({"otype": "SphericalHarmonics", "degree": 3}, 3),
+    ({"otype": "DenseGrid", "n_levels": 3, "base_resolution": 4, "per_level_scale": 1.5}, 2),
+    ({"otype": "TiledGrid", "n_levels": 3, "base_resolution": 4, "per_level_scale": 1.5, "interpolation": "Smoothstep"}, 3),
+    ({"otype": "HashGrid", "n_levels": 3, "log2_hashmap_size": 6, "base_resolution": 4, "interpolation": "Nearest"}, 2),
+    ({"otype": "Composite", "reduction": "Concatenation",
+      "nested": [{"n_dims_to_encode": 1, "otype": "Frequency", "n_frequencies": 2},
+                 {"otype": "HashGrid", "n_levels": 2, "log2_hashmap_size": 6}]}, 3),
+    ({"otype": "Composite", "reduction": "Product", "nested": [{"n_dims_to_encode": 1, "otype": "OneBlob", "n_bins": 4},
+                                                               {"otype": "TriangleWave", "n_frequencies": 4}]}, 2),
+    ({"otype": "NRC"}, 8),
+])
+def test_the_exported_kernel_equals_inference_for_every_encoding(encoding, n_in, rng):
+    """The module's kernel itself, run in this process on the session's arch (no C): parameters as an ndarray."""
+    import taichi as ti
+    from tinn.deploy import _aot, _export
+    for K in (1, 3):
+        model = randomised(tinn.NetworkWithInputEncoding(n_in, 2, encoding, SMALL_MLP, n_instances=K), rng)
+        kernel = _aot.inference_kernel(_aot.rebuild(_export.spec_of(model, "vulkan")), routed=K > 1)
+        x, ids = rng.random((300, n_in), dtype=np.float32), rng.integers(0, K, 300).astype(np.int32)
+        arrays = [ti.ndarray(ti.f32, (300, n_in)), ti.ndarray(ti.i32, (300,)),
+                  ti.ndarray(ti.f32, (K, model.n_params)), ti.ndarray(ti.f32, (300, 2))]
+        for a, v in zip(arrays, (x, ids, model.params().reshape(K, -1))):
+            a.from_numpy(v)
+        kernel(*(arrays if K > 1 else arrays[:1] + arrays[2:]))
+        expected = model.inference(x, ids) if K > 1 else model.inference(x)
+        np.testing.assert_allclose(arrays[3].to_numpy(), expected, rtol=1e-5, atol=1e-5)

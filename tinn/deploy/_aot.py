@@ -6,7 +6,8 @@ argument ``params[k, i]`` instead of the store's field (an AOT module's only dat
     tinn_infer(x: f32 (n, n_inputs), [ids: i32 (n,) for an array,] params: f32 (n_instances, n_params), y: f32 (n, n_outputs))
 
 It is compiled for a copy of the model's structure rebuilt from ``spec`` (its otype tree, widths and number of
-networks): the copy's parameters start at column 0, as params.bin's do. ``python -m tinn.deploy._aot SPEC OUT``
+networks), bound at column 0 as params.bin's parameters are (the copy is for compiling only: its own store's
+columns are elsewhere). ``python -m tinn.deploy._aot SPEC OUT``
 does it in a process of its own, for an export asked from a runtime of another arch.
 """
 import json
@@ -33,13 +34,14 @@ def rebuild(spec: dict):
     if (obj.n_params, obj.n_output_dims) != (spec["n_params"], spec["n_outputs"]):
         raise RuntimeError(f"the {spec['kind']} rebuilt from its hyperparameters has {obj.n_params} parameters and "
                            f"{obj.n_output_dims} outputs, the model {spec['n_params']} and {spec['n_outputs']}")
+    obj.bind(obj.store, 0)      # its store's columns start anywhere in a shared arena; params.bin's at 0
     return obj
 
 
 def inference_kernel(obj, routed: bool):
     """``tinn_infer`` for ``obj`` (parameters at column 0): one sample per parallel iteration."""
     n_in, n_out = obj.n_input_dims, obj.n_output_dims
-    obj._sample_funcs(obj.store.inference_params, None)      # builds the kernels' tables outside Taichi scope
+    obj._sample_funcs(None, None)           # builds the components' kernels and tables outside Taichi scope
 
     def forward(params):
         return obj._sample_funcs(params, None)[0]

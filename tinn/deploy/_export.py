@@ -13,12 +13,13 @@ import tempfile
 
 import numpy as np
 import taichi as ti
+from taichi.lang import impl
 
 from ..encodings.composite import CompositeEncoding
 from ..encodings.encoding import Encoding
 from ..network_with_input_encoding import NetworkWithInputEncoding
 from ..networks.network import Network
-from ._aot import KERNEL
+from ._aot import KERNEL, archive
 
 ARCHS = ("vulkan",)
 """The archs an export compiles for: those whose AOT modules Taichi's C API loads and that are tested here.
@@ -39,14 +40,18 @@ def _parts(obj):
 
 
 def _check_exportable(obj):
-    """``ValueError`` naming the first otype outside tinn's own components: its per-sample func may read data
-    other than the parameters (a field), which an AOT module cannot carry."""
+    """``ValueError`` naming the first otype outside tinn's own components (its per-sample func may read data
+    other than the parameters, a field, which an AOT module cannot carry), or a part without a per-sample func."""
     for part in _parts(obj):
         if not type(part).__module__.startswith("tinn."):
             otype = getattr(part, "otype", None) or part.hyperparams().get("otype", type(part).__name__)
             raise ValueError(f"tinn.deploy.export: otype {otype!r} ({type(part).__qualname__}) cannot be exported: "
                              "only tinn's own encodings and networks have per-sample funcs known to read nothing "
                              "but their parameters")
+    try:
+        obj._sample_funcs(None, None)                   # the funcs the kernel is made of (builds, runs nothing)
+    except ValueError as e:
+        raise ValueError(f"tinn.deploy.export: this {type(obj).__name__} cannot be exported: {e}") from None
 
 
 def spec_of(obj, arch: str) -> dict:
@@ -69,9 +74,8 @@ def _inference_weights(obj) -> np.ndarray:
 
 
 def _archive_elsewhere(spec: dict, path: str):
-    """Compile in a child process initialised on ``spec["arch"]`` that holds nothing but the rebuilt structure.
-    (A module compiled in a process that had run other kernels on fields returned zeros from C: taichi 1.7.4,
-    Vulkan; and the arch of an AOT module must be the running one.)"""
+    """Compile in a child process initialised on ``spec["arch"]`` (Taichi compiles AOT modules for the arch it
+    runs on only)."""
     with tempfile.TemporaryDirectory() as tmp:
         spec_path = os.path.join(tmp, "spec.json")
         with open(spec_path, "w") as f:
@@ -94,7 +98,7 @@ def export(model, folder, arch: str = "vulkan") -> dict:
     ``model``: a ``NetworkWithInputEncoding``, ``Network`` or ``Encoding`` (or what ``create_from_config``
     returns: its ``network``), single or a network array (the C side then takes one id per row), at either
     precision (float16 models export their inference weights as float32). ``arch``: one of :data:`ARCHS`. The
-    module is compiled in a child process initialised on ``arch`` (a few seconds), whatever this one runs.
+    module is compiled here if Taichi runs on ``arch``, else in a child process initialised on it (a few seconds).
     ``TypeError``/``ValueError`` for another object, arch or an otype that cannot be exported; ``RuntimeError``
     if the compile fails (no device of that arch). The folder's files are written only once all succeeded.
     """
@@ -114,7 +118,10 @@ def export(model, folder, arch: str = "vulkan") -> dict:
     os.makedirs(folder, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         tcm = os.path.join(tmp, "model.tcm")
-        _archive_elsewhere(spec, tcm)
+        if impl.current_cfg().arch == getattr(ti, arch):
+            archive(spec, tcm)
+        else:
+            _archive_elsewhere(spec, tcm)
         meta = {"format": "tinn-deploy", "format_version": FORMAT_VERSION, "arch": arch, "otype": spec["kind"],
                 "hyperparams": spec["hyperparams"], "n_inputs": spec["n_inputs"], "n_outputs": spec["n_outputs"],
                 "n_instances": spec["n_instances"], "n_params": spec["n_params"], "routed": int(spec["routed"]),
