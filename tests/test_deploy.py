@@ -178,12 +178,16 @@ def test_a_folder_that_does_not_exist_is_a_message(runner, tmp_path, rng):
     assert y is None and "cannot open" in out and "nowhere/model.json" in out
 
 
-@pytest.mark.parametrize("arch, message", [("cuda", "arch mismatch: the module was compiled for vulkan, asked to run "
-                                                    "on cuda"),
-                                           ("x86", "unknown arch")])
-def test_another_arch_than_the_exports_is_a_message(runner, small_export, tmp_path, rng, arch, message):
+@pytest.mark.parametrize("arch", ["cuda", "x64", "metal", "x86"])
+def test_an_arch_other_than_vulkan_is_a_message(runner, small_export, rng, arch):
     out, y = run_c(runner, str(small_export[0]), rng.random((8, 2), dtype=np.float32), np.zeros(8, np.int32), arch=arch)
-    assert y is None and message in out, out
+    assert y is None and f"unsupported arch (tinn.deploy exports run on \"vulkan\" only): {arch}" in out, out
+
+
+def test_a_module_of_another_arch_is_a_message(runner, small_export, tmp_path, rng):
+    folder = spoiled(small_export, tmp_path, "model.json", set_key("arch", "metal"))
+    out, y = run_c(runner, folder, rng.random((8, 2), dtype=np.float32), np.zeros(8, np.int32))
+    assert y is None and "arch mismatch: the module was compiled for metal, asked to run on vulkan" in out, out
 
 
 def test_a_machine_without_the_arch_is_a_message(runner, small_export, rng):
@@ -302,3 +306,24 @@ def test_the_exported_kernel_equals_inference_for_every_encoding(encoding, n_in,
         kernel(*(arrays if K > 1 else arrays[:1] + arrays[2:]))
         expected = model.inference(x, ids) if K > 1 else model.inference(x)
         np.testing.assert_allclose(arrays[3].to_numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("program", ["examples/deploy/render.c", "benchmarks/deploy_infer.c"])
+def test_the_example_and_benchmark_programs_build_with_the_flags_alone(program, tmp_path):
+    if shutil.which("gcc") is None:
+        pytest.skip("no gcc")
+    built = subprocess.run(["gcc", "-std=c99", "-Wall", "-Wextra", "-Werror", os.path.join(ROOT, program),
+                            "-o", str(tmp_path / "program"), *flags("--cflags", "--libs")],
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr[-3000:]
+
+
+def test_the_example_trains_and_exports(runner, tmp_path):
+    """examples/deploy/train_and_export.py, a few steps on the CPU (its export compiles for Vulkan)."""
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "deploy", "train_and_export.py"),
+                           "--steps", "3", "--batch", "1024", "--arch", "cpu", "--out", str(tmp_path / "model")],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    meta = json.load(open(tmp_path / "model" / "model.json"))
+    assert (meta["n_inputs"], meta["n_outputs"], meta["hyperparams"]["encoding"]["otype"]) == (2, 3, "Grid")
+    assert (tmp_path / "model" / "python.png").exists() and "exported" in done.stdout

@@ -123,10 +123,12 @@ def export(model, folder, arch: str = "vulkan") -> dict:
         else:
             _archive_elsewhere(spec, tcm)
         meta = {"format": "tinn-deploy", "format_version": FORMAT_VERSION, "arch": arch, "otype": spec["kind"],
-                "hyperparams": spec["hyperparams"], "n_inputs": spec["n_inputs"], "n_outputs": spec["n_outputs"],
-                "n_instances": spec["n_instances"], "n_params": spec["n_params"], "routed": int(spec["routed"]),
-                "kernel": KERNEL, "args": (["x", "ids", "params", "y"] if spec["routed"] else ["x", "params", "y"]),
-                "params_shape": list(weights.shape), "tinn_version": _tinn_version(), "taichi_version": ".".join(map(str, ti.__version__))}
+                "n_inputs": spec["n_inputs"], "n_outputs": spec["n_outputs"], "n_instances": spec["n_instances"],
+                "n_params": spec["n_params"], "routed": int(spec["routed"]), "kernel": KERNEL,
+                "args": ["x", "ids", "params", "y"] if spec["routed"] else ["x", "params", "y"],
+                "params_shape": list(weights.shape), "tinn_version": _tinn_version(),
+                "taichi_version": ".".join(map(str, ti.__version__)),
+                "hyperparams": spec["hyperparams"]}          # last: tinn_model.h reads the first keys of each name
         weights.tofile(os.path.join(tmp, "params.bin"))
         with open(os.path.join(tmp, "model.json"), "w") as f:
             json.dump(meta, f, indent=2)

@@ -19,6 +19,7 @@
 #ifndef TINN_MODEL_H
 #define TINN_MODEL_H
 
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -144,16 +145,9 @@ static inline int tinn__json_string(const char *json, const char *key, char *out
     return 0;
 }
 
+/* The Taichi arch of `name`: "vulkan", the one arch tinn exports (TI_ARCH_RESERVED for any other). */
 static inline TiArch tinn__arch(const char *name) {
-    if (!name) return TI_ARCH_RESERVED;
-    if (!strcmp(name, "vulkan")) return TI_ARCH_VULKAN;
-    if (!strcmp(name, "metal")) return TI_ARCH_METAL;
-    if (!strcmp(name, "opengl")) return TI_ARCH_OPENGL;
-    if (!strcmp(name, "gles")) return TI_ARCH_GLES;
-    if (!strcmp(name, "cuda")) return TI_ARCH_CUDA;
-    if (!strcmp(name, "x64")) return TI_ARCH_X64;
-    if (!strcmp(name, "arm64")) return TI_ARCH_ARM64;
-    return TI_ARCH_RESERVED;
+    return name && !strcmp(name, "vulkan") ? TI_ARCH_VULKAN : TI_ARCH_RESERVED;
 }
 
 static inline TiMemory tinn__allocate(TiRuntime runtime, uint64_t bytes) {
@@ -203,7 +197,10 @@ static inline tinn_model *tinn_model_open(const char *folder, const char *arch) 
 
     ti_set_last_error(TI_ERROR_SUCCESS, NULL);
     if (!folder) { tinn__fail("tinn_model_open: folder is NULL", NULL); return NULL; }
-    if (ti_arch == TI_ARCH_RESERVED) { tinn__fail("unknown arch (expected vulkan, metal, opengl, gles, cuda, x64 or arm64)", arch); return NULL; }
+    if (ti_arch == TI_ARCH_RESERVED) {
+        tinn__fail("unsupported arch (tinn.deploy exports run on \"vulkan\" only)", arch ? arch : "NULL");
+        return NULL;
+    }
     if (!(json = tinn__read_file(folder, "model.json", 1 << 20, &json_size))) return NULL;
     if (tinn__json_string(json, "format", text, sizeof(text)) || strcmp(text, "tinn-deploy") != 0) {
         tinn__fail("not a tinn.deploy export (model.json's \"format\" is not \"tinn-deploy\")", folder);
@@ -241,7 +238,7 @@ static inline tinn_model *tinn_model_open(const char *folder, const char *arch) 
         free(json); return NULL;
     }
     free(json);
-    if (!(params = tinn__read_file(folder, "params.bin", 1L << 40, &params_size))) return NULL;
+    if (!(params = tinn__read_file(folder, "params.bin", LONG_MAX - 1, &params_size))) return NULL;
     if ((int64_t)params_size != n_instances * (n_params ? n_params : 1) * 4) {
         char detail[256];
         snprintf(detail, sizeof(detail), "params.bin holds %ld bytes, model.json asks for %lld x %lld float32",
@@ -249,7 +246,7 @@ static inline tinn_model *tinn_model_open(const char *folder, const char *arch) 
         tinn__fail("corrupt export", detail);
         free(params); return NULL;
     }
-    if (!(tcm = tinn__read_file(folder, "model.tcm", 1L << 30, &tcm_size))) { free(params); return NULL; }
+    if (!(tcm = tinn__read_file(folder, "model.tcm", LONG_MAX - 1, &tcm_size))) { free(params); return NULL; }
     if (tcm_size < 4 || memcmp(tcm, "PK", 2) != 0) {
         tinn__fail("corrupt export: model.tcm is not a Taichi AOT archive", folder);
         free(params); free(tcm); return NULL;
