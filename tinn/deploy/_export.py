@@ -13,13 +13,12 @@ import tempfile
 
 import numpy as np
 import taichi as ti
-from taichi.lang import impl
 
 from ..encodings.composite import CompositeEncoding
 from ..encodings.encoding import Encoding
 from ..network_with_input_encoding import NetworkWithInputEncoding
 from ..networks.network import Network
-from ._aot import KERNEL, archive
+from ._aot import KERNEL
 
 ARCHS = ("vulkan",)
 """The archs an export compiles for: those whose AOT modules Taichi's C API loads and that are tested here.
@@ -74,8 +73,9 @@ def _inference_weights(obj) -> np.ndarray:
 
 
 def _archive_elsewhere(spec: dict, path: str):
-    """Compile in a child process initialised on ``spec["arch"]`` (Taichi compiles AOT modules for the arch it
-    runs on only)."""
+    """Compile in a child process initialised on ``spec["arch"]``: Taichi compiles AOT modules for the arch it runs
+    on only, and ``ti.aot.Module`` finalises the process's root field tree (once per process: a second module, or a
+    field created later, would fail in the caller's process)."""
     with tempfile.TemporaryDirectory() as tmp:
         spec_path = os.path.join(tmp, "spec.json")
         with open(spec_path, "w") as f:
@@ -98,7 +98,7 @@ def export(model, folder, arch: str = "vulkan") -> dict:
     ``model``: a ``NetworkWithInputEncoding``, ``Network`` or ``Encoding`` (or what ``create_from_config``
     returns: its ``network``), single or a network array (the C side then takes one id per row), at either
     precision (float16 models export their inference weights as float32). ``arch``: one of :data:`ARCHS`. The
-    module is compiled here if Taichi runs on ``arch``, else in a child process initialised on it (a few seconds).
+    module is compiled in a child process initialised on ``arch`` (a few seconds), whatever this one runs.
     ``TypeError``/``ValueError`` for another object, arch or an otype that cannot be exported; ``RuntimeError``
     if the compile fails (no device of that arch). The folder's files are written only once all succeeded.
     """
@@ -118,10 +118,7 @@ def export(model, folder, arch: str = "vulkan") -> dict:
     os.makedirs(folder, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         tcm = os.path.join(tmp, "model.tcm")
-        if impl.current_cfg().arch == getattr(ti, arch):
-            archive(spec, tcm)
-        else:
-            _archive_elsewhere(spec, tcm)
+        _archive_elsewhere(spec, tcm)
         meta = {"format": "tinn-deploy", "format_version": FORMAT_VERSION, "arch": arch, "otype": spec["kind"],
                 "n_inputs": spec["n_inputs"], "n_outputs": spec["n_outputs"], "n_instances": spec["n_instances"],
                 "n_params": spec["n_params"], "routed": int(spec["routed"]), "kernel": KERNEL,
