@@ -21,8 +21,9 @@ from ..networks.network import Network
 from ._aot import KERNEL
 
 ARCHS = ("vulkan",)
-"""The archs an export compiles for: those whose AOT modules Taichi's C API loads and that are tested here.
-The C API of taichi 1.7 loads no x64 or CUDA module (its LLVM backends have no AOT loader there)."""
+"""The archs an export compiles for: those whose AOT modules ``tinn_model.h`` runs and the tests check. The C API
+in taichi 1.7.4's wheel creates no x64 or CUDA runtime as installed (it asks for Taichi's runtime bitcode folder,
+``TI_LIB_DIR``), so those archs are not offered; Metal and OpenGL are untested."""
 FORMAT_VERSION = 1
 """model.json's ``format_version``; ``tinn_model.h`` reads this one only (``TINN_MODEL_FORMAT_VERSION``)."""
 
@@ -109,7 +110,7 @@ def export(model, folder, arch: str = "vulkan") -> dict:
                         f"got {type(model).__name__}")
     if arch not in ARCHS:
         raise ValueError(f"tinn.deploy.export: arch {arch!r} is not supported; expected one of {ARCHS} (the Taichi C "
-                         "API of taichi 1.7 loads no x64 or CUDA AOT module)")
+                         "API in the taichi wheel runs no x64 or CUDA module as installed; see docs/deploy.md)")
     model._check_runtime()
     _check_exportable(model)
     spec = spec_of(model, arch)
