@@ -90,6 +90,7 @@ def test_the_wheel_holds_the_configs_and_every_module(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for name in SHIPPED:
         assert f"tinn/configs/{name}.json" in names
+    assert "tinn/deploy/tinn_model.h" in names                     # tinn.deploy's C header
     sources = {os.path.relpath(os.path.join(d, f), ROOT).replace(os.sep, "/")
                for d, _, files in os.walk(os.path.join(ROOT, "tinn")) for f in files if f.endswith((".py", ".json"))}
     assert sources <= names, sorted(sources - names)

@@ -6,7 +6,12 @@
     loss = model.trainer.training_step(x, y)   # x (B, 2), y (B, 3) float32
     y_hat = model.network.inference(x)
 """
+import os as _os
+import sys as _sys
 from importlib import metadata as _metadata
+
+if "-m" in _sys.orig_argv and _sys.orig_argv[_sys.orig_argv.index("-m") + 1:][:1] == ["tinn.deploy"]:
+    _os.environ.setdefault("ENABLE_TAICHI_HEADER_PRINT", "0")    # `python -m tinn.deploy --cflags`: only flags on stdout
 
 from .runtime import parsing as _parsing
 

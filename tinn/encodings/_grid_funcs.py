@@ -4,6 +4,7 @@ and the funcs a user's kernel calls."""
 import types
 
 import taichi as ti
+from taichi.lang.expr import make_constant_expr
 
 PRIMES = (1, 2654435761, 805459861, 3674653429)
 HASHED, DENSE, MODULO = 0, 1, 2          # how a level reduces its vertex index to a table entry
@@ -265,3 +266,21 @@ def level_funcs(D: int, F: int, interp: str, entry_mask: int, any_input: bool = 
         grid_index=grid_index, bounded=bounded, locate=locate, corners=corners, corner_terms=corner_terms, at=at,
         level_features=level_features, level_scatter=level_scatter, level_input_gradient=level_input_gradient,
         level_second_order=level_second_order, row=row, gs_row=gs_row)
+
+
+class ConstantGeometry:
+    """The levels' geometry table (``levels``: rows of scale, resolution, table size, entry offset, ...) as
+    constants: ``table[l]`` in Taichi scope is row ``l`` (a run-time index) chosen among them by ``ti.select``,
+    for kernels that read no field (an AOT module's only data are its ndarray arguments)."""
+
+    def __init__(self, levels):
+        self.rows = [(float(scale), res % 2 ** 32, size, offset) for scale, res, size, offset, *_ in levels]
+
+    def __getitem__(self, l):
+        def pick(column, dtype):
+            value = make_constant_expr(self.rows[0][column], dtype)
+            for i in range(1, len(self.rows)):
+                value = ti.select(l == i, make_constant_expr(self.rows[i][column], dtype), value)
+            return value
+
+        return ti.Struct(scale=pick(0, ti.f32), res=pick(1, ti.u32), size=pick(2, ti.u32), offset=pick(3, ti.u32))

@@ -3,13 +3,14 @@ the permutohedral encoding runs them with its own, ``_permuto_funcs.py``)."""
 import contextlib
 
 import taichi as ti
+from taichi.lang.any_array import AnyArray
 
 from ..runtime.program import is_cpu
 from ..runtime.kernels import ARENA, arena_kernel, specialised
 from ..runtime.memory import FieldTree
 from ..runtime.types import F32_2D, I32_1D
 from . import _grid_block as block
-from ._grid_funcs import DENSE, HASHED, MODULO, level_funcs
+from ._grid_funcs import DENSE, HASHED, MODULO, ConstantGeometry, level_funcs
 
 # Taichi 1.7's CPU backend hands a parallel range to its threads in chunks of 512 iterations (a
 # shorter range runs on one thread, whatever ti.loop_config says), so per-thread work is spread
@@ -107,6 +108,7 @@ class _GridKernels:
                                      for scale, res, entries, offset, _ in levels),
                                (n_workers, K, n) if private else None)
         geometry, private_tables = self._tables[1:]
+        table, constant_geometry = geometry, ConstantGeometry(levels)
         scratch = private_tables and private_tables.field
 
         fn = funcs(D, F, interp, entry_mask, any_input=not checked)    # batches checked on the host: finite
@@ -352,8 +354,11 @@ class _GridKernels:
         # -- one sample inside a user's kernel --------------------------------------
         def sample_funcs(weights, grads, base: int):
             """``(forward, vjp)`` ti.funcs of one sample reading ``weights[k, base + i]``; the vjp scatters
-            dL/dθ into the gradients (``grads``, the store's) atomically unless ``grads`` is None."""
+            dL/dθ into the gradients (``grads``, the store's) atomically unless ``grads`` is None. Weights that
+            are a kernel's ndarray argument make the funcs read the levels' geometry from constants, not from the
+            table's field: such a kernel (``tinn.deploy``'s AOT module) has its arguments as its only data."""
             with_grads = grads is not None
+            geometry = table if not isinstance(weights, AnyArray) else constant_geometry
 
             @ti.func
             def forward(xs, k=0):
