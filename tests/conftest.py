@@ -10,6 +10,14 @@ there by smaller tests). ``TINN_SHARD=i/n`` runs the i-th of n parts of the suit
 pass as n processes side by side: whole test files, dealt longest first to the part with the least time so far,
 by the seconds ``shard_costs.json`` holds for the arch (measured: ``.ci/shard_costs.py``; a file not measured
 counts as the median one).
+
+The default suite (the README's command) runs every check on a covering sample; ``TINN_FULL=1`` runs the full
+suite (what CI runs). A sweep's parameters go through ``sample(items, k)``: all of them in the full suite, an
+evenly spread ``k`` of them (first and last included) otherwise. A whole test marked
+``@pytest.mark.full_only(reason)`` runs in the full suite only. Tests whose work does not depend on
+``TINN_ARCH`` (subprocesses that always start ``ti.cpu``, scans that always start Vulkan, argument parsing)
+carry ``@pytest.mark.arch_independent(reason)`` and run in the CPU pass only. The report says how many tests
+the default suite left out.
 """
 import json
 import os
@@ -21,6 +29,40 @@ import taichi as ti
 from taichi.lang import impl
 
 ARCH = os.environ.get("TINN_ARCH", "cpu")
+FULL = os.environ.get("TINN_FULL") == "1"
+FULL_COMMAND = "TINN_FULL=1 python -m pytest -q tests"
+_LEFT_OUT = pytest.StashKey[int]()
+
+
+def sample(items, k: int = 3, *, keep=None) -> list:
+    """``items`` for ``pytest.mark.parametrize``, every one run in the full suite (``TINN_FULL=1``) and in the
+    default suite only ``k`` evenly spread ones (the first and the last among them), or the indices in
+    ``keep``. The others carry the ``full_only`` mark. An item that is a tuple gives one value per argname
+    (wrap a single argname's tuple value in ``pytest.param`` first)."""
+    items = list(items)
+    n = len(items)
+    if keep is None:
+        keep = {0} if k <= 1 or n <= 1 else {round(i * (n - 1) / (k - 1)) for i in range(min(k, n))}
+    keep = {i % n for i in keep} if n else set()
+    mark = pytest.mark.full_only("a sweep's other values: the default suite runs a spread sample")
+    out = []
+    for i, item in enumerate(items):
+        if i in keep:
+            out.append(item)
+        elif isinstance(item, type(pytest.param(None))):
+            out.append(pytest.param(*item.values, marks=[*item.marks, mark], id=item.id))
+        else:
+            out.append(pytest.param(*(item if isinstance(item, tuple) else (item,)), marks=mark))
+    return out
+
+
+def spread(items, k: int) -> list:
+    """The items ``sample`` would keep by default, or all of them under ``TINN_FULL=1``: for loops inside a
+    test (events, cases, seeds)."""
+    items = list(items)
+    if FULL or len(items) <= k:
+        return items
+    return [items[i] for i in sorted({round(i * (len(items) - 1) / (k - 1)) for i in range(k)})] if k > 1 else items[:1]
 
 
 def pytest_configure(config):
@@ -28,6 +70,10 @@ def pytest_configure(config):
                                        "CPU (x64) backend; skipped on other archs")
     config.addinivalue_line("markers", "long_compile(reason): a test whose kernels compile for minutes through a "
                                        "software Vulkan driver (llvmpipe); skipped on Vulkan unless TINN_LONG_COMPILES=1")
+    config.addinivalue_line("markers", "full_only(reason): runs only in the full suite (TINN_FULL=1, what CI "
+                                       "runs); the default suite covers the same code with a sample")
+    config.addinivalue_line("markers", "arch_independent(reason): the test's work does not depend on TINN_ARCH "
+                                       "(a subprocess that starts its own arch, argument parsing); CPU pass only")
     if not hasattr(ti, ARCH):
         raise pytest.UsageError(f"TINN_ARCH={ARCH!r} is not a Taichi arch")
     ti.init(arch=getattr(ti, ARCH), enable_fallback=False, offline_cache=True, log_level=ti.WARN)
@@ -37,7 +83,22 @@ def pytest_configure(config):
 
 
 def pytest_report_header(config):
-    return f"taichi arch: {impl.current_cfg().arch.name}"
+    suite = "full suite (TINN_FULL=1)" if FULL else f"default suite (the full one: {FULL_COMMAND})"
+    return [f"taichi arch: {impl.current_cfg().arch.name}", f"tinn: {suite}"]
+
+
+def pytest_report_collectionfinish(config, start_path, items):
+    left = config.stash.get(_LEFT_OUT, 0)
+    if left:
+        return f"the default suite leaves out {left} tests of sweeps and loops; all of them: {FULL_COMMAND}"
+    return []
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    left = config.stash.get(_LEFT_OUT, 0)
+    if left:
+        terminalreporter.write_line(f"tinn: {left} tests left out of the default suite (sampled sweeps, long "
+                                    f"loops); to run them all: {FULL_COMMAND}")
 
 
 def _shard():
@@ -65,6 +126,12 @@ def _parts(files, n: int, costs: dict) -> dict:
 
 
 def pytest_collection_modifyitems(config, items):
+    if not FULL:
+        left = [item for item in items if item.get_closest_marker("full_only") is not None]
+        if left:
+            config.hook.pytest_deselected(items=left)
+            items[:] = [item for item in items if item.get_closest_marker("full_only") is None]
+        config.stash[_LEFT_OUT] = len(left)
     shard = _shard()
     if shard is not None:
         i, n = shard
@@ -76,6 +143,11 @@ def pytest_collection_modifyitems(config, items):
             (mine if part[item.nodeid.split("::")[0]] == i - 1 else others).append(item)
         config.hook.pytest_deselected(items=others)
         items[:] = mine
+    for item in items if ARCH != "cpu" else ():
+        mark = item.get_closest_marker("arch_independent")
+        if mark is not None:
+            reason = mark.args[0] if mark.args else mark.kwargs.get("reason", "")
+            item.add_marker(pytest.mark.skip(reason=f"arch-independent, runs in the CPU pass: {reason}"))
     if impl.current_cfg().arch == ti.x64:
         return
     long_compiles = impl.current_cfg().arch == ti.vulkan and os.environ.get("TINN_LONG_COMPILES") != "1"
@@ -87,6 +159,14 @@ def pytest_collection_modifyitems(config, items):
         mark = item.get_closest_marker("long_compile")
         if mark is not None and long_compiles:
             item.add_marker(pytest.mark.skip(reason=f"long compile on Vulkan (TINN_LONG_COMPILES=1 runs it): {mark.args[0]}"))
+
+
+@pytest.fixture
+def device_path(monkeypatch):
+    """Build (and run) models on the device path on any arch (``tinn.runtime.program.FORCE``; on the CPU that
+    is the path a GPU takes, batches on the device)."""
+    from tinn.runtime import program
+    monkeypatch.setattr(program, "FORCE", True)
 
 
 @pytest.fixture

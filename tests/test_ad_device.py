@@ -9,7 +9,6 @@ import pytest
 import taichi as ti
 
 import tinn
-from tinn.runtime import program as _program
 from tinn.runtime import probe as _probe
 
 NET = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1, "activation": "Softplus",
@@ -23,8 +22,8 @@ FORWARD_COPIES = {"_survey": 1, "ndarray_to_ext_arr": 1, "_gather": 1}
 
 
 @pytest.fixture(autouse=True)
-def device_path(monkeypatch):
-    monkeypatch.setattr(_program, "FORCE", True)
+def _on_the_device_path(device_path):
+    """Every test here runs on the device path (conftest's ``device_path``)."""
 
 
 class Program:

@@ -81,9 +81,8 @@ def test_has_bad_finds_non_finite_and_non_positive_values(ops, value, positive, 
 
 
 @pytest.mark.parametrize("kind", ["numpy", "ti.ndarray"])
-def test_validation_is_one_rule_for_both_kinds(kind, monkeypatch):
+def test_validation_is_one_rule_for_both_kinds(kind, device_path):
     """The same messages for a numpy batch and, on the device path, a ti.ndarray one."""
-    monkeypatch.setattr(tinn.runtime.program, "FORCE", True)
     wrap = (lambda x: x) if kind == "numpy" else put
     x = rng.random((8, 3), dtype=np.float32)
     x[5, 1] = np.inf

@@ -32,12 +32,6 @@ on_cpu = impl.current_cfg().arch in (ti.x64, ti.arm64)
 blas_exists = pytest.mark.x64_only("the host BLAS path to compare with runs only on the CPU")
 
 
-@pytest.fixture
-def device_path(monkeypatch):
-    """Build (and run) models on the device path on any arch."""
-    monkeypatch.setattr(_program, "FORCE", True)
-
-
 @contextlib.contextmanager
 def path(device: bool):
     """Run on the device path (``FORCE``) or on the CPU's own path."""

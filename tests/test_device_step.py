@@ -31,11 +31,6 @@ SECOND_ORDER_LAUNCHES = 40
 """A backward_backward_input call of config_hash's model on the CPU-forced device path (its count when written)."""
 
 
-@pytest.fixture
-def device_path(monkeypatch):
-    monkeypatch.setattr(_program, "FORCE", True)
-
-
 def config_hash():
     return load_config("config_hash")
 

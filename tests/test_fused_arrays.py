@@ -16,7 +16,7 @@ from tinn.batch.census import TILE
 from tinn.runtime.probe import counting
 from tinn.networks import _fused_mlp, _kernel_mlp
 from reference import assert_close, mlp_backward_ref, mlp_forward_ref, mlp_shapes, mlp_unflatten, padded, random_weights
-from test_device_path import device_path, use_mlp_kernels   # noqa: F401 (a fixture)
+from test_device_path import use_mlp_kernels
 
 K = 5
 

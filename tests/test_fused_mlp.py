@@ -13,7 +13,7 @@ from tinn.runtime.probe import counting
 from tinn.networks import _fused_layout, _fused_mlp
 from tinn.networks._mlp_plan import FUSED_TILINGS, MLPPlan, thread_tile
 from reference import assert_close
-from test_device_path import device_path, use_mlp_kernels   # noqa: F401 (a fixture)
+from test_device_path import use_mlp_kernels
 
 CONFIG_HASH_PLAN = MLPPlan.build(32, 3, 16, 64, 2, "ReLU", "None")
 """config_hash's MLP: 32 encoded inputs (16 levels x 2 features), 64 neurons x 2 hidden layers, 3 outputs."""

@@ -14,7 +14,7 @@ from tinn.params import FLOAT16_MAX
 from reference import (EncodingRef, assert_close, mlp_backward_ref, mlp_forward_ref, mlp_shapes,
                        mlp_unflatten, padded, smooth_points)
 from test_registry_sweep import ENCODING_CASES, _one_name_per_class, run_funcs
-from test_device_path import device_path, use_mlp_kernels   # noqa: F401 (a fixture)
+from test_device_path import use_mlp_kernels
 
 HALF = impl.current_cfg().arch.name in HALF_ARCHS
 needs_half = pytest.mark.skipif(not HALF, reason="this arch has no float16 fields (tinn refuses float16 there)")

@@ -135,8 +135,7 @@ def test_an_all_zero_device_mask_leaves_everything_untouched(monkeypatch, name):
         np.testing.assert_array_equal(after[key], before[key], err_msg=key)
 
 
-def test_step_takes_no_model_and_checks_active_before_anything(monkeypatch):
-    monkeypatch.setattr(_program, "FORCE", True)
+def test_step_takes_no_model_and_checks_active_before_anything(device_path):
     m, opt = build("Adam")
     with pytest.raises(TypeError, match="allocate"):
         opt.step(m)

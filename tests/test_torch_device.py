@@ -16,7 +16,6 @@ torch = pytest.importorskip("torch", reason="tinn.torch needs torch (pip install
 
 import tinn  # noqa: E402
 import tinn.torch as tt  # noqa: E402
-from tinn.runtime import program as _program
 from tinn.torch import _tensors  # noqa: E402
 from tinn.torch._tensors import DIRECT, HOST, UPLOAD  # noqa: E402
 from test_device_path import _Seam, path  # noqa: E402
@@ -175,12 +174,11 @@ class _HostSeam(_Seam):
 @pytest.mark.x64_only("the device path is forced on the CPU, whose tensors Taichi's kernels address")
 @pytest.mark.parametrize("routed", [False, True])
 @pytest.mark.parametrize("eikonal", [False, True])
-def test_a_torch_training_step_on_the_device_path_stays_there(rng, monkeypatch, routed, eikonal):
+def test_a_torch_training_step_on_the_device_path_stays_there(rng, monkeypatch, device_path, routed, eikonal):
     """Forward, loss (with ``eikonal``: plus an Eikonal term through ``backward_backward_input``), backward
     and a ``torch.optim.Adam`` step of a HashGrid + MLP model or a routed array of them: no tensor passes
     through numpy or the host, no ndarray is read back, no host BLAS; only the loss (and for the array the
     per-network sample counts) comes back."""
-    monkeypatch.setattr(_program, "FORCE", True)
     B = 1 << 14
     model = build(routed=routed)
     assert model.n_params < B
