@@ -80,7 +80,13 @@ static_read(a)
 """
 
 
+SCAN = pytest.mark.arch_independent("the scan starts its own Vulkan process whatever TINN_ARCH is")
+WHOLE_SCAN = pytest.mark.full_only("compiles every kernel of a step through Vulkan with the cache off (minutes); "
+                                   "the probe above checks the scanner in the default suite")
+
+
 @needs_vulkan
+@SCAN
 def test_a_per_thread_array_read_at_run_time_is_found():
     found = {python_name(k): sizes for k, sizes in scan(PROBE_SCRIPT).items()}
     assert found == {"runtime_read": [32], "static_read": []}
@@ -92,6 +98,8 @@ def test_the_grid_kernels_are_found():
 
 
 @needs_vulkan
+@SCAN
+@WHOLE_SCAN
 def test_grid_kernels_keep_no_per_thread_array_in_memory():
     """A training step and an inference of a ``config_hash`` model (3D inputs), the grid's input gradients,
     second order and a routed backward: no grid kernel keeps an array of >= 16 elements."""
@@ -132,6 +140,8 @@ ti.sync()
 
 
 @needs_vulkan
+@SCAN
+@WHOLE_SCAN
 def test_no_fused_mlp_kernel_keeps_a_per_thread_array():
     """The fused MLP's forward and backward (a single network's training step and inference, a routed and a dense
     array's step, a dense array's inference with the grid inside the forward, a routed one with Frequency inside, a
