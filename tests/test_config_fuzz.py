@@ -15,6 +15,10 @@ Non-finite results are excluded from the finiteness check only where they are th
 mathematics, not a bug: Exponential activations (exp of exp overflows float32),
 CrossEntropy and Variance losses (log and division of predictions that may be <= 0), and a
 float key mutated to a huge but valid value (a learning rate of 1e30 overflows float32).
+
+The full suite (``TINN_FULL=1``) runs all ``N_CASES`` cases; the default suite an evenly spread
+``DEFAULT_CASES`` of them. The workers start ``ti.cpu`` whatever ``TINN_ARCH`` is, so the tests run in
+the CPU pass only; they end on end of input, so Taichi writes their kernel cache.
 """
 import json
 import math
@@ -25,10 +29,14 @@ import subprocess
 import sys
 import time
 
+import pytest
+
+from conftest import spread
 from tinn.registry import encodings, losses, networks
 from tinn.networks.activations import NAMES as ACTIVATIONS
 
 SEED, N_CASES, N_WORKERS = 20261124, 300, 2
+DEFAULT_CASES = 24
 CASE_TIMEOUT = 120                  # seconds without an answer: a hang
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz_worker.py")
 
@@ -216,6 +224,14 @@ class Worker:
         self.proc.kill()
         self.proc.wait()
 
+    def close(self):
+        """End of input: the worker returns, and Taichi writes its kernel cache on the way out."""
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=CASE_TIMEOUT)
+        except (OSError, subprocess.TimeoutExpired):
+            self.kill()
+
 
 def run_all(cases):
     """Outcome per case id, with up to ``N_WORKERS`` workers; a dead or hung worker is replaced."""
@@ -246,12 +262,16 @@ def run_all(cases):
                 workers[workers.index(w)] = Worker()
     finally:
         for w in workers:
-            w.kill()
+            w.close()
     return results
 
 
+CPU_WORKERS = pytest.mark.arch_independent("the workers start ti.cpu whatever TINN_ARCH is")
+
+
+@CPU_WORKERS
 def test_config_fuzz():
-    cases = generate()
+    cases = spread(generate(), DEFAULT_CASES)
     results = run_all(cases)
     failures, counts = [], {}
     for case in cases:
@@ -270,7 +290,7 @@ def test_config_fuzz():
     print("slowest:", [(r["id"], r.get("seconds"), r["status"]) for r in slow])
     assert not failures, f"{len(failures)} of {len(cases)} cases failed:\n" + "\n".join(failures)
     unmutated_ok = sum(results[c["id"]]["status"] == "ok" for c in cases if c["mutation"] is None)
-    assert unmutated_ok >= N_CASES // 5, f"only {unmutated_ok} unmutated configs trained: the generator is off"
+    assert unmutated_ok >= len(cases) // 5, f"only {unmutated_ok} unmutated configs trained: the generator is off"
 
 
 def hostile_cases():
@@ -288,6 +308,7 @@ def hostile_cases():
             for i, enc in enumerate(configs)]
 
 
+@CPU_WORKERS
 def test_hostile_values_are_clear_errors():
     cases = hostile_cases()
     results = run_all(cases)
@@ -296,5 +317,5 @@ def test_hostile_values_are_clear_errors():
 
 
 if __name__ == "__main__":                      # python tests/test_config_fuzz.py [N]: run and print outcomes
-    N_CASES = int(sys.argv[1]) if len(sys.argv) > 1 else N_CASES
+    N_CASES = DEFAULT_CASES = int(sys.argv[1]) if len(sys.argv) > 1 else N_CASES
     test_config_fuzz()
