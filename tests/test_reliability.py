@@ -2,8 +2,8 @@
 snapshot load, processes forked after Taichi started, worker threads, and Taichi reset under a torch graph.
 
 Interrupts are injected as a Ctrl-C lands: a ``KeyboardInterrupt`` raised at a Python line event (``sys.settrace``),
-here at every line event of tinn's own code during the call, one call per event (every third on GPU archs:
-``EVERY``)."""
+here at line events of tinn's own code during the call, one call per event: every event in the full suite on the
+CPU, an evenly spread sample otherwise (``EVERY``)."""
 import os
 import pickle
 import select
@@ -17,11 +17,13 @@ from taichi.lang import impl
 import tinn
 from tinn.optimizers.step import STEP_CEILING, STEP_LIMIT
 
+from conftest import FULL
 from interrupts import CFG, Interrupt, batch, full_state, line_events, model, same, weights
 
-EVERY = 1 if impl.current_cfg().arch in (ti.x64, ti.arm64) else 3
-"""Interrupt every line event on the CPU, every third elsewhere (a step through Mesa's software Vulkan driver is
-slow; the CPU pass covers every event)."""
+ON_CPU = impl.current_cfg().arch in (ti.x64, ti.arm64)
+EVERY = 1 if FULL and ON_CPU else 10 if ON_CPU else 25
+"""Interrupt every line event in the full suite on the CPU; every 10th in the default suite, every 25th on other
+archs (a step through Mesa's software Vulkan driver is slow; the CPU pass covers every event)."""
 
 
 # -- 1. step counters ------------------------------------------------------------------------------------
@@ -151,7 +153,7 @@ def test_interrupt_at_every_line_of_a_tape_iteration_leaves_no_hidden_state(kind
     are those before or after the iteration, and the next iteration gives exactly what it gives without the
     interruption. (Every third line, for time: each line of the stage's own code runs in the training step's test
     too; the gradient stage on the CPU only.)"""
-    if kind == "gradient_stage" and EVERY != 1:
+    if kind == "gradient_stage" and not ON_CPU:
         pytest.skip("the gradient stage's iteration through Mesa's software Vulkan driver is too slow")
     x_np, _ = batch()
     runs = []
@@ -192,7 +194,7 @@ def test_interrupt_at_every_line_of_a_tape_iteration_leaves_no_hidden_state(kind
         return trajectory[i]
 
     i = 0
-    for at in range(1, n_events + 1, 3):
+    for at in range(1, n_events + 1, 3 * EVERY):
         assert Interrupt(at).run(step_a)
         got = weights(a)
         if np.array_equal(got, reference(i)):
