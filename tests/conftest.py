@@ -36,14 +36,16 @@ _LEFT_OUT = pytest.StashKey[int]()
 
 def sample(items, k: int = 3, *, keep=None) -> list:
     """``items`` for ``pytest.mark.parametrize``, every one run in the full suite (``TINN_FULL=1``) and in the
-    default suite only ``k`` evenly spread ones (the first and the last among them), or the indices in
-    ``keep``. The others carry the ``full_only`` mark. An item that is a tuple gives one value per argname
-    (wrap a single argname's tuple value in ``pytest.param`` first)."""
+    default suite only ``k`` evenly spread ones (the first and the last among them), or those in ``keep``
+    (values of a single argname, else indices). The others carry the ``full_only`` mark. An item that is a
+    tuple gives one value per argname (wrap a single argname's tuple value in ``pytest.param`` first)."""
     items = list(items)
     n = len(items)
     if keep is None:
         keep = {0} if k <= 1 or n <= 1 else {round(i * (n - 1) / (k - 1)) for i in range(min(k, n))}
-    keep = {i % n for i in keep} if n else set()
+    else:
+        values = [item.values[0] if isinstance(item, type(pytest.param(None))) else item for item in items]
+        keep = {values.index(v) if v in values else v % n for v in keep}
     mark = pytest.mark.full_only("a sweep's other values: the default suite runs a spread sample")
     out = []
     for i, item in enumerate(items):

@@ -3,7 +3,8 @@
 The programs with stages (``tinn.ad``) run on the device path too (``tinn.runtime.program.FORCE``: the stages'
 kernels between the fields and tinn's batches). A block marked ``expect=crash`` shows code that kills the process in Taichi 1.7.4 (an adstack overflow):
 it must still do so, or the guide is out of date. The others assert their own claims (the "wrong" programs
-assert that their gradients are wrong).
+assert that their gradients are wrong). Every program calls ``ti.init(arch=ti.cpu)``: the tests run in the CPU pass
+only; the default suite runs a spread sample of the programs, the full suite (``TINN_FULL=1``) all of them.
 """
 import os
 import re
@@ -11,6 +12,8 @@ import subprocess
 import sys
 
 import pytest
+
+from conftest import sample
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GUIDE = os.path.join(ROOT, "docs", "differentiable_programming.md")
@@ -30,12 +33,15 @@ def stage_snippets():
     return [p for p in snippets() if "tinn.ad." in p.values[0] and not p.values[1]]
 
 
-@pytest.mark.parametrize("code, crashes", snippets())
+pytestmark = pytest.mark.arch_independent("each program starts ti.cpu whatever TINN_ARCH is")
+
+
+@pytest.mark.parametrize("code, crashes", sample(snippets(), 4))
 def test_guide_program(code, crashes, tmp_path):
     run_program(code, crashes, tmp_path)
 
 
-@pytest.mark.parametrize("code, crashes", stage_snippets())
+@pytest.mark.parametrize("code, crashes", sample(stage_snippets(), 1))
 def test_guide_program_with_stages_on_the_device_path(code, crashes, tmp_path):
     run_program(DEVICE_PATH + code, crashes, tmp_path)
 

@@ -13,6 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUITE = os.path.join(ROOT, "benchmarks", "gpu_suite.py")
 PARTS = {"image_1024_float32", "image_profile_1024_float32", "image_1024_float16", "image_profile_1024_float16",
          "torch_image_1024", "arrays", "nerf", "nerf_pytorch", "startup", "tests"}
+pytestmark = pytest.mark.full_only("a chain of benchmark processes (the GPU suite's own check)")
 
 
 @pytest.fixture(scope="module")

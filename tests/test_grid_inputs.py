@@ -22,6 +22,7 @@ import taichi as ti
 import tinn
 from reference import (assert_close, fd_input_gradient, grid_geometry, grid_input_grad_ref, grid_off_boundaries,
                        grid_param_grad_ref, grid_ref, padded)
+from conftest import sample
 from test_encodings import random_params
 
 Case = namedtuple("Case", "type D interpolation F base b log2_T")
@@ -41,6 +42,8 @@ def make_case(grid_type, D, interpolation):
 
 
 CASES = {f"{t}-{D}d-{i}": make_case(t, D, i) for t in TYPES for D in (1, 2, 3, 4) for i in INTERPOLATIONS}
+COVERING = ("Hash-4d-Nearest", "Dense-1d-Smoothstep", "Tiled-2d-Linear", "Dense-3d-Linear")
+"""The default suite's cases: every type, dimension and interpolation at least once (the full suite runs all)."""
 N_LEVELS = 3
 
 
@@ -94,7 +97,7 @@ def finite_inputs(levels, D, rng, n=96):
     return np.concatenate([p.astype(np.float32) for p in parts])
 
 
-@pytest.mark.parametrize("name", compiled(CASES))
+@pytest.mark.parametrize("name", sample(compiled(CASES), keep=COVERING))
 def test_grid_matches_the_uint32_formula_on_finite_inputs(name):
     """Forward, parameter gradient and input gradient equal the reference on out-of-range and boundary inputs."""
     enc, levels, c = encoding(name)
@@ -139,7 +142,7 @@ def level_constant_params(enc, levels, F):
     return theta
 
 
-@pytest.mark.parametrize("name", compiled(CASES))
+@pytest.mark.parametrize("name", sample(compiled(CASES), keep=COVERING))
 def test_grid_beyond_int32_stays_in_each_level(name):
     """Positions beyond int32 (|x| up to 3.4e38, mixed with ordinary coordinates): outputs are finite and read
     only the level's own table; the parameter gradient of each level sums to that level's dL/dy (the corner
@@ -188,10 +191,11 @@ def run_funcs(enc, x, dy):
     return y, dx, enc.gradients()
 
 
-@pytest.mark.parametrize("name", compiled(["Hash-1d-Linear", "Hash-2d-Smoothstep", "Hash-3d-Nearest", "Hash-4d-Linear",
-                                           "Dense-1d-Smoothstep", "Dense-2d-Nearest", "Dense-3d-Linear",
-                                           "Dense-4d-Smoothstep", "Tiled-1d-Nearest", "Tiled-2d-Linear",
-                                           "Tiled-3d-Smoothstep", "Tiled-4d-Nearest"]))
+@pytest.mark.parametrize("name", sample(compiled(["Hash-1d-Linear", "Hash-2d-Smoothstep", "Hash-3d-Nearest",
+                                                  "Hash-4d-Linear", "Dense-1d-Smoothstep", "Dense-2d-Nearest",
+                                                  "Dense-3d-Linear", "Dense-4d-Smoothstep", "Tiled-1d-Nearest",
+                                                  "Tiled-2d-Linear", "Tiled-3d-Smoothstep", "Tiled-4d-Nearest"]),
+                                         keep=("Hash-2d-Smoothstep", "Dense-3d-Linear", "Tiled-1d-Nearest")))
 def test_grid_funcs_on_finite_inputs(name):
     """The per-sample func / backward_func equal the reference on out-of-range inputs too, and stay in each
     level's table beyond int32."""
@@ -244,6 +248,8 @@ print("trained")
 """
 
 
+@pytest.mark.arch_independent("the subprocess starts ti.cpu whatever TINN_ARCH is")
+@pytest.mark.full_only("a cold process training a hash grid; the in-process tests check the same inputs' values")
 def test_training_on_out_of_range_inputs_in_a_subprocess():
     """Training steps on inputs far outside [0, 1] (a crash would kill pytest, so they run in a child process)."""
     config = "config_hash"
