@@ -10,6 +10,7 @@ import taichi as ti
 
 import tinn
 from tinn.runtime import program as _program
+from conftest import sample
 
 R, S, DT = 24, 8, 0.05
 NET = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 2, "activation": "Tanh",
@@ -17,10 +18,10 @@ NET = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 2, "activat
 SMOOTH = {"otype": "Frequency", "n_frequencies": 2}
 
 
-@pytest.fixture(autouse=True, params=["host", "device"])
+@pytest.fixture(autouse=True, params=sample(["host", "device"], keep=["host"]))
 def path(request, monkeypatch):
-    """Every test runs on the CPU's own path and on the device path (kernels between the fields and tinn's
-    batches, ``tinn.runtime.program.FORCE``)."""
+    """Every test runs on the CPU's own path and, in the full suite, on the device path too (kernels between the
+    fields and tinn's batches, ``tinn.runtime.program.FORCE``; test_ad_device.py runs stages there by default)."""
     monkeypatch.setattr(_program, "FORCE", request.param == "device")
     return request.param
 

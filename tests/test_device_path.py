@@ -27,6 +27,7 @@ from tinn.batch.routing import TILE, Routing
 from reference import (assert_close, mlp_backward_ref, mlp_forward_ref, mlp_second_order_ref, mlp_shapes,
                        mlp_unflatten, padded, random_weights)
 from tinn.networks.activations import NAMES
+from conftest import sample
 
 on_cpu = impl.current_cfg().arch in (ti.x64, ti.arm64)
 blas_exists = pytest.mark.x64_only("the host BLAS path to compare with runs only on the CPU")
@@ -79,7 +80,7 @@ MLPS = [(n_in, out, width, depth) for n_in, out, width, depth in [
 
 
 @blas_exists
-@pytest.mark.parametrize("n_in, n_out, width, depth", MLPS)
+@pytest.mark.parametrize("n_in, n_out, width, depth", sample(MLPS, 3))
 def test_kernel_mlp_equals_blas_for_every_width_and_depth(rng, monkeypatch, n_in, n_out, width, depth):
     cfg = {"otype": "FullyFusedMLP", "n_neurons": width, "n_hidden_layers": depth}
     host, device = pair(lambda: tinn.create_network(n_in, n_out, cfg), monkeypatch)
@@ -124,7 +125,7 @@ def use_mlp_kernels(monkeypatch, mlp_kernels: str):
 
 
 @pytest.mark.parametrize("mlp_kernels, n_in, n_out, width, depth, act, out_act",
-                         [("kernels",) + c for c in CONFIGS] + [("fused",) + c for c in CONFIGS[:2]])
+                         sample([("kernels",) + c for c in CONFIGS] + [("fused",) + c for c in CONFIGS[:2]], 3))
 def test_device_mlp_equals_the_reference(rng, monkeypatch, device_path, mlp_kernels, n_in, n_out, width, depth,
                                          act, out_act):
     """Outputs, dL/dx and dL/dW of the per-layer kernels, or of the fused shared-memory kernels (forced
@@ -238,9 +239,9 @@ def compare_second_order(host, device, x, v, dy, instance=None, tol=1e-4):
 
 
 @blas_exists
-@pytest.mark.parametrize("order", [1, 2])
+@pytest.mark.parametrize("order", sample([1, 2], keep=[1]))
 @pytest.mark.parametrize("activation", NAMES)
-@pytest.mark.parametrize("output_activation", ["None", "Sigmoid", "Sine"])
+@pytest.mark.parametrize("output_activation", sample(["None", "Sigmoid", "Sine"], keep=["None"]))
 def test_kernel_mlp_equals_blas_for_every_activation(rng, monkeypatch, order, activation, output_activation):
     """First order (outputs, dL/dx, dL/dW) or second order (backward_backward_input) of both paths."""
     cfg = {"otype": "CutlassMLP", "n_neurons": 16, "n_hidden_layers": 2, "activation": activation,
@@ -255,7 +256,7 @@ def test_kernel_mlp_equals_blas_for_every_activation(rng, monkeypatch, order, ac
 
 
 @blas_exists
-@pytest.mark.parametrize("n_in, n_out, width, depth", [MLPS[i] for i in (0, 1, 3, 5, 7)])
+@pytest.mark.parametrize("n_in, n_out, width, depth", sample([MLPS[i] for i in (0, 1, 3, 5, 7)], 2))
 def test_kernel_second_order_equals_blas_for_widths_and_depths(rng, monkeypatch, n_in, n_out, width, depth):
     cfg = {"otype": "FullyFusedMLP", "n_neurons": width, "n_hidden_layers": depth, "activation": "Softplus",
            "output_activation": "Tanh"}
@@ -286,6 +287,8 @@ def test_kernel_second_order_equals_blas_for_network_arrays(rng, monkeypatch, ro
 
 
 @blas_exists
+@pytest.mark.full_only("a hash grid model's second-order kernels, compiled twice (test_second_order checks the "
+                       "grid model's second order against finite differences by default)")
 def test_kernel_second_order_through_a_hash_grid_equals_blas(rng, monkeypatch):
     """NetworkWithInputEncoding: the MLP's two halves around the grid's second order, on device batches."""
     enc = {"otype": "HashGrid", "n_levels": 4, "log2_hashmap_size": 12, "base_resolution": 4}
@@ -302,7 +305,7 @@ def test_kernel_second_order_through_a_hash_grid_equals_blas(rng, monkeypatch):
     compare_second_order(host, device, x, v, dy, tol=2e-4)
 
 
-@pytest.mark.parametrize("mlp_kernels, n_instances", [("kernels", 1), ("kernels", 3), ("fused", 1)])
+@pytest.mark.parametrize("mlp_kernels, n_instances", sample([("kernels", 1), ("kernels", 3), ("fused", 1)], 2))
 def test_device_second_order_equals_the_reference(monkeypatch, device_path, mlp_kernels, n_instances):
     """dL2/d(dL_dy), dL2/dx and dL2/dW of the device path (per-layer kernels, routed over an array, or after
     a pass of the fused kernels) against float64 NumPy (finite differences of the reference backward); the
@@ -632,7 +635,7 @@ def test_an_encoding_keeps_a_device_batch_on_the_device(monkeypatch, device_path
 
 
 @blas_exists
-@pytest.mark.parametrize("name", list(ENCODINGS))
+@pytest.mark.parametrize("name", sample(ENCODINGS, 4))
 def test_an_encoding_on_the_device_path_equals_the_host_path(name):
     """Every pass of a ti.ndarray batch on the device path (FORCE) against the same numpy batch on the
     host path: outputs, input and parameter gradients, and second order."""

@@ -6,6 +6,8 @@ import sys
 import numpy as np
 import pytest
 
+from conftest import sample
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
@@ -43,10 +45,10 @@ def test_pixel_centres_reproduce_the_image(rng):
     np.testing.assert_allclose(rgb.reshape(image.shape), image, atol=2e-6)
 
 
-@pytest.mark.parametrize("script, args", [
+@pytest.mark.parametrize("script, args", sample([
     ("mlp_learning_an_image.py", ["--steps", "2", "--batch", "4096"]),
     ("network_array_image.py", ["--seconds", "1", "--tiles", "4", "--batch", "4096"]),
-])
+], keep=[0]))
 def test_example_runs(tmp_path, script, args):
     arch = ["--arch", os.environ["TINN_ARCH"]] if "TINN_ARCH" in os.environ else []
     result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", script), *args, *arch, "--out", str(tmp_path)],
@@ -72,6 +74,10 @@ def test_image_example_help_documents_every_argument_before_taichi_starts():
         assert len(line.split()) > 2, f"{argument} is not documented: {line!r}"
 
 
+ARGUMENTS_ONLY = pytest.mark.arch_independent("argument and config checks before Taichi starts")
+
+
+@ARGUMENTS_ONLY
 @pytest.mark.parametrize("args, message", [
     (["--steps", "0"], "--steps: must be a positive integer"),
     (["--steps", "-3"], "--steps: must be a positive integer"),
@@ -92,6 +98,7 @@ def test_image_example_argument_errors_are_one_line(args, message, tmp_path):
     assert "[Taichi]" not in result.stdout                   # refused before Taichi starts
 
 
+@ARGUMENTS_ONLY
 @pytest.mark.parametrize("text, message", [('{"network": ', "invalid JSON at line 1"),
                                            ('{"network": {"n_neurons": "64"}}', "key 'n_neurons'")],
                          ids=["unparsable", "bad-value"])

@@ -16,7 +16,7 @@ from tinn.runtime.probe import counting
 from tinn.networks import _kernel_mlp
 from compiles import compilations
 from reference import assert_close, mlp_backward_ref, mlp_forward_ref, mlp_shapes, mlp_unflatten, padded, random_weights
-from test_device_path import device_path, use_mlp_kernels   # noqa: F401 (a fixture)
+from test_device_path import use_mlp_kernels
 
 MLP_KERNELS = {name for name, f in vars(_kernel_mlp).items() if hasattr(f, "_primal")}
 """The per-layer kernels of the device path."""

@@ -7,6 +7,7 @@ import pytest
 import taichi as ti
 
 import tinn
+from conftest import sample
 from reference import EncodingRef, fd_input_gradient, mlp_forward_ref, mlp_shapes, mlp_unflatten, smooth_points
 
 NET = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 2, "activation": "Tanh",
@@ -104,9 +105,9 @@ def reference_model(model, enc_cfg):
     return f, enc
 
 
-@pytest.mark.parametrize("enc_cfg", [GRID, {"otype": "Frequency", "n_frequencies": 3},
-                                     {"otype": "Identity", "scale": 0.5, "offset": 0.1}], ids=["HashGrid", "Frequency",
-                                                                                            "Identity"])
+@pytest.mark.parametrize("enc_cfg", sample([GRID, {"otype": "Frequency", "n_frequencies": 3},
+                                            {"otype": "Identity", "scale": 0.5, "offset": 0.1}], keep=[0]),
+                         ids=["HashGrid", "Frequency", "Identity"])
 def test_jacobian_func_against_finite_differences(enc_cfg, rng):
     model = tinn.NetworkWithInputEncoding(3, 2, enc_cfg, NET)
     p = model.params()

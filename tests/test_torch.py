@@ -8,6 +8,8 @@ import sys
 import numpy as np
 import pytest
 
+from conftest import sample
+
 torch = pytest.importorskip("torch", reason="tinn.torch needs torch (pip install -e '.[test]' installs it)")
 
 import tinn  # noqa: E402
@@ -94,7 +96,7 @@ def test_attributes_hyperparams_and_repr():
     tt.free_temporary_memory()
 
 
-@pytest.mark.parametrize("batch", [1, 7, 300])
+@pytest.mark.parametrize("batch", sample([1, 7, 300], keep=[1]))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 def test_outputs_equal_native_inference_in_the_input_dtype(rng, batch, dtype):
     model = tt.NetworkWithInputEncoding(3, 2, HASH, NET)
@@ -112,7 +114,7 @@ def test_outputs_equal_native_inference_in_the_input_dtype(rng, batch, dtype):
             tt.Encoding(3, HASH, dtype=torch.float16)
 
 
-@pytest.mark.parametrize("family", sorted(ENCODINGS))
+@pytest.mark.parametrize("family", sample(sorted(ENCODINGS), 3))
 def test_model_gradients_match_finite_differences(x, family):
     torch.manual_seed(0)
     model = tt.NetworkWithInputEncoding(3, 2, ENCODINGS[family], SMOOTH_NET)
@@ -315,6 +317,7 @@ print("done")
 '''
 
 
+@pytest.mark.full_only("a cold process importing torch; tests/clients run tinycudann-style scripts in process")
 def test_a_tinycudann_script_runs_with_only_the_import_replaced(tmp_path):
     script = tmp_path / "tcnn_user.py"
     script.write_text(TCNN_SCRIPT.replace("import tinycudann as tcnn", "import tinn.torch as tcnn"))
