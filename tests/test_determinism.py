@@ -4,7 +4,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.arch_independent("the training processes start ti.cpu whatever TINN_ARCH is")
 
 TRAIN = """
     import hashlib

@@ -151,6 +151,10 @@ def _run(code):
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300)
 
 
+CPU_PROCESS = pytest.mark.arch_independent("a subprocess that starts ti.cpu whatever TINN_ARCH is")
+
+
+@CPU_PROCESS
 def test_import_does_not_init_and_use_before_init_is_explained():
     result = _run("""
         from taichi.lang import impl
@@ -165,6 +169,7 @@ def test_import_does_not_init_and_use_before_init_is_explained():
     assert "ERR" in result.stdout and "ti.init" in result.stdout
 
 
+@CPU_PROCESS
 def test_use_after_reinit_raises_instead_of_crashing():
     result = _run("""
         import numpy as np, taichi as ti, tinn
@@ -185,6 +190,7 @@ def test_use_after_reinit_raises_instead_of_crashing():
     assert result.stdout.count("RESET") == 3
 
 
+@CPU_PROCESS
 @pytest.mark.parametrize("arch", ["cpu", "device path"])
 def test_a_ti_ndarray_from_before_reinit_raises_instead_of_crashing(arch):
     """A batch or ids held in a ti.ndarray made before ti.init was called again (its memory freed) is

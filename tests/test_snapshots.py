@@ -275,6 +275,7 @@ def test_a_header_nested_too_deep_is_a_value_error(trained, tmp_path):
 
 
 # -- re-init under a torch graph -----------------------------------------------------------------------------------
+@pytest.mark.arch_independent("a subprocess that starts ti.cpu whatever TINN_ARCH is")
 def test_torch_backward_after_ti_reset_raises_runtime_reset_error():
     pytest.importorskip("torch")
     code = textwrap.dedent("""
