@@ -163,6 +163,31 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=f"long compile on Vulkan (TINN_LONG_COMPILES=1 runs it): {mark.args[0]}"))
 
 
+# -- canonical small configs: files that share them share their kernels in one process --------------------------
+SMALL_GRID = {"otype": "HashGrid", "n_levels": 2, "n_features_per_level": 2, "log2_hashmap_size": 6, "base_resolution": 4,
+              "per_level_scale": 2.0}
+"""Two levels, the finer one hashed (2^6 entries): a grid that compiles fast and still exercises hashing."""
+SMALL_NET = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1}
+"""One hidden layer of 16 (ReLU, no output activation)."""
+SMOOTH_NET = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 2, "activation": "Tanh",
+              "output_activation": "None"}
+"""Smooth everywhere: for finite differences and second order."""
+SMOOTH_ENCODING = {"otype": "Frequency", "n_frequencies": 2}
+"""A smooth encoding without parameters."""
+SMALL_CONFIG = {"encoding": SMALL_GRID, "network": SMALL_NET, "loss": {"otype": "L2"},
+                "optimizer": {"otype": "Adam", "learning_rate": 1e-2}}
+"""A whole model: ``tinn.create_from_config(2, 3, SMALL_CONFIG)``."""
+
+
+@pytest.fixture(scope="session")
+def small_model():
+    """``NetworkWithInputEncoding(2, 3, SMALL_GRID, SMALL_NET)``, one for the session: for tests that only read
+    it (inference, passes, which overwrite its gradients, and checks that refuse bad input before anything
+    changes). A test that trains or writes parameters builds its own."""
+    import tinn
+    return tinn.NetworkWithInputEncoding(2, 3, SMALL_GRID, SMALL_NET)
+
+
 @pytest.fixture
 def device_path(monkeypatch):
     """Build (and run) models on the device path on any arch (``tinn.runtime.program.FORCE``; on the CPU that

@@ -10,12 +10,11 @@ import taichi as ti
 
 import tinn
 from tinn.runtime import program as _program
-from conftest import sample
+from conftest import SMALL_GRID, SMOOTH_ENCODING, SMOOTH_NET, sample
 
 R, S, DT = 24, 8, 0.05
-NET = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 2, "activation": "Tanh",
-       "output_activation": "None"}
-SMOOTH = {"otype": "Frequency", "n_frequencies": 2}
+NET = SMOOTH_NET
+SMOOTH = SMOOTH_ENCODING
 
 
 @pytest.fixture(autouse=True, params=sample(["host", "device"], keep=["host"]))
@@ -363,8 +362,7 @@ def test_gradient_stage_with_routing_and_a_mask_and_one_adam_step(rng):
 
 
 # ---- the gradient stage's forward: dL/dx alone, tcnn's GradientMode::Ignore ----
-GRID = {"otype": "HashGrid", "n_levels": 2, "n_features_per_level": 2, "base_resolution": 4, "per_level_scale": 2.0,
-        "log2_hashmap_size": 6}
+GRID = SMALL_GRID
 INPUT_GRADIENT_CASES = {
     "grid and MLP, two networks": lambda: tinn.NetworkWithInputEncoding(3, 1, GRID, EIK_NET, n_instances=2),
     "composite with a grid": lambda: tinn.create_encoding(3, {"otype": "Composite", "nested": [

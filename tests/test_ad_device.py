@@ -9,11 +9,12 @@ import pytest
 import taichi as ti
 
 import tinn
+from conftest import SMOOTH_ENCODING
 from tinn.runtime import probe as _probe
 
 NET = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1, "activation": "Softplus",
        "output_activation": "None"}
-ENCODING = {"otype": "Frequency", "n_frequencies": 2}
+ENCODING = SMOOTH_ENCODING
 K = 4
 SURVEY = 4
 """Counters a stage call reads back: elements taken, the ids' least and greatest, the first non-finite element."""

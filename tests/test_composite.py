@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 import tinn
+from conftest import SMALL_GRID
 from reference import (EncodingRef, assert_close, fd_input_gradient, mlp_backward_ref, mlp_forward_ref, mlp_shapes,
                        mlp_unflatten, padded, random_weights, smooth_points)
 
-GRID = {"otype": "HashGrid", "n_levels": 2, "n_features_per_level": 2, "log2_hashmap_size": 6, "base_resolution": 4,
-        "per_level_scale": 2.0}
+GRID = SMALL_GRID
 
 
 # ---------------------------------------------------------------------------------------------

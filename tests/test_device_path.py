@@ -27,7 +27,7 @@ from tinn.batch.routing import TILE, Routing
 from reference import (assert_close, mlp_backward_ref, mlp_forward_ref, mlp_second_order_ref, mlp_shapes,
                        mlp_unflatten, padded, random_weights)
 from tinn.networks.activations import NAMES
-from conftest import sample
+from conftest import SMALL_GRID, sample
 
 on_cpu = impl.current_cfg().arch in (ti.x64, ti.arm64)
 blas_exists = pytest.mark.x64_only("the host BLAS path to compare with runs only on the CPU")
@@ -567,8 +567,7 @@ def test_a_training_step_with_any_encoding_stays_on_the_device(rng, monkeypatch,
     assert_steps_stay_on_the_device(model, n_in, rng, monkeypatch)
 
 
-GRID = {"otype": "HashGrid", "n_levels": 2, "n_features_per_level": 2, "log2_hashmap_size": 6, "base_resolution": 4,
-        "per_level_scale": 2.0}
+GRID = SMALL_GRID
 
 ENCODINGS = {
     # name: (n_input_dims, config, alignment), one per otype (test_encodings, test_composite, test_second_order)

@@ -8,14 +8,14 @@ import pytest
 import taichi as ti
 
 import tinn
+from conftest import SMALL_GRID, SMALL_NET
 
-ENC = {"otype": "HashGrid", "n_levels": 2, "log2_hashmap_size": 8, "base_resolution": 4}
-NET = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1}
+ENC, NET = SMALL_GRID, SMALL_NET
 
 
-@pytest.fixture(scope="module")
-def model():
-    return tinn.NetworkWithInputEncoding(2, 3, ENC, NET)
+@pytest.fixture
+def model(small_model):
+    return small_model
 
 
 def test_inputs_of_the_wrong_type_shape_or_dtype(model):

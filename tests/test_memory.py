@@ -13,10 +13,10 @@ import pytest
 import taichi as ti
 
 import tinn
-from conftest import FULL
+from conftest import FULL, SMALL_NET
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-NET = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1}
+NET = SMALL_NET
 GRID = {"otype": "HashGrid", "n_levels": 4, "log2_hashmap_size": 10, "base_resolution": 4}
 PRELUDE = f"""
 import gc, json, sys, warnings

@@ -12,14 +12,14 @@ import pytest
 import taichi as ti
 
 import tinn
+from conftest import SMALL_GRID
 from tinn.batch import buffers as _buffers
 from tinn.runtime import program as _program
 from tinn.runtime.probe import counting
 from tinn.registry import optimizers
 
 K = 3
-ENCODING = {"otype": "HashGrid", "n_levels": 2, "n_features_per_level": 2, "log2_hashmap_size": 6,
-            "base_resolution": 4}
+ENCODING = SMALL_GRID
 NETWORK = {"otype": "CutlassMLP", "n_neurons": 16, "n_hidden_layers": 1}
 MASKS = [[1, 1, 1], [0, 1, 0], [1, 0, 1], [1, 1, 1], [0, 1, 1], [1, 1, 0]]
 ADAM = {"otype": "Adam", "learning_rate": 1e-2}

@@ -7,11 +7,10 @@ import pytest
 import taichi as ti
 
 import tinn
-from conftest import sample
+from conftest import SMOOTH_NET, sample
 from reference import EncodingRef, fd_input_gradient, mlp_forward_ref, mlp_shapes, mlp_unflatten, smooth_points
 
-NET = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 2, "activation": "Tanh",
-       "output_activation": "None"}
+NET = SMOOTH_NET
 GRID = {"otype": "HashGrid", "n_levels": 4, "n_features_per_level": 2, "log2_hashmap_size": 8,
         "base_resolution": 4, "per_level_scale": 1.5}
 AVERAGING = {

@@ -4,9 +4,9 @@ import pytest
 import taichi as ti
 
 import tinn
-from conftest import sample
+from conftest import SMOOTH_NET, sample
 
-NET = {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 2, "activation": "Tanh"}
+NET = SMOOTH_NET
 ENCODINGS = {
     "HashGrid": {"otype": "HashGrid", "n_levels": 4, "log2_hashmap_size": 8, "base_resolution": 4},
     "Frequency": {"otype": "Frequency", "n_frequencies": 3},
