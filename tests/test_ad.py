@@ -4,6 +4,9 @@ The program: kernel A moves sample points by a user parameter ``offset``; the st
 network; kernel B composites ``tau_r = Σ_j scale · softplus(raw_rj) dt`` (one sample per parallel
 iteration, the AD-safe form); kernel C takes pixel = 1 − exp(−tau) and the mean squared error.
 """
+import functools
+import types
+
 import numpy as np
 import pytest
 import taichi as ti
@@ -34,20 +37,57 @@ def np_softplus(v):
     return np.maximum(v, 0) + np.log1p(np.exp(-np.abs(v)))
 
 
+@functools.cache
+def _program_fields():
+    """The program's fields and kernels, made once for the module (R rays of S samples): each ``Program`` sets
+    their values, so its kernels (and Taichi's field helpers) compile once."""
+    f = types.SimpleNamespace(
+        o=ti.Vector.field(2, ti.f32, R), d=ti.Vector.field(2, ti.f32, R),
+        offset=ti.Vector.field(2, ti.f32, (), needs_grad=True), scale=ti.field(ti.f32, (), needs_grad=True),
+        pts=ti.Vector.field(2, ti.f32, (R, S), needs_grad=True), raw=ti.Vector.field(1, ti.f32, (R, S), needs_grad=True),
+        tau=ti.field(ti.f32, R, needs_grad=True), pixel=ti.field(ti.f32, R, needs_grad=True),
+        target=ti.field(ti.f32, R), loss=ti.field(ti.f32, (), needs_grad=True))
+    o, d, offset, scale, pts, raw, tau, pixel, target, loss = (
+        f.o, f.d, f.offset, f.scale, f.pts, f.raw, f.tau, f.pixel, f.target, f.loss)
+
+    @ti.kernel
+    def reset():                           # the Tape zeroes .grad fields, not the values accumulated into
+        for r in tau:
+            tau[r] = 0.0
+            if r == 0:
+                loss[None] = 0.0
+
+    @ti.kernel
+    def sample_points():
+        for r, j in pts:
+            pts[r, j] = o[r] + offset[None] + (j + 0.5) * DT * d[r]
+
+    @ti.kernel
+    def composite():
+        for r, j in raw:
+            v = raw[r, j][0]
+            tau[r] += scale[None] * (ti.max(v, 0.0) + ti.log(1.0 + ti.exp(-ti.abs(v)))) * DT
+
+    @ti.kernel
+    def finish():
+        for r in pixel:
+            pixel[r] = 1.0 - ti.exp(-tau[r])
+            loss[None] += (pixel[r] - target[r]) ** 2 / R
+
+    f.kernels = reset, sample_points, composite, finish
+    return f
+
+
 class Program:
-    """The user's program: fields and kernels, with the network as a tinn.ad stage."""
+    """The user's program: fields and kernels, with the network as a tinn.ad stage (one program at a time: the
+    fields are the module's)."""
 
     def __init__(self, network, rng, instance=None, mask=None):
-        self.o = ti.Vector.field(2, ti.f32, R)
-        self.d = ti.Vector.field(2, ti.f32, R)
-        self.offset = ti.Vector.field(2, ti.f32, (), needs_grad=True)
-        self.scale = ti.field(ti.f32, (), needs_grad=True)
-        self.pts = ti.Vector.field(2, ti.f32, (R, S), needs_grad=True)
-        self.raw = ti.Vector.field(1, ti.f32, (R, S), needs_grad=True)
-        self.tau = ti.field(ti.f32, R, needs_grad=True)
-        self.pixel = ti.field(ti.f32, R, needs_grad=True)
-        self.target = ti.field(ti.f32, R)
-        self.loss = ti.field(ti.f32, (), needs_grad=True)
+        f = _program_fields()
+        self.o, self.d, self.offset, self.scale, self.pts, self.raw = f.o, f.d, f.offset, f.scale, f.pts, f.raw
+        self.tau, self.pixel, self.target, self.loss, self.kernels = f.tau, f.pixel, f.target, f.loss, f.kernels
+        for field in (self.pts, self.raw, self.tau, self.pixel, self.loss):     # as new: a masked sample's raw is 0
+            field.fill(0)
         self.o.from_numpy(rng.uniform(0.2, 0.4, (R, 2)).astype(np.float32))
         a = rng.uniform(0, 2 * np.pi, R)
         self.d.from_numpy(np.stack([np.cos(a), np.sin(a)], -1).astype(np.float32))
@@ -56,34 +96,6 @@ class Program:
         self.offset[None] = [0.01, -0.02]
         self.network = network
         self.stage = tinn.ad.stage(network, self.pts, self.raw, instance=instance, mask=mask)
-        o, d, offset, scale, pts, raw, tau, pixel, target, loss = (
-            self.o, self.d, self.offset, self.scale, self.pts, self.raw, self.tau, self.pixel, self.target, self.loss)
-
-        @ti.kernel
-        def reset():                           # the Tape zeroes .grad fields, not the values accumulated into
-            for r in tau:
-                tau[r] = 0.0
-                if r == 0:
-                    loss[None] = 0.0
-
-        @ti.kernel
-        def sample_points():
-            for r, j in pts:
-                pts[r, j] = o[r] + offset[None] + (j + 0.5) * DT * d[r]
-
-        @ti.kernel
-        def composite():
-            for r, j in raw:
-                v = raw[r, j][0]
-                tau[r] += scale[None] * (ti.max(v, 0.0) + ti.log(1.0 + ti.exp(-ti.abs(v)))) * DT
-
-        @ti.kernel
-        def finish():
-            for r in pixel:
-                pixel[r] = 1.0 - ti.exp(-tau[r])
-                loss[None] += (pixel[r] - target[r]) ** 2 / R
-
-        self.kernels = reset, sample_points, composite, finish
 
     def run(self):
         """The whole program (forward only outside a Tape); returns the loss."""
