@@ -78,6 +78,7 @@ def _run(tmp_path, *args):
 
 @CPU_ONLY
 @NO_CUDA
+@pytest.mark.full_only("a cold process training tcnn's sample; the mapping's own tests run by default")
 def test_tcnns_own_pytorch_sample_trains_unchanged_with_device_cpu(tmp_path):
     """11 steps at tcnn's batch of 2^16: its loss falls (about 30 -> 0.5) and its final picture is closer to
     the reference than its first one (still far: about 6 dB against 5.6); it writes only into its working

@@ -77,6 +77,7 @@ def test_data_parallel_on_two_processes_equals_one_process(tmp_path, one_torch_t
     np.testing.assert_allclose(two, train_in_one_process(0), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.full_only("a second pair of torchrun processes; the data-parallel test checks the same launch by default")
 def test_instance_sharded_array_on_two_processes_equals_one_process(tmp_path, one_torch_thread):
     two = run_example(tmp_path, 2, "--instances", "3")            # ranks own networks [0, 1) and [1, 3)
     one = train_in_one_process(3)
