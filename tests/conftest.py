@@ -32,6 +32,7 @@ ARCH = os.environ.get("TINN_ARCH", "cpu")
 FULL = os.environ.get("TINN_FULL") == "1"
 FULL_COMMAND = "TINN_FULL=1 python -m pytest -q tests"
 _LEFT_OUT = pytest.StashKey[int]()
+_PARAM = type(pytest.param(None))
 
 
 def sample(items, k: int = 3, *, keep=None) -> list:
@@ -44,14 +45,17 @@ def sample(items, k: int = 3, *, keep=None) -> list:
     if keep is None:
         keep = {0} if k <= 1 or n <= 1 else {round(i * (n - 1) / (k - 1)) for i in range(min(k, n))}
     else:
-        values = [item.values[0] if isinstance(item, type(pytest.param(None))) else item for item in items]
+        values = [item.values[0] if isinstance(item, _PARAM) else item for item in items]
+        unknown = [v for v in keep if v not in values and not isinstance(v, int)]
+        if unknown:
+            raise ValueError(f"sample: keep names {unknown}, not among the items")
         keep = {values.index(v) if v in values else v % n for v in keep}
     mark = pytest.mark.full_only("a sweep's other values: the default suite runs a spread sample")
     out = []
     for i, item in enumerate(items):
         if i in keep:
             out.append(item)
-        elif isinstance(item, type(pytest.param(None))):
+        elif isinstance(item, _PARAM):
             out.append(pytest.param(*item.values, marks=[*item.marks, mark], id=item.id))
         else:
             out.append(pytest.param(*(item if isinstance(item, tuple) else (item,)), marks=mark))
