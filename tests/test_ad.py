@@ -44,7 +44,8 @@ def _program_fields():
     f = types.SimpleNamespace(
         o=ti.Vector.field(2, ti.f32, R), d=ti.Vector.field(2, ti.f32, R),
         offset=ti.Vector.field(2, ti.f32, (), needs_grad=True), scale=ti.field(ti.f32, (), needs_grad=True),
-        pts=ti.Vector.field(2, ti.f32, (R, S), needs_grad=True), raw=ti.Vector.field(1, ti.f32, (R, S), needs_grad=True),
+        pts=ti.Vector.field(2, ti.f32, (R, S), needs_grad=True),
+        raw=ti.Vector.field(1, ti.f32, (R, S), needs_grad=True),
         tau=ti.field(ti.f32, R, needs_grad=True), pixel=ti.field(ti.f32, R, needs_grad=True),
         target=ti.field(ti.f32, R), loss=ti.field(ti.f32, (), needs_grad=True))
     o, d, offset, scale, pts, raw, tau, pixel, target, loss = (
