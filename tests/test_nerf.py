@@ -171,7 +171,8 @@ def tiny_scene_run(tmp_path, *args):
 
 
 @pytest.mark.long_compile("the example's stages and renderer, compiled through llvmpipe, then 100 steps")
-@pytest.mark.full_only("the example's 100 training steps; its stages, renderer and arguments are checked above and below")
+@pytest.mark.full_only("the example's 100 training steps; its stages, renderer and arguments are checked above "
+                       "and below")
 @pytest.mark.parametrize("instances", ["1", "8"])
 def test_nerf_example_learns_a_tiny_scene(tmp_path, instances):
     no_render = ["--no-render"] if instances == "8" else []          # the turntable is skipped
