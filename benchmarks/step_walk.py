@@ -6,7 +6,8 @@ Traces (``sys.settrace``) a warm call of each kind on the CPU, with a routed net
 ``config_hash`` model (K = 4, batch 1024): a training step on the host path, the same step of ``ti.ndarray`` batches on the
 device path (forced on the CPU), and an inference. ``files``: the distinct files of ``tinn/`` whose lines ran; ``moves``:
 consecutive lines of tinn's code that lie in different files (a call into another file and its return count
-two). Fewer of both is a call a reader can follow without going back to a file already left.
+two); ``returns``: the moves into a file the call had already left (every move but the first entry of each
+file). Fewer moves and returns is a call a reader can follow without going back to a file already left.
 """
 import argparse
 import importlib
@@ -44,14 +45,15 @@ def _ndarray(a: np.ndarray):
 
 
 def trace(call) -> dict:
-    files, moves, last = set(), [0], [None]
+    files, moves, returns, last = set(), [0], [0], [None]
 
     def line(frame, event, arg):
         if event == "line":
             f = frame.f_code.co_filename
-            files.add(f)
             if last[0] is not None and last[0] != f:
                 moves[0] += 1
+                returns[0] += f in files
+            files.add(f)
             last[0] = f
         return line
 
@@ -63,7 +65,7 @@ def trace(call) -> dict:
         call()
     finally:
         sys.settrace(None)
-    return {"files": len(files), "moves": moves[0],
+    return {"files": len(files), "moves": moves[0], "returns": returns[0],
             "entered": sorted(os.path.relpath(f, TINN) for f in files)}
 
 
@@ -93,9 +95,9 @@ def main():
     if args.json:
         print(json.dumps(results))
         return
-    print(f"{'call':<22} {'files':>6} {'moves':>6}")
+    print(f"{'call':<22} {'files':>6} {'moves':>6} {'returns':>8}")
     for name, r in results.items():
-        print(f"{name:<22} {r['files']:>6} {r['moves']:>6}")
+        print(f"{name:<22} {r['files']:>6} {r['moves']:>6} {r['returns']:>8}")
 
 
 if __name__ == "__main__":

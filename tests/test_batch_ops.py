@@ -143,8 +143,9 @@ def test_the_path_is_the_calls_not_the_models(first, monkeypatch):
 @pytest.mark.parametrize("routing", ["single", "routed", "dense"])
 def test_a_step_checks_each_argument_once(path, routing, monkeypatch):
     """A training step (and the trainer's ``forward``) checks the shape and dtype of ``x``, ``target``, ``pdf``
-    and the ids once, at the step's entry: the calls it composes (the model's forward, the loss) check none
-    of them again, nor the model's output."""
+    and the ids once, at the step's entry, and the runtime once: the private methods it composes (the model's
+    forward and backward, the loss, the optimizer's step) check none of them again, nor the model's output, and
+    no public method of a component runs inside the step."""
     import tinn.batch.batch as batch
     monkeypatch.setattr(tinn.runtime.program, "FORCE", path == "device")
     K = 1 if routing == "single" else 2
@@ -158,7 +159,17 @@ def test_a_step_checks_each_argument_once(path, routing, monkeypatch):
     instance = (np.arange(16, dtype=np.int32) % K) if routing == "routed" else None
     checks, check = [], batch.check_array
     monkeypatch.setattr(batch, "check_array", lambda a, name, *args: checks.append(name) or check(a, name, *args))
+    runtime, bound = [], tinn.runtime.program.RuntimeBound._check_runtime
+    monkeypatch.setattr(tinn.runtime.program.RuntimeBound, "_check_runtime",
+                        lambda self: runtime.append(type(self).__name__) or bound(self))
+    public = []
+    for owner, name in ((model, "forward"), (model, "backward"), (trainer.loss, "evaluate"),
+                        (trainer.optimizer, "step")):
+        monkeypatch.setattr(owner, name, lambda *a, name=name, **k: public.append(name))
     for call in (trainer.training_step, trainer.forward):
         checks.clear()
+        runtime.clear()
         call(x, target, instance, pdf)
         assert sorted(checks) == sorted(["x", "target", "pdf"] + (["instance"] if instance is not None else []))
+        assert runtime == ["Trainer"]
+    assert public == []

@@ -119,51 +119,34 @@ class Loss(Object, RuntimeBound):
         raise NotImplementedError
 
     def evaluate(self, prediction, target, pdf=None, *, instance=None, n_instances: int | None = None,
-                 per_instance: bool = False, loss_scale: float = 1.0, batch: Batch | None = None):
+                 per_instance: bool = False, loss_scale: float = 1.0):
         """``(loss, dL_dprediction)``: the mean per-element loss and its gradient, shaped like ``prediction``
         (and of its kind: numpy, or ``ti.ndarray``).
 
-        For a network array pass the samples' ``instance`` ids, or the ``batch`` of the forward
-        pass that made ``prediction`` (``ctx.batch``; dense ``(K, B_k, D)`` batches included):
-        every network is then normalised by its own sample count, and ``per_instance=True`` also
+        For a network array pass the samples' ``instance`` ids (of ``n_instances`` networks; the largest id + 1
+        by default): every network is then normalised by its own sample count, and ``per_instance=True`` also
         returns the ``(n_instances,)`` per-network losses (0 for networks without samples).
         """
         self._check_runtime()
-        dense = batch is not None and batch.dense is not None
-        checked = batch is not None and batch.has_checked(target)       # by the trainer, or on the device
-
-        def checked_array(a, n_dims, name, **values):   # checked here unless the trainer did
-            if batch is not None and batch.has_checked(a):
-                return a
-            return as_batch(a, n_dims, name, allow_dense=dense, **values)
-
-        t = checked_array(target, None, "target", finite=True)
-        p = checked_array(prediction, None, "prediction")
-        samples = (int(np.prod(p.shape[:-1])), int(np.prod(t.shape[:-1])))   # a dense batch's prediction may be flat
-        if samples[0] != samples[1] or (len(p.shape) == len(t.shape) and p.shape[:-1] != t.shape[:-1]) \
-                or p.shape[-1] < t.shape[-1]:
+        t = as_batch(target, None, "target", finite=True)
+        p = as_batch(prediction, None, "prediction")
+        if p.shape[0] != t.shape[0] or p.shape[-1] < t.shape[-1]:
             raise ValueError(f"prediction {p.shape} and target {t.shape} do not match: need the same batch and "
                              "at least as many prediction columns as target columns")
         if t.shape[-1] < self.min_dims:
             raise ValueError(f"loss '{self.otype}' needs targets with at least {self.min_dims} dims, got {t.shape[-1]}")
-        q = None if pdf is None else checked_array(pdf, t.shape[-1], "pdf", positive=True)
+        q = None if pdf is None else as_batch(pdf, t.shape[-1], "pdf", positive=True)
         if q is not None and q.shape != t.shape:
             raise ValueError(f"pdf must have the target's shape {t.shape}, got {q.shape}")
-        if batch is None:                       # (p is flat: a dense batch needs its own Batch)
-            batch = Batch.of(p, instance, 1 if instance is None else n_instances)
-        elif batch.size != int(np.prod(p.shape[:-1])):
-            raise ValueError(f"prediction has {int(np.prod(p.shape[:-1]))} samples, its batch {batch.size}")
-        ops = batch.ops                         # the path's kind (as_batch made every batch of one call one kind)
-        loss, grad, per_network = self._evaluate(ops.rows(p), ops.rows(t), None if q is None else ops.rows(q),
-                                                 batch, loss_scale, checked)
-        grad = callers_kind(ops.unflatten(grad, p.shape[:2]) if len(p.shape) == 3 else grad, prediction)
+        batch = Batch.of(p, instance, 1 if instance is None else n_instances)
+        loss, grad, per_network = self._evaluate(p, t, q, batch, loss_scale)
         loss, per_network = callers_loss(loss, per_network, prediction)
-        if not per_instance:
-            return loss, grad
-        return loss, grad, per_network
+        grad = callers_kind(grad, prediction)
+        return (loss, grad, per_network) if per_instance else (loss, grad)
 
-    def _evaluate(self, p, t, q, batch: Batch, loss_scale, checked: bool = False):
-        """``(loss, gradient, per-network losses)`` (on the device the per-network losses are read when
+    def _evaluate(self, p, t, q, batch: Batch, loss_scale):
+        """``(loss, gradient, per-network losses)`` of checked ``(size, P)`` predictions ``p``, ``(size, D)`` targets
+        ``t`` and pdf ``q`` (or ``None``) of ``batch``'s kind (on the device the per-network losses are read when
         someone reads them: :class:`~tinn.batch.loss_value.PerNetwork`).
 
         With a routed batch, each network's samples are normalised by that network's own
@@ -173,11 +156,11 @@ class Loss(Object, RuntimeBound):
         of a larger batch (``batch.routing.whole``) is normalised by the whole batch's counts, so the
         chunks' losses and gradients add up to the whole batch's.
 
-        One path for every batch: the batch's loss sums (``tinn.batch.loss_value.sums_of``) say where the kernel
-        leaves the losses and how they become the loss: on the host per sample, then per network in float64;
-        on the device the kernel's own per-network sums, and the loss is a :class:`~tinn.batch.loss_value.LossValue`,
-        read when someone reads it; a trainer's step of device batches (``checked``: its census checked ``target``
-        and ``pdf``) is settled by that census's findings when the loss is read.
+        One path for every batch: the batch's loss sums (``tinn.batch.loss_value.sums_of``) give the normalisers,
+        say where the kernel leaves the losses and how they become the loss: on the host per sample, then per
+        network in float64; on the device the kernel's own per-network sums, and the loss is a
+        :class:`~tinn.batch.loss_value.LossValue`, read when someone reads it (a trainer's step's batch has a census:
+        reading the loss reports what the census found, ``tinn.batch.faults``).
         """
         B, D = t.shape
         ops, weighted = batch.ops, q is not None
@@ -188,7 +171,7 @@ class Loss(Object, RuntimeBound):
         per_task = ROWS_PER_TASK if is_cpu() else 16
         _kernel(type(self), per_task)(p, t, q, weighted, ids, routed, inv, float(loss_scale), grad, rows,
                                       batch.on_device, sums, -(-B // per_task))
-        loss, per_network = sums_kind.losses(rows, sums, settles=checked)
+        loss, per_network = sums_kind.losses(rows, sums)
         return loss, grad, per_network
 
 

@@ -198,22 +198,6 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
     n_output_dims: int
     padded_output_width: int
 
-    def _prepare(self, x, instance) -> Batch:
-        """The :class:`~tinn.batch.batch.Batch` of a call's arguments, checked once; a dense ``(K, B_k, n)`` batch
-        is flattened. ``x`` may be a ``Batch`` already (a trainer's: its input is not checked again where the
-        batch says it was)."""
-        self._check_runtime()
-        if not isinstance(x, Batch):
-            return self._batch(self._input(x, instance, False), instance, False)
-        if instance is not None:
-            raise ValueError("a Batch carries its own routing: pass instance=None with it")
-        if not x.has_checked(x.x):
-            as_batch(x.x, self.n_input_dims, finite=True)
-        if x.x.shape[-1] != self.n_input_dims or x.routing.n_instances != self.n_instances:
-            raise ValueError(f"the batch holds {x.size} samples of {x.x.shape[-1]} dims for {x.routing.n_instances} "
-                             f"networks, not for this object's {self.n_input_dims} dims and {self.n_instances}")
-        return x
-
     def _input(self, x, instance, deferred: bool):
         """The batch ``x`` checked (:func:`~tinn.batch.batch.as_batch`; a device batch's values left to the census if
         ``deferred``), of the path's kind, not yet flattened."""
@@ -228,7 +212,7 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         if deferred:                                    # (a dense batch's networks need no sort)
             census = Request(faults=self._faults, reuse=True, final=True,
                              sort=self._sorts_routed() and len(arr.shape) == 2)
-        return Batch.of(arr, instance, self.n_instances, checked=(arr,), census=census)
+        return Batch.of(arr, instance, self.n_instances, census=census)
 
     @functools.cached_property
     def _faults(self) -> Faults:
@@ -280,14 +264,12 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
     def forward(self, x, instance=None):
         """``(output, ctx)``: the output as :meth:`inference` gives it, at the training weights; keep
         ``ctx`` for :meth:`backward` (``ctx.batch``: the call's :class:`~tinn.batch.batch.Batch`, its routing
-        how the batch reached the networks). ``x`` may be a ``Batch`` (a trainer's, made once for its step; then
-        ``instance`` is ``None``): its output is flat ``(batch, n_output_dims)``, of its kind."""
-        given = isinstance(x, Batch)
-        batch = self._prepare(x, instance)
-        caller = batch.x if given else x
+        how the batch reached the networks)."""
+        self._check_runtime()
+        batch = self._batch(self._input(x, instance, False), instance, False)
         self._settle()
         y, ctx = self._forward(batch.x, batch)
-        return self._finish(y, batch, caller, flat=given), ctx
+        return self._finish(y, batch, x), ctx
 
     def backward(self, ctx: Context, dL_doutput, *, input_gradient: bool = True, mode: str = "overwrite"):
         """Accumulate (or overwrite) parameter gradients; return ``dL/dinput`` unless ``input_gradient=False``
@@ -315,17 +297,19 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         """Check a backward call's context, mode and output gradient; the gradient as ``(batch, n_output_dims)``
         (the padded outputs get none: components read the first ``n_output_dims`` columns)."""
         self._check_runtime()
-        if not isinstance(ctx, Context) or ctx.owner is not self:
-            raise ValueError("ctx must be the context returned by this object's forward()")
+        self._check_context(ctx)
         if mode not in GRADIENT_MODES:
             raise ValueError(f"mode must be one of {GRADIENT_MODES}, got {mode!r}")
         batch = ctx.batch
-        g = dL_doutput if batch.has_checked(dL_doutput) else \
-            as_batch(dL_doutput, self.n_output_dims, "dL_doutput", allow_dense=batch.dense is not None)
-        g = batch.ops.rows(g)
+        g = batch.ops.rows(as_batch(dL_doutput, self.n_output_dims, "dL_doutput", allow_dense=batch.dense is not None))
         if g.shape[0] != batch.size:
             raise ValueError(f"dL_doutput has {g.shape[0]} samples, the forward pass had {batch.size}")
         return g
+
+    def _check_context(self, ctx):
+        """``ValueError`` unless ``ctx`` is a context this object's forward made."""
+        if not isinstance(ctx, Context) or ctx.owner is not self:
+            raise ValueError("ctx must be the context returned by this object's forward()")
 
     def _gradient_mode(self, ctx: Context, mode: str) -> bool:
         """Whether the components overwrite the parameter gradients: a batch that reached every network

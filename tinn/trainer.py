@@ -1,13 +1,18 @@
 """The trainer (tcnn ``trainer.h``): forward, loss, backward and optimizer step.
 
-``training_step(x, target)`` returns the loss as a float. It only composes public calls,
-as tcnn's ``Trainer::training_step`` does::
+``training_step(x, target)`` returns the loss as a float. It checks its arguments once, into one ``Batch``
+(``x``, ``target``, ``pdf``, the ids, and for device batches the census that checks their values on the device),
+then composes the components' private methods, which check nothing again, in tcnn's ``Trainer::training_step``
+order::
 
-    batch = Batch.of(x, instance, n_instances)           # the checked batch and how it reaches the networks
-    y, ctx = model.forward(batch)
-    loss, dL_dy = loss.evaluate(y, target, pdf, batch=batch)
-    model.backward(ctx, dL_dy, input_gradient=False)     # overwrites the gradients (0 for idle networks)
-    optimizer.step(active=batch.step_mask)               # networks without samples are not stepped
+    batch = self._batch(x, target, instance, pdf)        # every check of the step, here
+    y, ctx = model._forward(batch.x, batch)
+    loss, dL_dy, _ = loss._evaluate(y, batch.target, batch.pdf, batch, loss_scale)
+    model._backward(ctx, dL_dy, False, overwrite)        # overwrites the gradients (0 for idle networks)
+    commit(optimizer._bound_phases(loss_scale, batch.step_mask))   # whole or not at all; idle networks not stepped
+
+(the public ``model.forward``, ``loss.evaluate``, ``model.backward`` and ``optimizer.step`` check their
+arguments, make their own ``Batch`` and call the same private methods).
 
 The pieces are also available separately: ``forward(x, target) -> ctx`` (``ctx.loss``,
 ``ctx.dL_doutput``), ``backward(ctx)`` and ``optimizer_step(active=None)``, which steps the
@@ -195,20 +200,17 @@ class Trainer(RuntimeBound):
         ``instance_losses`` (per network, ``(n_instances,)``) added. Checks every value first (on the device a
         read-back)."""
         self._settle()
-        caller = x
-        batch, target, pdf = self._batch(x, target, instance, pdf, deferred=False)
-        ctx = self._forward(batch, target, pdf)
-        ctx.loss, ctx.instance_losses = callers_loss(ctx.loss, ctx.instance_losses, caller)
+        ctx = self._forward(self._batch(x, target, instance, pdf, deferred=False))
+        ctx.loss, ctx.instance_losses = callers_loss(ctx.loss, ctx.instance_losses, x)
         ctx.instance_losses = np.asarray(ctx.instance_losses)
         return ctx
 
-    def _batch(self, x, target, instance, pdf, deferred: bool, reuse: bool = False) -> tuple:
-        """``(batch, target, pdf)``: the arguments of a step checked once, before anything runs (shapes and
-        dtypes; the values of host arrays and, unless ``deferred``, of device ones: see the module docstring),
-        of the path's kind, and the :class:`~tinn.batch.batch.Batch` of ``x`` (for device batches a census's,
-        which checks them on the device; ``reuse``: the census's step-only arrays are the trainer's, kept from
-        step to step). The batch records the checked arrays (``batch.checked``): the calls the step composes
-        check none again."""
+    def _batch(self, x, target, instance, pdf, deferred: bool, reuse: bool = False) -> Batch:
+        """The step's :class:`~tinn.batch.batch.Batch` (``x``, ``target``, ``pdf``, the ids), its arguments checked
+        once, before anything runs: the one place that says what a step checks (shapes and dtypes; the values of
+        host arrays and, unless ``deferred``, of device ones: see the module docstring), of the path's kind (for
+        device batches a census's, which checks them on the device; ``reuse``: the census's step-only arrays are
+        the trainer's, kept from step to step). The private methods the step composes check nothing again."""
         self._check_runtime()
         model = self.model
         dense = model.n_instances > 1 and instance is None      # a (K, B_k, dims) batch
@@ -225,32 +227,45 @@ class Trainer(RuntimeBound):
             if pdf.shape != target.shape:
                 raise ValueError(f"pdf must have the target's shape {tuple(target.shape)}, got {tuple(pdf.shape)}")
         sort = len(x.shape) == 2 or model._dense_needs_sort()           # (for device batches only)
-        census = Request(model.n_output_dims, self._faults, reuse, sort=sort, target=target, pdf=pdf)
-        batch = Batch.of(x, instance, model.n_instances, checked=(x, target, pdf), census=census)
-        return batch, target, pdf
+        census = Request(model.n_output_dims, self._faults, reuse, sort=sort)
+        return Batch.of(x, instance, model.n_instances, census=census, target=target, pdf=pdf)
 
-    def _forward(self, batch: Batch, target, pdf) -> Context:
-        """Forward and loss of a checked ``batch``, which records the checked arrays (``target`` and ``pdf`` among
-        them)."""
-        y, ctx = self.model.forward(batch)
-        ctx.loss, ctx.dL_doutput, ctx.instance_losses = self.loss.evaluate(
-            y, target, pdf, batch=batch.trusting(y), per_instance=True, loss_scale=self.loss_scale)
-        ctx.batch = ctx.batch.trusting(ctx.dL_doutput)          # the loss's gradient, for the model's backward
+    def _forward(self, batch: Batch) -> Context:
+        """Forward and loss of the step's checked ``batch``: the model's context with ``loss``, ``dL_doutput``
+        (flat, of the batch's kind) and ``instance_losses`` added."""
+        model = self.model
+        model._settle()                             # (an earlier inference of a bad device batch)
+        y, ctx = model._forward(batch.x, batch)
+        if y.shape[1] != model.n_output_dims:       # (a padded output: the loss reads the model's own columns)
+            y = batch.ops.columns(y, 0, model.n_output_dims)
+        ctx.loss, ctx.dL_doutput, ctx.instance_losses = self.loss._evaluate(y, batch.target, batch.pdf, batch,
+                                                                            self.loss_scale)
         return ctx
 
     def backward(self, ctx: Context):
         """Parameter gradients of ``ctx.loss``, overwriting the previous ones (networks of an array that
         got no samples get 0)."""
         self._check_runtime()
-        self.model.backward(ctx, ctx.dL_doutput, input_gradient=False)
+        self.model._check_context(ctx)
+        self._backward(ctx)
+
+    def _backward(self, ctx: Context, mode: str = "overwrite"):
+        """The model's backward of the step's ``ctx`` (``mode``: tcnn's gradient mode)."""
+        model = self.model
+        model._backward(ctx, ctx.dL_doutput, False, model._gradient_mode(ctx, mode))
 
     def optimizer_step(self, active=None):
         """Apply the gradients: step the networks ``active`` (ids of an array's networks, or an int32
         ``ti.ndarray`` mask ``(n_instances,)``), or all of them. The optimizer was bound to the model at
         construction; it checks ``active``. The step is whole or not taken (``tinn.optimizers.step.commit``)."""
         self._check_runtime()
+        self._optimizer_step(active)
+
+    def _optimizer_step(self, active):
+        """The optimizer's bound step (its phases, committed whole) of the bound store: a float16 model's masters,
+        unless its loss scale skips it."""
         if self._masters is None:
-            self.optimizer.step(loss_scale=1.0, active=active)
+            commit(self.optimizer._bound_phases(1.0, active))
             return
         self._masters.sync()
         scale = self.loss_scale                     # the scale the gradients carry
@@ -269,30 +284,24 @@ class Trainer(RuntimeBound):
         batches on the device path reads nothing back and returns the loss unread (module docstring); for host
         arrays it is a float.
         """
-        caller = x
-        batch, target, pdf = self._batch(x, target, instance, pdf, deferred=True, reuse=True)
+        batch = self._batch(x, target, instance, pdf, deferred=True, reuse=True)
         if batch.on_device or batch.size <= chunk_samples(self.model, training=True):
-            ctx = self._forward(batch, target, pdf)            # one pass (a device batch is never cut)
-            self.backward(ctx)
+            ctx = self._forward(batch)                  # one pass (a device batch is never cut)
+            self._backward(ctx)
             loss, losses = ctx.loss, ctx.instance_losses
         else:
-            loss, losses = self._chunked_gradients(batch, target, pdf)
-        self.optimizer_step(batch.step_mask)
-        loss, losses = callers_loss(loss, losses, caller)
+            loss, losses = self._chunked_gradients(batch)
+        self._optimizer_step(batch.step_mask)
+        loss, losses = callers_loss(loss, losses, x)
         return (loss, np.asarray(losses)) if per_instance else loss
 
-    def _chunked_gradients(self, whole: Batch, target, pdf):
+    def _chunked_gradients(self, whole: Batch):
         """``(loss, per-network losses)`` of a large host batch, its gradients accumulated chunk by chunk into the
         model's (the first chunk overwrites them)."""
-        target = target.reshape(whole.size, -1)
-        pdf = None if pdf is None else pdf.reshape(whole.size, -1)
         loss, losses, chunk = 0.0, 0.0, chunk_samples(self.model, training=True)
         for lo in range(0, whole.size, chunk):
-            hi = min(lo + chunk, whole.size)
-            t, q = target[lo:hi], None if pdf is None else pdf[lo:hi]
-            ctx = self._forward(whole.chunk(lo, hi, (t, q)), t, q)
-            self.model.backward(ctx, ctx.dL_doutput, input_gradient=False,
-                                mode="overwrite" if lo == 0 else "accumulate")
+            ctx = self._forward(whole.chunk(lo, min(lo + chunk, whole.size)))
+            self._backward(ctx, "overwrite" if lo == 0 else "accumulate")
             loss, losses = loss + ctx.loss, losses + ctx.instance_losses
         return loss, losses
 

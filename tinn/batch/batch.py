@@ -6,8 +6,9 @@ or torch tensors. The public entry points (``DifferentiableObject.inference`` / 
 ``Trainer``'s steps, ``tinn.ad``'s stages) check their arguments (:func:`as_batch`: shape, dtype, finite values)
 and turn them into one ``Batch``: its input as a flat ``(size, dims)`` array, the operations of its kind (``ops``:
 ``HOST`` for numpy, ``DEVICE`` for ``ti.ndarray``, :func:`ops_of`), its layout (``dense``), how it reaches a network
-array's networks (``routing``), the device census that checks its values on the device (``census``) and which of
-its arrays were checked (``checked``: the calls a public call composes check none again). Components take it and
+array's networks (``routing``), the device census that checks its values on the device (``census``) and a training
+step's ``target`` and ``pdf``. A public method checks, makes the ``Batch`` and hands it to the same private method a
+trainer's step calls; a ``Batch`` is never a public argument, so nothing below asks what was checked. Components take it and
 dispatch one way: ``batch.ops.empty_like(x)``, ``batch.routing.tiles``; none asks what kind an array is.
 :func:`check_ids` is the one rule for a network array's per-sample ids (their range: ``routing.check_id_range``),
 :func:`as_mask` for an optimizer step's networks, :func:`check_out` for an ``out`` argument.
@@ -30,44 +31,51 @@ class Batch:
     """One call's batch: ``x`` ``(size, dims)`` (flat: a dense ``(K, B_k, dims)`` batch flattened network by
     network), ``routing`` (:class:`~tinn.batch.routing.Routing`), ``ops`` (its kind's operations), ``census``
     (:class:`~tinn.batch.census.Census` of a device batch whose values and ids are checked on the device, or
-    ``None``) and ``checked`` (the arrays whose values were checked: the calls a trainer composes check none
-    again). Read-only facts, set once: ``size`` (samples), ``dense`` (``(K, B_k)`` when the batch came as a dense
-    ``(K, B_k, dims)`` array, else ``None``: flat) and ``on_device`` (``ops`` is ``DEVICE``: its components run
-    Taichi kernels on it)."""
+    ``None``) and, for a training step, its ``target`` and ``pdf`` ``(size, D)`` (flat too; ``None`` where the call
+    has none). Every array was checked where the batch was made (:meth:`of`): the private methods it is handed to
+    check nothing again. Read-only facts, set once: ``size`` (samples), ``dense`` (``(K, B_k)`` when the batch came
+    as a dense ``(K, B_k, dims)`` array, else ``None``: flat) and ``on_device`` (``ops`` is ``DEVICE``: its
+    components run Taichi kernels on it)."""
 
-    def __init__(self, x, routing: Routing, ops, *, census: Census | None = None, checked: tuple = ()):
-        self.x, self.routing, self.ops, self.census, self.checked = x, routing, ops, census, checked
+    def __init__(self, x, routing: Routing, ops, *, census: Census | None = None, target=None, pdf=None):
+        self.x, self.routing, self.ops, self.census, self.target, self.pdf = x, routing, ops, census, target, pdf
         self.size, self.dense, self.on_device = routing.batch, routing.dense, ops is DEVICE
 
     @classmethod
-    def of(cls, x, instance, n_instances: int | None, *, checked: tuple = (), census: Request | None = None) -> "Batch":
+    def of(cls, x, instance, n_instances: int | None, *, census: Request | None = None, target=None,
+           pdf=None) -> "Batch":
         """The batch of a checked array ``x`` (:func:`as_batch`): ``instance`` ids (checked here),
         or none for a dense ``(n_instances, B_k, dims)`` batch, which is flattened network by network.
-        ``n_instances=None`` (a loss's routed batch): the largest id + 1. ``checked``: arrays of the call whose
-        values were checked (``x`` is added when it is flattened).
+        ``n_instances=None`` (a loss's routed batch): the largest id + 1. ``target`` and ``pdf``: a training
+        step's, checked (shapes and dtypes; their values too unless the census checks them), of ``x``'s layout.
 
         ``census`` (:class:`~tinn.batch.census.Request`): a device batch described by a census on the device, which
-        checks ``x``, the request's ``target`` and ``pdf`` and device ids there, not here (a training step's; an
-        inference's is ``final`` and writes its ``faults`` itself). A host batch ignores it."""
+        checks ``x``, ``target``, ``pdf`` and device ids there, not here (a training step's; an inference's is
+        ``final`` and writes its ``faults`` itself). A host batch ignores it."""
         ops = ops_of(x)                         # the batch's kind, told here once
         if census is not None and ops is DEVICE:
-            return cls._described(x, instance, n_instances, checked, census)
-        if len(x.shape) == 2:                   # a numpy array or a ti.ndarray
+            batch = cls._described(x, instance, n_instances, census, target, pdf)
+        elif len(x.shape) == 2:                 # a numpy array or a ti.ndarray
             if ops is DEVICE and ops_of(instance) is DEVICE:
                 ids, n_instances, counts = device_ids(check_device_ids(instance, x.shape[0]), n_instances)
-                return cls(x, Routing(x.shape[0], n_instances, ids, counts=counts), ops, checked=checked)
-            if n_instances is None:
-                n_instances = int(np.max(to_numpy(instance, "instance"))) + 1
-            ids = as_instances(instance, x.shape[0], n_instances)
-            return cls(x, Routing(x.shape[0], n_instances, ids), ops, checked=checked)
-        if x.shape[0] != n_instances:
-            raise ValueError(f"a dense batch needs shape ({n_instances}, batch, {x.shape[-1]}), got {tuple(x.shape)}")
-        k, b = x.shape[:2]
-        flat = ops.flatten(x)
-        return cls(flat, Routing(k * b, k, ops.dense_ids(k, b), (k, b)), ops, checked=_also(checked, x, flat))
+                batch = cls(x, Routing(x.shape[0], n_instances, ids, counts=counts), ops)
+            else:
+                if n_instances is None:
+                    n_instances = int(np.max(to_numpy(instance, "instance"))) + 1
+                ids = as_instances(instance, x.shape[0], n_instances)
+                batch = cls(x, Routing(x.shape[0], n_instances, ids), ops)
+        else:
+            if x.shape[0] != n_instances:
+                raise ValueError(f"a dense batch needs shape ({n_instances}, batch, {x.shape[-1]}), "
+                                 f"got {tuple(x.shape)}")
+            k, b = x.shape[:2]
+            batch = cls(ops.flatten(x), Routing(k * b, k, ops.dense_ids(k, b), (k, b)), ops)
+        if target is not None:                  # (flat, as the loss reads them)
+            batch.target, batch.pdf = ops.rows(target), None if pdf is None else ops.rows(pdf)
+        return batch
 
     @classmethod
-    def _described(cls, x, instance, n_instances: int, checked: tuple, request: Request) -> "Batch":
+    def _described(cls, x, instance, n_instances: int, request: Request, target, pdf) -> "Batch":
         """:meth:`of` for a device batch whose values and ids a census checks on the device."""
         dense = None
         if len(x.shape) == 3:
@@ -82,18 +90,9 @@ class Batch:
             ids = check_device_ids(instance, x.shape[0])
         else:
             ids = DEVICE.put_ids(as_instances(instance, x.shape[0], n_instances))
-        census = Census(x, ids, n_instances, request)
+        census = Census(x, ids, n_instances, request, target, pdf)
         routing = Routing(census.x.shape[0], n_instances, census.ids, dense, described=census)
-        return cls(census.x, routing, DEVICE, census=census, checked=_also(checked, x, census.x))
-
-    def trusting(self, *arrays) -> "Batch":
-        """This batch with ``arrays`` added to the checked ones (a new value; this one is unchanged): what a trainer
-        hands on with the model's output and the loss's gradient, which tinn made."""
-        return Batch(self.x, self.routing, self.ops, census=self.census, checked=self.checked + arrays)
-
-    def has_checked(self, a) -> bool:
-        """Whether ``a`` is one of the arrays whose values were checked for this batch (``checked``)."""
-        return any(a is c for c in self.checked)
+        return cls(census.x, routing, DEVICE, census=census)
 
     def kernel_ids(self):
         """``(ids, routed)`` for a kernel over the batch: of the batch's kind (``ti.ndarray`` for a device
@@ -117,18 +116,13 @@ class Batch:
         bad), else the host ids of the networks with samples (``None``: all of them)."""
         return self.routing.active if self.census is None else self.census.mask
 
-    def chunk(self, lo: int, hi: int, checked: tuple = ()) -> "Batch":
-        """Samples ``lo:hi`` of this host batch, a batch of their own that is part of this one (the loss
-        normalises them by the whole batch's counts); ``checked``: the chunk's other checked arrays (its
-        input is checked if this batch's was)."""
-        x = self.x[lo:hi]
-        mine = (x,) if self.has_checked(self.x) else ()
-        return Batch(x, self.routing.chunk(lo, hi), self.ops, checked=mine + tuple(checked))
-
-
-def _also(checked: tuple, x, flat) -> tuple:
-    """``checked`` with the flat copy ``flat`` of ``x`` added if ``x`` was checked."""
-    return checked + (flat,) if any(x is c for c in checked) else checked
+    def chunk(self, lo: int, hi: int) -> "Batch":
+        """Samples ``lo:hi`` of this host batch (its ``target`` and ``pdf`` too), a batch of their own that is part
+        of this one (the loss normalises them by the whole batch's counts)."""
+        def part(a):
+            return None if a is None else a[lo:hi]
+        return Batch(self.x[lo:hi], self.routing.chunk(lo, hi), self.ops, target=part(self.target),
+                     pdf=part(self.pdf))
 
 
 # -- the checks of a call's arguments ------------------------------------------------------------------

@@ -256,14 +256,12 @@ class Request:
     training step's: the device runs its kernels in order, so the next step's census overwrites them after this
     step's kernels have read them); ``final``: an inference's census (no mask or normalisers, and no counts
     unless it sorts); ``sort``: whether the kernel sorts a routed batch into tiles now (else
-    :attr:`Census.tiles` does, when asked); ``target`` and ``pdf``: a training step's, checked too."""
+    :attr:`Census.tiles` does, when asked)."""
     n_dims: int = 1
     faults: object = None
     reuse: bool = False
     final: bool = False
     sort: bool = True
-    target: object = None
-    pdf: object = None
 
 
 class Census:
@@ -271,12 +269,11 @@ class Census:
     (:class:`Request`) asked; every array stays on the device. ``x``: ``(B, n)``, or a dense ``(K, B_k, n)``
     batch, which the kernel flattens into ``self.x`` ``(K * B_k, n)`` (the batch the model reads). ``ids``: a
     routed batch's ``(B,)`` int32 device ids (``None``: one network; a dense batch's are ``k`` repeated ``B_k``
-    times). ``facts`` and ``values`` are this census's own, for a loss read later (kept too for an inference,
-    which no loss reads)."""
+    times). ``target`` and ``pdf``: a training step's, checked too. ``facts`` and ``values`` are this census's own,
+    for a loss read later (kept too for an inference, which no loss reads)."""
 
-    def __init__(self, x, ids, n_instances: int, request: Request):
+    def __init__(self, x, ids, n_instances: int, request: Request, target=None, pdf=None):
         n_dims, faults, reuse, final, sort = request.n_dims, request.faults, request.reuse, request.final, request.sort
-        target, pdf = request.target, request.pdf
         source, dense = x, len(x.shape) == 3
         if dense:                                   # flattened by the census kernel
             x = _buffers.buffer((x.shape[0] * x.shape[1], x.shape[2]))

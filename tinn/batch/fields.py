@@ -256,9 +256,9 @@ class DeviceMoves:
         """The network's forward on the taken rows, routed by a census on the device (values checked already)."""
         network._check_runtime()
         if taken.inst is None:
-            batch = Batch(taken.x, Routing(taken.n), DEVICE, checked=(taken.x,))
+            batch = Batch(taken.x, Routing(taken.n), DEVICE)
         else:
-            batch = Batch.of(taken.x, taken.inst, network.n_instances, checked=(taken.x,),
+            batch = Batch.of(taken.x, taken.inst, network.n_instances,
                              census=Request(network.n_output_dims))
         return network._forward(batch.x, batch)
 

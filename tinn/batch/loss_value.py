@@ -47,7 +47,7 @@ class HostSums:
         """``(rows, sums)`` for the loss kernel (``sums`` an unread placeholder)."""
         return np.empty(size, np.float32), HOST.unused((1,), np.float32)
 
-    def losses(self, rows, sums, settles: bool = False) -> tuple:
+    def losses(self, rows, sums) -> tuple:
         """``(loss, per-network losses)``: a float and a float64 ``(n_instances,)`` array."""
         routing = self.routing
         if not routing.routed:
@@ -74,10 +74,10 @@ class DeviceSums:
         """``(rows, sums)`` for the loss kernel (``rows`` an unread placeholder)."""
         return DEVICE.unused((1,), np.float32), _buffers.buffer((self.routing.n_instances,))
 
-    def losses(self, rows, sums, settles: bool = False) -> tuple:
-        """``(loss, per-network losses)``: a :class:`LossValue` and its :class:`PerNetwork` (``settles``: a trainer's
-        step, whose census checked its target; reading the loss settles that census first)."""
-        loss = LossValue(sums, self.routing, self.census if settles else None)
+    def losses(self, rows, sums) -> tuple:
+        """``(loss, per-network losses)``: a :class:`LossValue` and its :class:`PerNetwork` (a census's batch, a
+        trainer's step: reading the loss reports what that census found first)."""
+        loss = LossValue(sums, self.routing, self.census)
         return loss, PerNetwork(loss)
 
 
