@@ -55,3 +55,26 @@ def test_relative_l2_treats_denominator_as_constant(rng):
 def test_loss_names_are_case_insensitive():
     assert tinn.create_loss({"otype": "relativel2"}).hyperparams() == {"otype": "RelativeL2"}
     assert tinn.create_loss({}).hyperparams() == {"otype": "RelativeL2"}
+
+
+@pytest.mark.parametrize("layout", ["routed", "dense"])
+def test_host_and_device_normalisers_are_twins(layout, rng):
+    """The loss normaliser ``1 / (B_k D)`` has a host form (numpy, ``loss_value.normalisers``) and a device twin
+    (``loss_value.normaliser``, written by a step's census): both give each network of an array 1 / (its samples
+    x D), and 0 to a network without samples."""
+    import taichi as ti
+    from tinn.batch.batch import Batch
+    from tinn.batch.buffers import put
+    from tinn.batch.census import Request
+    from tinn.batch.loss_value import normalisers
+    K, D = 4, 3
+    if layout == "routed":
+        ids = rng.integers(0, K - 1, 50).astype(np.int32)           # the last network gets no sample
+        x = rng.random((50, 2), dtype=np.float32)
+        counts = np.bincount(ids, minlength=K)
+    else:
+        ids, x, counts = None, rng.random((K, 6, 2), dtype=np.float32), np.full(K, 6)
+    want = np.array([1.0 / (c * D) if c else 0.0 for c in counts])
+    np.testing.assert_allclose(normalisers(Batch.of(x, ids, K).routing, D), want, rtol=1e-6)
+    device = Batch.of(put(x), None if ids is None else put(ids, ti.i32), K, census=Request(D))
+    np.testing.assert_allclose(device.census.inv.to_numpy(), want, rtol=1e-6)

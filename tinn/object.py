@@ -23,7 +23,8 @@ import functools
 import numpy as np
 
 from .batch.batch import Batch, as_batch, callers_kind, callers_output, check_out, is_device
-from .batch.census import Faults, Request
+from .batch.census import Request
+from .batch.faults import Faults
 from .keys import check_int, check_seed
 from .params import ParamStore
 from .runtime.program import RuntimeBound, active

@@ -53,7 +53,8 @@ import numpy as np
 
 from . import serialization, tcnn_snapshot
 from .batch.batch import Batch, as_batch, callers_loss
-from .batch.census import Faults, Request
+from .batch.census import Request
+from .batch.faults import Faults
 from .mixed_precision import LossScale, MasterWeights
 from .object import Context, DifferentiableObject, chunk_samples
 from .optimizers.step import commit

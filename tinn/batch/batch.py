@@ -21,9 +21,9 @@ import taichi as ti
 
 from ..runtime.program import active, check_live
 from .buffers import buffer
-from .census import Census, Request, bad_value
-from .device_ops import DEVICE
-from .host_ops import HOST, ndarray_view, to_numpy
+from .census import Census, Request
+from .faults import bad_value
+from .ops import DEVICE, HOST, ndarray_view, to_numpy
 from .routing import Routing, check_id_range, device_ids
 
 

@@ -23,6 +23,7 @@ An inference's census writes no mask or normalisers, and sorts no tiles unless a
 read each sample's network directly; ``Census.tiles`` sorts on first use, with one more launch and no read-back).
 """
 
+from collections import namedtuple
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,24 +31,32 @@ import taichi as ti
 
 from ..runtime.types import F32_1D, F32_2D, F32_ANY, I32_1D, I32_2D
 from . import buffers as _buffers
+from .faults import ID_HI, ID_LO, N_ACTIVE, N_FACTS, NONE, PDF_ROW, TARGET_ROW, X_ROW, bad, record_fault
+from .loss_value import normaliser
 
-X_ROW, TARGET_ROW, PDF_ROW, ID_LO, ID_HI, N_ACTIVE = range(6)
-"""Slots of a census's ``facts`` (int32): the first bad row of each array, the ids' range, the networks with samples."""
-
-N_FACTS = 6
 TILE = 128
 """Samples per tile on the device path (a weight gradient is summed over a tile, then added once)."""
-NONE = 2 ** 31 - 1
-"""A first bad row of an array that has none."""
 
 SCAN = 256
 """Networks per parallel task of the prefix sums over the networks (the serial pass runs over tasks)."""
 
-NAMES = {X_ROW: "x", TARGET_ROW: "target", PDF_ROW: "pdf"}
+Jobs = namedtuple("Jobs", "dense routed sort checks step settle")
+"""What one launch of :func:`_census_kernel` does (compile-time): ``dense``, flatten a dense ``(K, B_k, n)`` batch;
+``routed``, check, clamp (and with ``sort`` or ``step`` count) network ids; ``sort``, sort the routed samples into
+tiles; ``checks``, 1 checks ``target`` too, 2 ``target`` and ``pdf``; ``step``, write the step's mask and
+normalisers; ``settle``, write a bad batch into the fault record."""
 
-RECORD_FACTS = 3
-"""Where a fault record's copy of the bad call's ``facts`` starts (:class:`Faults`: a flag, the call's number and a
-dense batch's samples per network come first)."""
+Routed = ti.types.argpack(counts=I32_1D, safe=I32_1D, cursor=I32_1D, order=I32_1D, offsets=I32_2D, totals=I32_2D,
+                          tiles=I32_2D)
+"""A routed batch's arrays: ``counts`` ``(K,)``, the ids clamped into range ``safe`` ``(B,)``, and the sort's atomic
+``cursor`` ``(K,)``, sorted ``order`` ``(B,)``, ``offsets`` ``(2, K + 1)`` (first sample, first tile of each network),
+per-task ``totals`` and the ``tiles`` table ``(n_tiles, 3)`` (see ``Routing.tiles``)."""
+
+Step = ti.types.argpack(mask=I32_1D, inv=F32_1D, n_dims=ti.i32)
+"""A training step's ``mask`` ``(K,)`` and loss normalisers ``inv`` ``(K,)`` of ``n_dims`` target columns."""
+
+Record = ti.types.argpack(record=I32_1D, values=F32_1D)
+"""A :class:`~tinn.batch.faults.Faults`' record of a bad call."""
 
 
 @ti.func
@@ -101,26 +110,6 @@ def record_bad_value(a: ti.template(), row, positive: ti.template(), values: ti.
 
 
 @ti.func
-def bad(facts: ti.template(), n_instances) -> ti.i32:
-    """Whether a census's ``facts`` name anything wrong (a bad row in x, target or pdf; an id out of range)."""
-    out = facts[X_ROW] != NONE or facts[TARGET_ROW] != NONE or facts[PDF_ROW] != NONE
-    if facts[ID_LO] != NONE or facts[ID_HI] != -NONE - 1:           # a routed batch
-        out = out or facts[ID_LO] < 0 or facts[ID_HI] >= n_instances
-    return out
-
-
-@ti.func
-def record_fault(facts: ti.template(), values: ti.template(), n_instances, record: ti.template(),
-                 recorded: ti.template(), call, per_network):
-    """Write a bad batch's ``facts`` and ``values`` into a fault record (:class:`Faults`) as call number ``call``
-    (``per_network``: a dense batch's samples per network, else 0), unless the record holds an earlier one."""
-    if bad(facts, n_instances) and record[0] == 0:
-        record[0], record[1], record[2] = 1, call, per_network
-        for i in ti.static(range(N_FACTS)):
-            record[RECORD_FACTS + i], recorded[i] = facts[i], values[i]
-
-
-@ti.func
 def place(ids: ti.template(), offsets: ti.template(), cursor: ti.template(), order: ti.template(), b):
     """Sample ``b`` takes the next place of its network k in the sorted order: ``order[first[k] + p] = b`` for
     the p-th sample of k to arrive (atomic counters ``cursor``; ``first = offsets[0]``); an id outside
@@ -150,100 +139,155 @@ def tile_row(offsets: ti.template(), tiles: ti.template(), t):
     tiles[t, 0], tiles[t, 1], tiles[t, 2] = start, end, network
 
 
-@ti.kernel
-def _census_kernel(source: F32_ANY, dense: ti.template(), x: F32_2D, ids: I32_1D, routed: ti.template(),
-                   sort: ti.template(), n_dims: ti.i32, target: F32_ANY, pdf: F32_ANY, checks: ti.template(),
-                   facts: I32_1D, values: F32_1D, counts: I32_1D, mask: I32_1D, inv: F32_1D, safe: I32_1D,
-                   offsets: I32_2D, cursor: I32_1D, totals: I32_2D, order: I32_1D, tiles: I32_2D,
-                   step: ti.template(), settle: ti.template(), record: I32_1D, recorded: F32_1D, call: ti.i32):
-    """The census of a batch ``x`` ``(B, n)`` with, if ``routed``, network ids ``ids`` ``(B,)`` of ``K`` networks
-    (the module docstring); if ``dense``, ``x`` is first written from the dense ``source`` ``(K, B_k, n)`` (row
-    ``k * B_k + b`` from ``source[k, b]``; else ``source`` is ``x``). The routed samples are sorted into tiles if
-    ``sort``. ``checks``: 1 checks ``target`` too, 2 ``target`` and ``pdf`` (``(B, D)``, or dense ``(K, B_k, D)``).
-    If ``step``, the step's mask and normalisers are written; if ``settle``, a bad batch is written into the fault
-    record ``record`` / ``recorded`` (:class:`Faults`) as call number ``call``, unless the record holds an earlier
-    one. Top-level loops run in order, each finished before the next starts."""
-    B, K = x.shape[0], counts.shape[0]
-    if ti.static(dense):
-        for k, b, j in ti.ndrange(source.shape[0], source.shape[1], source.shape[2]):
-            x[k * source.shape[1] + b, j] = source[k, b, j]
-    counted = ti.static(routed and (sort or step))            # an unsorted inference needs no counts
-    if ti.static(counted):
-        for k in range(K):
-            counts[k] = 0
-            cursor[k] = 0
+# -- the census's jobs, in the order its kernel runs them (top-level loops run in order, each finished before the next)
+@ti.func
+def _flatten(source: ti.template(), x: ti.template()):
+    """``x[k * B_k + b] = source[k, b]``: a dense ``(K, B_k, n)`` batch flattened network by network."""
+    for k, b, j in ti.ndrange(source.shape[0], source.shape[1], source.shape[2]):
+        x[k * source.shape[1] + b, j] = source[k, b, j]
+
+
+@ti.func
+def _start(jobs: ti.template(), facts: ti.template(), routed: ti.template()):
+    """The findings before any sample is seen: no bad row, an empty id range, no counts."""
+    if ti.static(jobs.routed and (jobs.sort or jobs.step)):          # an unsorted inference needs no counts
+        for k in range(routed.counts.shape[0]):
+            routed.counts[k] = 0
+            routed.cursor[k] = 0
     for _ in range(1):
         for i in range(N_FACTS):
             facts[i] = NONE
         facts[ID_HI], facts[N_ACTIVE] = -NONE - 1, 0
-    for b in range(B):
+
+
+@ti.func
+def _check_samples(jobs: ti.template(), x: ti.template(), ids: ti.template(), facts: ti.template(),
+                   routed: ti.template()):
+    """The first bad row of ``x``; a routed batch's id range, its ids clamped into ``[0, K)`` (``safe``) and, where
+    needed, each network's count."""
+    for b in range(x.shape[0]):
         if row_is_bad(x, b, False):
             ti.atomic_min(facts[X_ROW], b)
-        if ti.static(routed):
+        if ti.static(jobs.routed):
             k = ids[b]
             ti.atomic_min(facts[ID_LO], k)
             ti.atomic_max(facts[ID_HI], k)
-            inside = 0 <= k < K
-            safe[b] = ti.select(inside, k, 0)
-            if ti.static(counted):
+            inside = 0 <= k < routed.counts.shape[0]
+            routed.safe[b] = ti.select(inside, k, 0)
+            if ti.static(jobs.sort or jobs.step):
                 if inside:
-                    ti.atomic_add(counts[k], 1)
-    if ti.static(checks > 0):
+                    ti.atomic_add(routed.counts[k], 1)
+
+
+@ti.func
+def _check_targets(jobs: ti.template(), target: ti.template(), pdf: ti.template(), facts: ti.template()):
+    """The first bad row of a training step's ``target`` and ``pdf`` (``jobs.checks``: 1 ``target``, 2 both)."""
+    if ti.static(jobs.checks > 0):
         for b in range(_rows(target)):
             if row_is_bad(target, b, False):
                 ti.atomic_min(facts[TARGET_ROW], b)
-            if ti.static(checks > 1):
+            if ti.static(jobs.checks > 1):
                 if row_is_bad(pdf, b, True):
                     ti.atomic_min(facts[PDF_ROW], b)
-    if ti.static(routed and sort):
-        for c in range(totals.shape[0] - 1):               # prefix sums of samples and tiles within a task
-            samples, n_tiles = 0, 0
-            for k in range(c * SCAN, ti.min(c * SCAN + SCAN, K)):
-                samples += counts[k]
-                n_tiles += (counts[k] + TILE - 1) // TILE
-                offsets[0, k + 1], offsets[1, k + 1] = samples, n_tiles
-            totals[c + 1, 0], totals[c + 1, 1] = samples, n_tiles
-        for _ in range(1):                                  # the tasks' totals, one after the other (a running
-            samples, n_tiles = 0, 0                         # sum in registers: on Vulkan, a read of an entry
-            totals[0, 0], totals[0, 1] = 0, 0               # just updated in place saw the old value)
-            for c in range(1, totals.shape[0]):
-                samples += totals[c, 0]
-                n_tiles += totals[c, 1]
-                totals[c, 0], totals[c, 1] = samples, n_tiles
-        for k in range(K):
-            c = k // SCAN
-            offsets[0, k + 1] += totals[c, 0]
-            offsets[1, k + 1] += totals[c, 1]
-        offsets[0, 0], offsets[1, 0] = 0, 0
-        for b in range(B):
-            place(ids, offsets, cursor, order, b)
-        for t in range(tiles.shape[0]):
-            tile_row(offsets, tiles, t)
+
+
+@ti.func
+def _sort(counts: ti.template(), ids: ti.template(), cursor: ti.template(), order: ti.template(),
+          offsets: ti.template(), totals: ti.template(), tiles: ti.template()):
+    """The routed samples (network ids ``ids``, an id outside ``[0, K)`` placed nowhere) sorted by network into
+    ``order`` and cut into ``tiles``: prefix sums of the ``counts`` (samples and tiles) within tasks of ``SCAN``
+    networks, then over the tasks, then each sample's place."""
+    K = counts.shape[0]
+    for c in range(totals.shape[0] - 1):               # prefix sums of samples and tiles within a task
+        samples, n_tiles = 0, 0
+        for k in range(c * SCAN, ti.min(c * SCAN + SCAN, K)):
+            samples += counts[k]
+            n_tiles += (counts[k] + TILE - 1) // TILE
+            offsets[0, k + 1], offsets[1, k + 1] = samples, n_tiles
+        totals[c + 1, 0], totals[c + 1, 1] = samples, n_tiles
+    for _ in range(1):                                  # the tasks' totals, one after the other (a running
+        samples, n_tiles = 0, 0                         # sum in registers: on Vulkan, a read of an entry
+        totals[0, 0], totals[0, 1] = 0, 0               # just updated in place saw the old value)
+        for c in range(1, totals.shape[0]):
+            samples += totals[c, 0]
+            n_tiles += totals[c, 1]
+            totals[c, 0], totals[c, 1] = samples, n_tiles
+    for k in range(K):
+        c = k // SCAN
+        offsets[0, k + 1] += totals[c, 0]
+        offsets[1, k + 1] += totals[c, 1]
+    offsets[0, 0], offsets[1, 0] = 0, 0
+    for b in range(ids.shape[0]):
+        place(ids, offsets, cursor, order, b)
+    for t in range(tiles.shape[0]):
+        tile_row(offsets, tiles, t)
+
+
+@ti.func
+def _record(jobs: ti.template(), source: ti.template(), x: ti.template(), target: ti.template(), pdf: ti.template(),
+            facts: ti.template(), values: ti.template(), n_instances, record: ti.template(), call):
+    """The first bad value of each bad row; with ``jobs.settle``, a bad batch written into the fault record."""
     for _ in range(1):
         record_bad_value(x, facts[X_ROW], False, values, X_ROW)
-        if ti.static(checks > 0):
+        if ti.static(jobs.checks > 0):
             record_bad_value(target, facts[TARGET_ROW], False, values, TARGET_ROW)
-        if ti.static(checks > 1):
+        if ti.static(jobs.checks > 1):
             record_bad_value(pdf, facts[PDF_ROW], True, values, PDF_ROW)
-        if ti.static(settle):
+        if ti.static(jobs.settle):
             per_network = 0
-            if ti.static(dense):
+            if ti.static(jobs.dense):
                 per_network = source.shape[1]
-            record_fault(facts, values, K, record, recorded, call, per_network)
-    if ti.static(step):                                     # a step's mask and normalisers
-        for k in range(K):
-            count = B // K
-            if ti.static(routed):
-                count = counts[k]
-            mask[k] = ti.select(not bad(facts, K) and count > 0, 1, 0)
-            inv[k] = ti.select(count > 0, 1.0 / ti.cast(count * n_dims, ti.f32), 0.0)
-            if count > 0:
-                ti.atomic_add(facts[N_ACTIVE], 1)
+            record_fault(facts, values, n_instances, record, call, per_network)
+
+
+@ti.func
+def _write_step(jobs: ti.template(), facts: ti.template(), routed: ti.template(), step: ti.template(), B):
+    """A training step's mask (networks with samples, none if the batch was bad), normalisers and active count."""
+    K = step.mask.shape[0]
+    for k in range(K):
+        count = B // K
+        if ti.static(jobs.routed):
+            count = routed.counts[k]
+        step.mask[k] = ti.select(not bad(facts, K) and count > 0, 1, 0)
+        step.inv[k] = normaliser(count, step.n_dims)
+        if count > 0:
+            ti.atomic_add(facts[N_ACTIVE], 1)
+
+
+@ti.kernel
+def _census_kernel(jobs: ti.template(), source: F32_ANY, x: F32_2D, ids: I32_1D, target: F32_ANY, pdf: F32_ANY,
+                   facts: I32_1D, values: F32_1D, routed: Routed, step: Step, record: Record, call: ti.i32):
+    """The census of a batch ``x`` ``(B, n)`` (written first from the dense ``source`` ``(K, B_k, n)`` if
+    ``jobs.dense``; else ``source`` is ``x``) with, if ``jobs.routed``, network ids ``ids`` ``(B,)`` of ``K``
+    networks, as :data:`Jobs` says (the module docstring): its findings go to ``facts`` and ``values``, a routed
+    batch's arrays to ``routed``, a step's to ``step``, a bad call to the fault ``record`` as call number ``call``.
+    ``target`` and ``pdf``: ``(B, D)``, or dense ``(K, B_k, D)``."""
+    if ti.static(jobs.dense):
+        _flatten(source, x)
+    _start(jobs, facts, routed)
+    _check_samples(jobs, x, ids, facts, routed)
+    _check_targets(jobs, target, pdf, facts)
+    if ti.static(jobs.routed and jobs.sort):
+        _sort(routed.counts, ids, routed.cursor, routed.order, routed.offsets, routed.totals, routed.tiles)
+    n_instances = 1
+    if ti.static(jobs.routed):
+        n_instances = routed.counts.shape[0]
+    _record(jobs, source, x, target, pdf, facts, values, n_instances, record, call)
+    if ti.static(jobs.step):
+        _write_step(jobs, facts, routed, step, x.shape[0])
 
 
 def unused(shape: tuple, dtype=ti.i32):
     """A ``ti.ndarray`` of ``shape`` for an argument a kernel does not use (kept per program)."""
     return _buffers.kept(("unused", shape, dtype), lambda: _buffers.buffer(shape, dtype))
+
+
+def _absent(kind):
+    """The argument pack ``kind`` of a job a launch does not run (one-element arrays, never read; kept per program)."""
+    def make():
+        return kind(**{name: 1 if dtype is ti.i32 else unused((1,) * dtype.ndim, dtype.dtype)
+                       for name, dtype in kind.members.items()})
+    return _buffers.kept(("absent", kind), make)
 
 
 @dataclass(frozen=True, eq=False)
@@ -273,39 +317,46 @@ class Census:
     for a loss read later (kept too for an inference, which no loss reads)."""
 
     def __init__(self, x, ids, n_instances: int, request: Request, target=None, pdf=None):
-        n_dims, faults, reuse, final, sort = request.n_dims, request.faults, request.reuse, request.final, request.sort
+        faults, reuse, final, sort = request.faults, request.reuse, request.final, request.sort
         source, dense = x, len(x.shape) == 3
         if dense:                                   # flattened by the census kernel
             x = _buffers.buffer((x.shape[0] * x.shape[1], x.shape[2]))
         B, K = x.shape[0], n_instances
-        routed = ids is not None
+        routed, kept = ids is not None, reuse and faults is not None
         self.batch, self.n_instances, self.routed, self.faults = B, K, routed, faults
         self.per_network = source.shape[1] if dense else 0       # (a bad row of a dense batch is named (k, b))
 
         def buffer(name, shape, dtype=ti.f32):
-            return faults.kept(name, shape, dtype) if reuse and faults is not None else _buffers.buffer(shape, dtype)
+            return faults.kept(name, shape, dtype) if kept else _buffers.buffer(shape, dtype)
+
+        def pack(kind, **members):
+            return faults.kept_pack(kind, **members) if kept else kind(**members)
 
         # an inference's census (final) is read by no loss later: its facts are scratch too
         self.facts = buffer("facts", (N_FACTS,), ti.i32) if final else _buffers.buffer((N_FACTS,), ti.i32)
         self.values = buffer("values", (N_FACTS,)) if final else _buffers.buffer((N_FACTS,))
-        self.counts, self.mask, self.inv = buffer("counts", (K,), ti.i32), buffer("mask", (K,), ti.i32), buffer("inv", (K,))
+        self.ids = self.order = self._tiles = self._offsets = self.counts = self.mask = self.inv = None
+        self._routed = _absent(Routed)
         if routed:
-            self.ids, self.order = buffer("ids", (B,), ti.i32), buffer("order", (B,), ti.i32)
+            self.counts, self.ids, self.order = buffer("counts", (K,), ti.i32), buffer("ids", (B,), ti.i32), \
+                buffer("order", (B,), ti.i32)
             self._tiles = buffer("tiles", (-(-B // TILE) + min(K, B), 3), ti.i32)   # at most one part-tile per network
             self._offsets = buffer("offsets", (2, K + 1), ti.i32)
-            sorting = (self._offsets, buffer("cursor", (K,), ti.i32),
-                       buffer("totals", (-(-K // SCAN) + 1, 2), ti.i32), self.order, self._tiles)
-        else:
-            self.ids = self.order = self._tiles = self._offsets = None
-            sorting = (unused((1, 1)), unused((1,)), unused((1, 1)), unused((1,)), unused((1, 3)))
-        settle = faults is not None
-        record = (faults.record, faults.values, faults.next_step()) if settle else (unused((1,)), unused((1,), ti.f32), 0)
+            self._routed = pack(Routed, counts=self.counts, safe=self.ids, cursor=buffer("cursor", (K,), ti.i32),
+                                order=self.order, offsets=self._offsets, tiles=self._tiles,
+                                totals=buffer("totals", (-(-K // SCAN) + 1, 2), ti.i32))
+        step = _absent(Step)
+        if not final:
+            self.mask, self.inv = buffer("mask", (K,), ti.i32), buffer("inv", (K,))
+            step = pack(Step, mask=self.mask, inv=self.inv, n_dims=request.n_dims)
+        record, call = _absent(Record), 0
+        if faults is not None:
+            record, call = faults.kept_pack(Record, record=faults.record, values=faults.values), faults.next_step()
         checks = 0 if target is None else 1 if pdf is None else 2
-        targets = (unused((1, 1), ti.f32) if target is None else target, unused((1, 1), ti.f32) if pdf is None else pdf)
-        self.x, self._args = x, (n_dims, *targets, checks, self.facts, self.values, self.counts, self.mask, self.inv,
-                                 self.ids if routed else unused((1,)), *sorting)
-        _census_kernel(source, dense, x, ids if routed else unused((1,)), routed, sort, *self._args, not final, settle,
-                       *record)
+        jobs = Jobs(dense, routed, sort, checks, not final, faults is not None)
+        self.x = x
+        _census_kernel(jobs, source, x, ids if routed else unused((1,)), source if target is None else target,
+                       source if pdf is None else pdf, self.facts, self.values, self._routed, step, record, call)
         self._sorted = sort or not routed
         self._read = None
 
@@ -314,8 +365,9 @@ class Census:
         """A routed batch's tile table (see ``Routing.tiles``): sorted by this census's kernel, or (a census that
         did not sort) now, by its kernel run again over the ids it clamped (one launch, nothing read back)."""
         if not self._sorted:
-            _census_kernel(self.x, False, self.x, self.ids, True, True, *self._args, False, False, unused((1,)),
-                           unused((1,), ti.f32), 0)
+            jobs = Jobs(dense=False, routed=True, sort=True, checks=0, step=False, settle=False)
+            _census_kernel(jobs, self.x, self.x, self.ids, self.x, self.x, self.facts, self.values, self._routed,
+                           _absent(Step), _absent(Record), 0)
             self._sorted = True
         return self._tiles
 
@@ -330,68 +382,3 @@ class Census:
         if self._read is None:
             self._read = (self.facts.to_numpy(), self.values.to_numpy())
         return self._read
-
-    def check(self):
-        """``ValueError`` naming what this census found wrong, if anything."""
-        facts, values = self.read()
-        raise_for(facts, values, self.n_instances, "", self.per_network)
-
-
-def bad_value(name: str, positive: bool, row: int, per_network: int, value, when: str = "") -> ValueError:
-    """The one message for a batch's first bad row ``row`` (of the flat batch; ``(k, b)`` for a dense one of
-    ``per_network`` samples per network, else 0), whichever path found it; ``when``: the deferred call."""
-    rule = "finite and > 0" if positive else "finite"
-    where = divmod(row, per_network) if per_network else row
-    return ValueError(f"{name} must be {rule}: row {where} holds {value}{when}")
-
-
-def raise_for(facts: np.ndarray, values: np.ndarray, n_instances: int, when: str, per_network: int = 0):
-    """The ``ValueError`` the host check would have raised for these ``facts`` (a census's, or a fault record's)."""
-    for slot in (X_ROW, TARGET_ROW, PDF_ROW):
-        if facts[slot] != NONE:
-            raise bad_value(NAMES[slot], slot == PDF_ROW, int(facts[slot]), per_network, values[slot], when)
-    lo, hi = int(facts[ID_LO]), int(facts[ID_HI])
-    if (lo != NONE or hi != -NONE - 1) and (lo < 0 or hi >= n_instances):
-        raise ValueError(f"instance ids must lie in [0, {n_instances}), got values in [{lo}, {hi}]{when}")
-
-
-TRAINING_STEP = "training step {} of this trainer's device batches, whose update was skipped"
-"""How a trainer's :class:`Faults` name the bad step in the ``ValueError``."""
-
-
-class Faults:
-    """A record of the first deferred call whose device batch was bad (a census found NaN or +-Inf, a ``pdf`` <= 0,
-    or an id out of range), written by that call's census: a trainer's (a bad training step) or an object's (a bad
-    inference); on the device, read by :meth:`settle`. ``step`` counts the deferred calls (each census is told its
-    call's number); ``event`` names one in the ``ValueError`` (``{}``: its number)."""
-
-    def __init__(self, event: str = TRAINING_STEP):
-        self.record, self.values = _buffers.buffer((RECORD_FACTS + N_FACTS,), ti.i32), _buffers.buffer((N_FACTS,))
-        self.step, self._settled, self.event = 0, 0, event
-        self._kept = {}
-
-    def kept(self, name: str, shape: tuple, dtype):
-        """The trainer's buffer ``name`` of ``shape`` (a census's arrays that only its step's kernels read)."""
-        key = (name, shape, dtype)
-        if key not in self._kept:
-            if len(self._kept) > 32:                    # batch shapes changed often: start afresh
-                self._kept.clear()
-            self._kept[key] = _buffers.buffer(shape, dtype)
-        return self._kept[key]
-
-    def next_step(self) -> int:
-        self.step += 1
-        return self.step
-
-    def settle(self, n_instances: int):
-        """``ValueError`` for the first bad call since the last settle, if any (a read-back only when deferred
-        calls ran since then); the record is then cleared, so each fault is raised once here."""
-        if self._settled == self.step:
-            return
-        self._settled = self.step
-        record = self.record.to_numpy()
-        if record[0]:
-            values = self.values.to_numpy()
-            self.record.fill(0)
-            raise_for(record[RECORD_FACTS:], values, n_instances, f" (in {self.event.format(int(record[1]))})",
-                      int(record[2]))

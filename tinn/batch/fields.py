@@ -16,8 +16,9 @@ import taichi as ti
 from ..runtime.types import ANY_2D, I32_1D
 from . import buffers as _buffers
 from .batch import Batch
-from .census import NONE, SCAN, Request
-from .device_ops import DEVICE
+from .census import SCAN, Request
+from .faults import NONE
+from .ops import DEVICE
 from .routing import Routing, check_id_range
 
 N_TAKEN, ID_LO, ID_HI, BAD = range(4)

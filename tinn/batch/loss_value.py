@@ -5,21 +5,30 @@ its per-network values :class:`PerNetwork`): what a training step of device batc
 A network array's loss normalises each network's samples by that network's own count (``1 / (B_k D)``), and the
 batch's loss is the mean over the networks that got samples; a single network's is its mean per-element loss."""
 import numpy as np
+import taichi as ti
 
 from . import buffers as _buffers
-from .census import N_ACTIVE
-from .device_ops import DEVICE
-from .host_ops import HOST
+from .faults import report
+from .ops import DEVICE, HOST
 
 
 def normalisers(routing, n_dims: int) -> np.ndarray:
-    """Per network, the ``1 / (B_k * n_dims)`` its samples' losses are scaled by, ``(n_instances,)`` float32 (a
-    chunk's are the whole batch's)."""
+    """Per network, the ``1 / (B_k * n_dims)`` its samples' losses are scaled by (0 for a network without samples),
+    ``(n_instances,)`` float32 (a chunk's are the whole batch's): the host's rule; :func:`normaliser` is its
+    device twin (a census writes a step's), and ``tests/test_losses.py`` holds them equal."""
     whole = routing.whole
-    if routing.routed and routing.dense is None:
-        with np.errstate(divide="ignore"):
-            return (1.0 / (whole.counts * n_dims)).astype(np.float32)       # inf only where never read
-    return np.full(routing.n_instances, 1.0 / (whole.batch // routing.n_instances * n_dims), np.float32)
+    counts = whole.counts if routing.routed and routing.dense is None else \
+        np.full(routing.n_instances, whole.batch // routing.n_instances)
+    inv = np.zeros(routing.n_instances, np.float32)
+    np.divide(1.0, counts * n_dims, out=inv, where=counts > 0, casting="unsafe")
+    return inv
+
+
+@ti.func
+def normaliser(count, n_dims) -> ti.f32:
+    """The device twin of :func:`normalisers`: ``1 / (count * n_dims)`` for a network of ``count`` samples, 0 for
+    one without (the census's step job writes it into ``Census.inv``)."""
+    return ti.select(count > 0, 1.0 / ti.cast(count * n_dims, ti.f32), 0.0)
 
 
 def mean(routing, per_network: np.ndarray, n_active: int | None = None) -> float:
@@ -101,10 +110,7 @@ class LossValue:
         if self._value is None:
             census, n_active = self._census, None
             if census is not None:
-                if census.faults is not None:
-                    census.faults.settle(census.n_instances)
-                census.check()
-                n_active = int(census.read()[0][N_ACTIVE])
+                n_active = report(census)          # (a bad batch's ValueError first: tinn.batch.faults)
             sums = self._sums.to_numpy().astype(np.float64)
             self._value, self._per_network = mean(self._routing, sums, n_active), sums
         return self._value

@@ -30,7 +30,7 @@ import taichi as ti
 from ..runtime.types import F32_2D, I32_1D, I32_2D, I64_1D
 from . import buffers as _buffers
 from .census import TILE, Census, place, tile_row
-from .device_ops import DEVICE
+from .ops import DEVICE
 
 # -- the host path: a routed batch in row blocks per network ---------------------------------------------
 BLOCK_COST = 32

@@ -37,7 +37,7 @@ import taichi as ti
 from taichi.lang import impl
 
 from ..batch import buffers as _buffers
-from ..batch.device_ops import DEVICE
+from ..batch.ops import DEVICE
 from ..batch.routing import TILE
 from ..object import Context
 from ..params import KEPT_ACTIVATIONS

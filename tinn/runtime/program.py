@@ -5,8 +5,8 @@ The one switch, :func:`active`: on the CPU tinn computes MLP products with numpy
 (``networks/_mlp_host.py``); on any other arch (CUDA, Vulkan, Metal, ...) that would move every activation across
 the bus twice per step, so there batches live in ``ti.ndarray``s on the device and the MLP runs as Taichi kernels
 (``networks/_kernel_mlp.py``). Tests set :data:`FORCE` to run the device path on the CPU, where it is checked
-against the BLAS path. The operations on each kind of batch are ``tinn.batch.host_ops`` and
-``tinn.batch.device_ops``; ``tinn.batch.batch.as_batch`` picks them for a batch.
+against the BLAS path. The operations on each kind of batch are ``tinn.batch.ops``
+(``HOST``, ``DEVICE``); ``tinn.batch.batch.as_batch`` picks them for a batch.
 
 tinn never calls ``ti.init`` itself (:func:`init` is a convenience with tuned settings). Every object
 records the program it was built in (:class:`RuntimeBound`); using it after ``ti.init`` ran again (which
