@@ -82,6 +82,19 @@ class Context:
         self.__dict__.update(saved)
 
 
+class _Unbound:
+    """``ParametricObject.store`` before a store is bound: the parameter store that ``tinn.params.allocate`` binds
+    (a model allocates it in its constructor, ``create_encoding`` / ``create_network`` for a component on its own;
+    reading it allocates nothing). Reading it unbound raises; :meth:`ParametricObject.bind` sets the object's own
+    attribute, which is read directly from then on (this descriptor defines no ``__set__``)."""
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        raise RuntimeError(f"this {type(obj).__name__} has no parameter memory: build it with tinn.create_encoding "
+                           f"or tinn.create_network (which allocate it), or call tinn.params.allocate on it")
+
+
 class ParametricObject(Object, RuntimeBound):
     """An object whose parameters live in a slice of a :class:`ParamStore`."""
 
@@ -91,7 +104,6 @@ class ParametricObject(Object, RuntimeBound):
         self._bind_runtime()
         self.n_instances = check_int(n_instances, "n_instances", 1)
         self.seed = check_seed(seed)
-        self._store: ParamStore | None = None
         self._offset = 0
 
     # -- storage -------------------------------------------------------------
@@ -107,17 +119,10 @@ class ParametricObject(Object, RuntimeBound):
     def bind(self, store: ParamStore, offset: int):
         """Use columns ``[offset, offset + n_params)`` of ``store``'s fields as this object's parameters
         (``offset`` is absolute: ``store.offset`` plus the object's place in the model's buffer)."""
-        self._store, self._offset = store, offset
+        self.store, self._offset = store, offset
         self.__dict__.pop("_sample_cache", None)          # per-sample funcs close over the old store
 
-    @property
-    def store(self) -> ParamStore:
-        """The parameter store that ``tinn.params.allocate`` bound: a model allocates it in its constructor,
-        ``create_encoding`` / ``create_network`` for a component on its own. Reading it allocates nothing."""
-        if self._store is None:
-            raise RuntimeError(f"this {type(self).__name__} has no parameter memory: build it with tinn.create_encoding "
-                               f"or tinn.create_network (which allocate it), or call tinn.params.allocate on it")
-        return self._store
+    store = _Unbound()
 
     def reset_params(self, seed: int):
         """Initialise every instance as tcnn does: instance k draws from ``pcg32(seed, seq=k+1)``

@@ -56,7 +56,7 @@ from .batch.batch import Batch, as_batch, callers_loss
 from .batch.census import Request
 from .batch.faults import Faults
 from .mixed_precision import LossScale, MasterWeights
-from .object import Context, DifferentiableObject, chunk_samples
+from .object import MIN_CHUNK, Context, DifferentiableObject, chunk_samples
 from .optimizers.step import commit
 from .runtime.program import RuntimeBound
 
@@ -286,7 +286,7 @@ class Trainer(RuntimeBound):
         arrays it is a float.
         """
         batch = self._batch(x, target, instance, pdf, deferred=True, reuse=True)
-        if batch.on_device or batch.size <= chunk_samples(self.model, training=True):
+        if batch.on_device or batch.size <= MIN_CHUNK or batch.size <= chunk_samples(self.model, training=True):
             ctx = self._forward(batch)                  # one pass (a device batch is never cut)
             self._backward(ctx)
             loss, losses = ctx.loss, ctx.instance_losses

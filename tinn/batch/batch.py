@@ -167,7 +167,7 @@ def as_batch(a, n_dims, name: str = "x", *, dtype=np.float32, allow_dense: bool 
     """
     if is_device(a):
         check_live(a, name)
-    if not (is_device(a) and active() and len(a.shape) in (2, 3)):
+    if not isinstance(a, np.ndarray) and not (is_device(a) and active() and len(a.shape) in (2, 3)):
         a = to_numpy(a, name)                     # the host path (a ti.ndarray read in place on x64)
     width = n_dims or "dims"
     shapes = f"(batch, {width})" + (f" or (n_instances, batch, {width})" if allow_dense else "")
@@ -177,7 +177,7 @@ def as_batch(a, n_dims, name: str = "x", *, dtype=np.float32, allow_dense: bool 
     a = ops.contiguous(a)
     if (finite or positive) and not (deferred and ops is DEVICE):
         check_values(a, name, positive=positive, ops=ops)
-    return DEVICE.adopt(a) if active() and ops is HOST and a.shape[-1] else a   # (no empty ndarray)
+    return DEVICE.adopt(a) if ops is HOST and a.shape[-1] and active() else a   # (no empty ndarray)
 
 
 def check_values(a, name: str, *, positive: bool = False, ops=HOST):

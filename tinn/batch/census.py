@@ -31,7 +31,7 @@ import taichi as ti
 
 from ..runtime.types import F32_1D, F32_2D, F32_ANY, I32_1D, I32_2D
 from . import buffers as _buffers
-from .faults import ID_HI, ID_LO, N_ACTIVE, N_FACTS, NONE, PDF_ROW, TARGET_ROW, X_ROW, bad, record_fault
+from .faults import ID_HI, ID_LO, N_ACTIVE, N_FACTS, NONE, PDF_ROW, TARGET_ROW, X_ROW, Record, bad, record_fault
 from .loss_value import normaliser
 
 TILE = 128
@@ -54,10 +54,6 @@ per-task ``totals`` and the ``tiles`` table ``(n_tiles, 3)`` (see ``Routing.tile
 
 Step = ti.types.argpack(mask=I32_1D, inv=F32_1D, n_dims=ti.i32)
 """A training step's ``mask`` ``(K,)`` and loss normalisers ``inv`` ``(K,)`` of ``n_dims`` target columns."""
-
-Record = ti.types.argpack(record=I32_1D, values=F32_1D)
-"""A :class:`~tinn.batch.faults.Faults`' record of a bad call."""
-
 
 @ti.func
 def _rows(a: ti.template()):
@@ -308,6 +304,31 @@ class Request:
     sort: bool = True
 
 
+class _Arrays:
+    """A census's arrays that only its call's kernels read, with their argument packs (:data:`Routed`, :data:`Step`;
+    an absent job's are :func:`_absent`): kept by a trainer (or an object, for its inferences) from call to call.
+    An inference's census (``final``) is read by no loss later: its ``facts`` and ``values`` are scratch too."""
+
+    def __init__(self, B: int, K: int, routed: bool, final: bool, n_dims: int):
+        i32 = ti.i32
+        self.facts = self.values = None                 # (an inference's: its census's scratch)
+        if final:
+            self.facts, self.values = _buffers.buffer((N_FACTS,), i32), _buffers.buffer((N_FACTS,))
+        self.ids = self.order = self.tiles = self.offsets = self.counts = self.mask = self.inv = None
+        self.routed, self.step = _absent(Routed), _absent(Step)
+        if routed:
+            self.counts, self.ids, self.order = _buffers.buffer((K,), i32), _buffers.buffer((B,), i32), \
+                _buffers.buffer((B,), i32)
+            self.tiles = _buffers.buffer((-(-B // TILE) + min(K, B), 3), i32)   # at most one part-tile per network
+            self.offsets = _buffers.buffer((2, K + 1), i32)
+            self.routed = Routed(counts=self.counts, safe=self.ids, cursor=_buffers.buffer((K,), i32), order=self.order,
+                                 offsets=self.offsets, tiles=self.tiles,
+                                 totals=_buffers.buffer((-(-K // SCAN) + 1, 2), i32))
+        if not final:
+            self.mask, self.inv = _buffers.buffer((K,), i32), _buffers.buffer((K,))
+            self.step = Step(mask=self.mask, inv=self.inv, n_dims=n_dims)
+
+
 class Census:
     """What :func:`_census_kernel` found in one step's batch ``x`` (module docstring), as ``request``
     (:class:`Request`) asked; every array stays on the device. ``x``: ``(B, n)``, or a dense ``(K, B_k, n)``
@@ -322,41 +343,23 @@ class Census:
         if dense:                                   # flattened by the census kernel
             x = _buffers.buffer((x.shape[0] * x.shape[1], x.shape[2]))
         B, K = x.shape[0], n_instances
-        routed, kept = ids is not None, reuse and faults is not None
+        routed = ids is not None
         self.batch, self.n_instances, self.routed, self.faults = B, K, routed, faults
         self.per_network = source.shape[1] if dense else 0       # (a bad row of a dense batch is named (k, b))
 
-        def buffer(name, shape, dtype=ti.f32):
-            return faults.kept(name, shape, dtype) if kept else _buffers.buffer(shape, dtype)
-
-        def pack(kind, **members):
-            return faults.kept_pack(kind, **members) if kept else kind(**members)
-
-        # an inference's census (final) is read by no loss later: its facts are scratch too
-        self.facts = buffer("facts", (N_FACTS,), ti.i32) if final else _buffers.buffer((N_FACTS,), ti.i32)
-        self.values = buffer("values", (N_FACTS,)) if final else _buffers.buffer((N_FACTS,))
-        self.ids = self.order = self._tiles = self._offsets = self.counts = self.mask = self.inv = None
-        self._routed = _absent(Routed)
-        if routed:
-            self.counts, self.ids, self.order = buffer("counts", (K,), ti.i32), buffer("ids", (B,), ti.i32), \
-                buffer("order", (B,), ti.i32)
-            self._tiles = buffer("tiles", (-(-B // TILE) + min(K, B), 3), ti.i32)   # at most one part-tile per network
-            self._offsets = buffer("offsets", (2, K + 1), ti.i32)
-            self._routed = pack(Routed, counts=self.counts, safe=self.ids, cursor=buffer("cursor", (K,), ti.i32),
-                                order=self.order, offsets=self._offsets, tiles=self._tiles,
-                                totals=buffer("totals", (-(-K // SCAN) + 1, 2), ti.i32))
-        step = _absent(Step)
-        if not final:
-            self.mask, self.inv = buffer("mask", (K,), ti.i32), buffer("inv", (K,))
-            step = pack(Step, mask=self.mask, inv=self.inv, n_dims=request.n_dims)
-        record, call = _absent(Record), 0
-        if faults is not None:
-            record, call = faults.kept_pack(Record, record=faults.record, values=faults.values), faults.next_step()
+        key = (B, K, routed, final, request.n_dims)
+        kept = faults.kept(key, lambda: _Arrays(*key)) if reuse and faults is not None else _Arrays(*key)
+        self.facts, self.values = (kept.facts, kept.values) if final else \
+            (_buffers.buffer((N_FACTS,), ti.i32), _buffers.buffer((N_FACTS,)))
+        self.ids, self.order, self._tiles, self._offsets, self.counts = kept.ids, kept.order, kept.tiles, \
+            kept.offsets, kept.counts
+        self.mask, self.inv, self._routed = kept.mask, kept.inv, kept.routed
+        record, call = (faults.pack, faults.next_step()) if faults is not None else (_absent(Record), 0)
         checks = 0 if target is None else 1 if pdf is None else 2
         jobs = Jobs(dense, routed, sort, checks, not final, faults is not None)
         self.x = x
         _census_kernel(jobs, source, x, ids if routed else unused((1,)), source if target is None else target,
-                       source if pdf is None else pdf, self.facts, self.values, self._routed, step, record, call)
+                       source if pdf is None else pdf, self.facts, self.values, self._routed, kept.step, record, call)
         self._sorted = sort or not routed
         self._read = None
 

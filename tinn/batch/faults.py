@@ -22,6 +22,7 @@ one of three places, whichever comes first:
 import numpy as np
 import taichi as ti
 
+from ..runtime.types import F32_1D, I32_1D
 from . import buffers as _buffers
 
 X_ROW, TARGET_ROW, PDF_ROW, ID_LO, ID_HI, N_ACTIVE = range(6)
@@ -39,6 +40,10 @@ dense batch's samples per network come first)."""
 
 TRAINING_STEP = "training step {} of this trainer's device batches, whose update was skipped"
 """How a trainer's :class:`Faults` name the bad step in the ``ValueError``."""
+
+
+Record = ti.types.argpack(record=I32_1D, values=F32_1D)
+"""A :class:`Faults`' record of a bad call, as the census kernel takes it."""
 
 
 @ti.func
@@ -101,25 +106,16 @@ class Faults:
         self.record, self.values = _buffers.buffer((RECORD_FACTS + N_FACTS,), ti.i32), _buffers.buffer((N_FACTS,))
         self.step, self._settled, self.event = 0, 0, event
         self._kept = {}
+        self.pack = Record(record=self.record, values=self.values)      # (for the census kernel)
 
-    def kept(self, name: str, shape: tuple, dtype):
-        """The buffer ``name`` of ``shape`` kept for this record's calls (a census's arrays that only its call's
-        kernels read)."""
-        key = (name, shape, dtype)
+    def kept(self, key, make):
+        """What ``make()`` made for ``key``, kept for this record's calls (a census's arrays that only its call's
+        kernels read, and their argument packs, whose creation allocates)."""
         if key not in self._kept:
             if len(self._kept) > 32:                    # batch shapes changed often: start afresh
                 self._kept.clear()
-            self._kept[key] = _buffers.buffer(shape, dtype)
+            self._kept[key] = make()
         return self._kept[key]
-
-    def kept_pack(self, kind, **members):
-        """The argument pack ``kind(**members)`` of kept buffers, made once (an argument pack's creation allocates)."""
-        key = (kind, tuple(id(v) if isinstance(v, ti.Ndarray) else v for v in members.values()))
-        if key not in self._kept:
-            if len(self._kept) > 32:
-                self._kept.clear()
-            self._kept[key] = (kind(**members), members)     # (the members kept alive with their pack: ids stay unique)
-        return self._kept[key][0]
 
     def next_step(self) -> int:
         self.step += 1

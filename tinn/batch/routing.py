@@ -222,9 +222,12 @@ class Routing:
     def __init__(self, batch: int, n_instances: int = 1, instance=None, dense=None,
                  whole: "Routing | None" = None, counts: np.ndarray | None = None, described: Census | None = None):
         self.batch, self.n_instances, self.instance, self.dense = batch, n_instances, instance, dense
+        self.routed = instance is not None      # whether samples carry network ids (a network array's batch)
         self._whole, self._census = whole, described
         if counts is not None:                  # found with the ids' range (device ids)
             self.counts = counts
+        if described is not None:               # the census's device ids (clamped), as they are
+            self.ids = instance
 
     @property
     def whole(self) -> "Routing":
@@ -235,11 +238,6 @@ class Routing:
         """Samples ``lo:hi`` of this batch, as a routed batch of their own that is part of this one."""
         return Routing(hi - lo, self.n_instances, None if self.instance is None else self.instance[lo:hi],
                        whole=self)
-
-    @property
-    def routed(self) -> bool:
-        """Whether samples carry network ids (a network array's batch)."""
-        return self.instance is not None
 
     @functools.cached_property
     def counts(self) -> np.ndarray:
