@@ -165,9 +165,9 @@ class Loss(Object, RuntimeBound):
         B, D = t.shape
         ops, weighted = batch.ops, q is not None
         sums_kind = sums_of(batch)
-        inv, (ids, routed) = ops.adopt(sums_kind.normalisers(D)), batch.kernel_ids()
+        (inv, rows, sums), (ids, routed) = sums_kind.arrays(B, D), batch.kernel_ids()
         q = ops.unused((1, 1), np.float32) if q is None else q
-        grad, (rows, sums) = ops.empty_like(p), sums_kind.outputs(B)
+        grad = ops.empty_like(p)
         per_task = ROWS_PER_TASK if is_cpu() else 16
         _kernel(type(self), per_task)(p, t, q, weighted, ids, routed, inv, float(loss_scale), grad, rows,
                                       batch.on_device, sums, -(-B // per_task))

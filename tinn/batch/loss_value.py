@@ -49,12 +49,10 @@ class HostSums:
     def __init__(self, batch):
         self.routing = batch.routing
 
-    def normalisers(self, n_dims: int) -> np.ndarray:
-        return normalisers(self.routing, n_dims)
-
-    def outputs(self, size: int) -> tuple:
-        """``(rows, sums)`` for the loss kernel (``sums`` an unread placeholder)."""
-        return np.empty(size, np.float32), HOST.unused((1,), np.float32)
+    def arrays(self, size: int, n_dims: int) -> tuple:
+        """``(inv, rows, sums)`` for the loss kernel: the normalisers, and where it leaves the losses (``sums`` an
+        unread placeholder)."""
+        return normalisers(self.routing, n_dims), np.empty(size, np.float32), HOST.unused((1,), np.float32)
 
     def losses(self, rows, sums) -> tuple:
         """``(loss, per-network losses)``: a float and a float64 ``(n_instances,)`` array."""
@@ -76,12 +74,11 @@ class DeviceSums:
     def __init__(self, batch):
         self.routing, self.census = batch.routing, batch.census
 
-    def normalisers(self, n_dims: int):
-        return normalisers(self.routing, n_dims) if self.census is None else self.census.inv
-
-    def outputs(self, size: int) -> tuple:
-        """``(rows, sums)`` for the loss kernel (``rows`` an unread placeholder)."""
-        return DEVICE.unused((1,), np.float32), _buffers.buffer((self.routing.n_instances,))
+    def arrays(self, size: int, n_dims: int) -> tuple:
+        """``(inv, rows, sums)`` for the loss kernel: the normalisers (the census's), and where it leaves the losses
+        (``rows`` an unread placeholder)."""
+        inv = DEVICE.adopt(normalisers(self.routing, n_dims)) if self.census is None else self.census.inv
+        return inv, DEVICE.unused((1,), np.float32), _buffers.buffer((self.routing.n_instances,))
 
     def losses(self, rows, sums) -> tuple:
         """``(loss, per-network losses)``: a :class:`LossValue` and its :class:`PerNetwork` (a census's batch, a
