@@ -8,16 +8,20 @@ built) looks at the batch once and leaves its findings on the device for the ker
 * for a routed batch, the ids' range, each network's sample count, the ids clamped into range (what
   the model's kernels read, so a bad id never indexes outside the parameters), the samples sorted by
   network and cut into tiles of at most ``TILE`` samples of one network (``Routing.tiles``), and each
-  network's loss normaliser ``1 / (count * D)``;
+  network's loss normaliser ``1 / (count * D)`` (``tinn.batch.loss_value.normaliser``);
 * a training step's ``target`` and ``pdf`` rows holding NaN or +-Inf, or a ``pdf`` <= 0 (``facts[TARGET_ROW]``,
   ``facts[PDF_ROW]``);
 * the step *mask*: 1 for a network that got samples, 0 for the others, and 0 for every network when
   anything in the batch is bad, so the optimizer leaves every parameter and all its state untouched.
 
 For the first bad call of a trainer (or of an object's inferences) the census writes what was wrong into their
-fault record (:class:`Faults`), so the kernels after it (the model's, the loss's, the optimizer's) only compute.
-The loss value (:class:`~tinn.batch.loss_value.LossValue`) and the trainer's reads settle them: the ``ValueError``
-comes when the step's loss is read, or at the trainer's next call that reads from the device, whichever is first.
+fault record (:class:`~tinn.batch.faults.Faults`), so the kernels after it (the model's, the loss's, the optimizer's)
+only compute. How and when a bad batch is reported is ``tinn.batch.faults``' story: the ``ValueError`` comes when the
+step's loss is read, or at the trainer's next call that reads from the device, whichever is first.
+
+The kernel's jobs are ``ti.func``\ s, run in order (:func:`_census_kernel`), on named argument groups: what it does
+(:data:`Jobs`, compile-time), a routed batch's arrays (:data:`Routed`), a step's (:data:`Step`) and the fault record
+(``faults.Record``).
 
 An inference's census writes no mask or normalisers, and sorts no tiles unless asked (the per-layer MLP kernels
 read each sample's network directly; ``Census.tiles`` sorts on first use, with one more launch and no read-back).
@@ -26,7 +30,6 @@ read each sample's network directly; ``Census.tiles`` sorts on first use, with o
 from collections import namedtuple
 from dataclasses import dataclass
 
-import numpy as np
 import taichi as ti
 
 from ..runtime.types import F32_1D, F32_2D, F32_ANY, I32_1D, I32_2D
