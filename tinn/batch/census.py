@@ -19,7 +19,7 @@ fault record (:class:`~tinn.batch.faults.Faults`), so the kernels after it (the 
 only compute. How and when a bad batch is reported is ``tinn.batch.faults``' story: the ``ValueError`` comes when the
 step's loss is read, or at the trainer's next call that reads from the device, whichever is first.
 
-The kernel's jobs are ``ti.func``\ s, run in order (:func:`_census_kernel`), on named argument groups: what it does
+The kernel's jobs are ``ti.func`` functions, run in order (:func:`_census_kernel`), on named argument groups: what it does
 (:data:`Jobs`, compile-time), a routed batch's arrays (:data:`Routed`), a step's (:data:`Step`) and the fault record
 (``faults.Record``).
 
