@@ -66,8 +66,9 @@ def _converged(beta1: float, beta2: float) -> int:
 
 
 @specialised
-def _adam_kernel(n_matrix: int, n: int, flags: tuple, flat: bool):
-    """The update of one slot of ``n`` parameters, the first ``n_matrix`` of them matrix parameters.
+def _adam_kernel(flags: tuple, flat: bool):
+    """The update of one slot of ``n`` parameters, the first ``n_matrix`` of them matrix parameters (both
+    arguments at run time: one kernel serves models of every size).
 
     ``P``, ``I``, ``G`` are parameter memory as :func:`~tinn.runtime.kernels.flat_rows` gives it: ``flat`` arrays with
     their row strides (x64), or fields.
@@ -81,9 +82,7 @@ def _adam_kernel(n_matrix: int, n: int, flags: tuple, flat: bool):
     steps too (``steps[k] += active[k]``, saturating, after the updates), so a step is one launch.
     """
     adabound, gclip_on, wclip_on, decay_on, opt_matrix, opt_non_matrix, skip_zero, mirror = flags
-    n_nm = n - n_matrix
     chunk = CHUNK if is_cpu() else GPU_CHUNK
-    m_tasks, nm_tasks = -(-n_matrix // chunk), -(-n_nm // chunk)
 
     @ti.func
     def bias_at(bias: ti.template(), t, beta1, beta2):
@@ -129,39 +128,42 @@ def _adam_kernel(n_matrix: int, n: int, flags: tuple, flat: bool):
              matrix_steps: I32_1D, param_steps: I32_1D, active: I32_1D, steps: I32_1D, bias: F32_1D,
              inv_scale: ti.f32, lr: ti.f32, lr_scale: F32_1D, beta1: ti.f32, beta2: ti.f32, eps: ti.f32, l2_reg: ti.f32,
              nm_l2_reg: ti.f32, nm_lr_factor: ti.f32, rel_decay: ti.f32, abs_decay: ti.f32, wclip: ti.f32,
-             gclip: ti.f32):
-        if ti.static(opt_matrix and m_tasks > 0):
+             gclip: ti.f32, n_matrix: ti.i32, n: ti.i32):
+        n_nm = n - n_matrix
+        m_tasks, nm_tasks = (n_matrix + chunk - 1) // chunk, (n_nm + chunk - 1) // chunk
+        if ti.static(opt_matrix):
             for task in range(active.shape[0] * m_tasks):
                 k, c = task // m_tasks, task % m_tasks
                 if active[k] != 0:
                     a_t, T = lr * lr_scale[k] * bias_at(bias, matrix_steps[k] + 1, beta1, beta2), adabound_step(steps, k)
+                    mv = k * n                              # this network's moments
                     for i in range(c * chunk, ti.min(c * chunk + chunk, n_matrix)):
                         w = at(P, ps, k, po + i)
                         g = at(G, gs, k, go + i) * inv_scale + l2_reg * w
-                        w, m[k * n + i], v[k * n + i] = update(
-                            w, g, m[k * n + i], v[k * n + i], a_t, T, beta1, beta2, eps, rel_decay, abs_decay,
-                            wclip, gclip)
+                        w, m[mv + i], v[mv + i] = update(
+                            w, g, m[mv + i], v[mv + i], a_t, T, beta1, beta2, eps, rel_decay, abs_decay, wclip, gclip)
                         set_at(P, ps, k, po + i, w)
                         if ti.static(mirror):
                             set_at(I, is_, k, io + i, w)
-        if ti.static(opt_non_matrix and nm_tasks > 0):
+        if ti.static(opt_non_matrix):
             for task in range(active.shape[0] * nm_tasks):
                 k, c = task // nm_tasks, task % nm_tasks
                 if active[k] != 0:
                     a_k, T = lr * lr_scale[k] * nm_lr_factor, adabound_step(steps, k)
+                    mv, sv, first = k * n, k * n_nm, n_matrix      # this network's moments and step counts
                     for j in range(c * chunk, ti.min(c * chunk + chunk, n_nm)):
-                        i, s = n_matrix + j, k * n_nm + j
+                        i, s = first + j, sv + j
                         w0, g = at(P, ps, k, po + i), at(G, gs, k, go + i) * inv_scale
                         run = not (skip_zero and g == 0.0)
                         t = counted(param_steps[s], ti.cast(run, ti.i32))
                         a_t = a_k * bias_at(bias, t, beta1, beta2)
-                        w, mi, vi = update(w0, g + nm_l2_reg * w0, m[k * n + i], v[k * n + i], a_t, T,
+                        w, mi, vi = update(w0, g + nm_l2_reg * w0, m[mv + i], v[mv + i], a_t, T,
                                            beta1, beta2, eps, rel_decay, abs_decay, wclip, gclip)
                         set_at(P, ps, k, po + i, ti.select(run, w, w0))    # a skipped parameter keeps all it had
                         if ti.static(mirror):
                             set_at(I, is_, k, io + i, ti.select(run, w, w0))
-                        m[k * n + i] = ti.select(run, mi, m[k * n + i])
-                        v[k * n + i] = ti.select(run, vi, v[k * n + i])
+                        m[mv + i] = ti.select(run, mi, m[mv + i])
+                        v[mv + i] = ti.select(run, vi, v[mv + i])
                         param_steps[s] = t
         for k in range(active.shape[0]):                    # after the updates, which read the old counts
             if ti.static(opt_matrix):
@@ -224,10 +226,10 @@ class Adam(Optimizer):
                  step.publish_to is not None)
         I, io = step.publish_to or (s.params, s.p_off)
         flat, ((P, ps), (I, is_), (G, gs)) = flat_args(s.params, I, s.grads)
-        _adam_kernel(self.n_matrix, s.n, flags, flat)(
+        _adam_kernel(flags, flat)(
             P, ps, s.p_off, I, is_, io, G, gs, s.g_off, self.first_moments, self.second_moments, self.matrix_steps,
             self.param_steps, step.mask, self._steps, self.kernel_array("bias", self._bias_correction()),
             1.0 / step.loss_scale, self.learning_rate, self.lr_scale(step),
             h["beta1"], h["beta2"], h["epsilon"], h["l2_reg"], h["non_matrix_l2_reg"],
             h["non_matrix_learning_rate_factor"], h["relative_decay"], h["absolute_decay"],
-            h["clipping_magnitude"], h["gradient_clipping_magnitude"])
+            h["clipping_magnitude"], h["gradient_clipping_magnitude"], self.n_matrix, s.n)

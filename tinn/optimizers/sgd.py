@@ -11,18 +11,18 @@ from .optimizer import F32_1D, I32_1D, LEARNING_RATE, Optimizer, l2_reg
 
 
 @specialised
-def _sgd_kernel(n: int, flat: bool, mirror: bool):
-    """The step of ``n`` parameters of every network ``k`` with ``active[k]``: ``w -= lr lr_scale[k] (g / loss_scale
+def _sgd_kernel(flat: bool, mirror: bool):
+    """The step of ``n`` parameters (at run time: one kernel serves models of every size) of every network ``k`` with ``active[k]``: ``w -= lr lr_scale[k] (g / loss_scale
     + l2_reg w)``, a task per network and run of ``columns_per_task()`` parameters (``P``, ``I``, ``G`` as
     :func:`~tinn.runtime.kernels.flat_args` gives them); ``mirror``: each stepped weight also to ``I[k, io + i]``
     (the model's inference weights, instead of a copy after the step)."""
     Rows = FLAT if flat else ARENA
     C = columns_per_task()
-    tasks = -(-n // C)
 
     @ti.kernel
     def step(P: Rows, ps: ti.i32, po: ti.i32, I: Rows, is_: ti.i32, io: ti.i32, G: Rows, gs: ti.i32, go: ti.i32,
-             active: I32_1D, loss_scale: ti.f32, lr: ti.f32, lr_scale: F32_1D, l2_reg: ti.f32):
+             active: I32_1D, loss_scale: ti.f32, lr: ti.f32, lr_scale: F32_1D, l2_reg: ti.f32, n: ti.i32):
+        tasks = (n + C - 1) // C
         for task in range(active.shape[0] * tasks):
             k, c = task // tasks, task % tasks
             if active[k]:
@@ -50,6 +50,6 @@ class SGD(Optimizer):
         s = self.slot
         I, io = step.publish_to or (s.params, s.p_off)
         flat, ((P, ps), (I, is_), (G, gs)) = flat_args(s.params, I, s.grads)
-        _sgd_kernel(s.n, flat, step.publish_to is not None)(
+        _sgd_kernel(flat, step.publish_to is not None)(
             P, ps, s.p_off, I, is_, io, G, gs, s.g_off, step.mask, step.loss_scale, self.learning_rate,
-            self.lr_scale(step), self.hparams["l2_reg"])
+            self.lr_scale(step), self.hparams["l2_reg"], s.n)

@@ -1,0 +1,99 @@
+"""Kernels keyed on what changes their code: a grid of another resolution, scale or table size, an optimizer of
+another parameter count and an MLP of another width run kernels already compiled (``compiles.compilations``
+counts new instantiations), and compute what their formulas say (the references of test_encodings /
+test_optimizers)."""
+import numpy as np
+import pytest
+
+import tinn
+from compiles import compilations
+from reference import assert_close, grid_geometry, grid_input_grad_ref, grid_param_grad_ref, grid_ref, interior_points
+from test_optimizers import adam_reference
+
+ON_FIELDS = "off the CPU a kernel taking parameter memory compiles once per arena chunk (docs/memory.md)"
+
+
+def _hash_grid(**keys):
+    config = {"otype": "HashGrid", "n_levels": 4, "n_features_per_level": 2, "log2_hashmap_size": 7,
+              "base_resolution": 4, "per_level_scale": 1.5, **keys}
+    enc = tinn.create_encoding(2, config)
+    levels = grid_geometry(2, "Hash", 4, config["log2_hashmap_size"], config["base_resolution"],
+                           config["per_level_scale"])
+    return enc, levels
+
+
+def _check_grid(enc, levels, seed):
+    """Forward, parameter gradient and input gradient of ``enc`` against the references."""
+    rng = np.random.default_rng(seed)
+    p = rng.uniform(-1, 1, enc.n_params).astype(np.float32)
+    enc.set_params(p)
+    x = interior_points(rng, 300, 2, levels, margin=1e-3)
+    dL_dy = rng.normal(size=(300, enc.n_output_dims)).astype(np.float32)
+    y, ctx = enc.forward(x)
+    dx = enc.backward(ctx, dL_dy, input_gradient=True)
+    assert_close(y, grid_ref(x, p, levels, 2, "Linear"), rtol=1e-5, atol=1e-6)
+    assert_close(enc.gradients(), grid_param_grad_ref(x, dL_dy, levels, 2, "Linear", enc.n_params), rtol=1e-4,
+                 atol_rel=1e-5)
+    assert_close(dx, grid_input_grad_ref(x, p, dL_dy, levels, 2, "Linear"), rtol=1e-4, atol_rel=1e-5)
+
+
+@pytest.mark.x64_only(ON_FIELDS)
+def test_a_grid_of_another_geometry_compiles_nothing():
+    """Resolution, scale and table size are data the kernels read (``_grid_tables``): the levels of the
+    second and later grids move between dense and hashed at other levels, and their tables have other sizes."""
+    first, levels = _hash_grid()
+    _check_grid(first, levels, 0)
+    hashed = {tuple(l.hashed for l in levels)}
+    for i, keys in enumerate(({"per_level_scale": 1.7}, {"base_resolution": 5}, {"log2_hashmap_size": 9},
+                              {"base_resolution": 9, "per_level_scale": 2.0, "log2_hashmap_size": 11})):
+        enc, levels = _hash_grid(**keys)
+        hashed.add(tuple(l.hashed for l in levels))
+        with compilations() as names:
+            _check_grid(enc, levels, i + 1)
+        assert names == [], (keys, names)
+    assert len(hashed) >= 3, hashed             # the first hashed level moves (none, or every level, in some)
+
+
+@pytest.mark.parametrize("otype", ["Adam", "SGD"])
+def test_an_optimizer_of_another_parameter_count_compiles_nothing(otype, rng):
+    """The step kernel takes the parameter counts at run time: a second size steps as its formula says."""
+    keys = {"learning_rate": 0.05, "l2_reg": 0.01}
+    for n, n_matrix, compiled in ((40, 24, None), (72, 48, [])):
+        w0 = rng.normal(size=n).astype(np.float32)
+        grads = [rng.normal(size=n).astype(np.float32) for _ in range(3)]
+        opt = tinn.create_optimizer({"otype": otype, **keys})
+        opt.allocate(n, [(4, n_matrix // 4)])
+        w = w0.copy()
+        with compilations() as names:
+            for g in grads:
+                opt.step(w, g)
+        if compiled is not None:
+            assert names == compiled, names
+        if otype == "Adam":
+            expected = adam_reference(w0, grads, n_matrix, lr=0.05, l2_reg=0.01)
+        else:
+            expected = w0.astype(np.float64)
+            for g in grads:
+                expected = expected - 0.05 * (g + 0.01 * expected)
+        np.testing.assert_allclose(w, expected, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.x64_only(ON_FIELDS)
+@pytest.mark.parametrize("otype", ["Adam", "SGD"])
+def test_a_training_step_of_another_mlp_width_compiles_nothing(otype):
+    """A model 16 wide, then one 32 wide: the second's training step (its optimizer step included) and inference
+    run kernels already compiled."""
+    rng = np.random.default_rng(3)
+    x, y = rng.random((256, 2), dtype=np.float32), rng.random((256, 3), dtype=np.float32)
+    for width, compiled in ((16, None), (32, [])):
+        model = tinn.create_from_config(2, 3, {
+            "encoding": {"otype": "Frequency", "n_frequencies": 2},
+            "network": {"otype": "FullyFusedMLP", "n_neurons": width, "n_hidden_layers": 1},
+            "optimizer": {"otype": otype, "learning_rate": 1e-2}, "loss": {"otype": "L2"}})
+        before = model.network.params()
+        with compilations() as names:
+            model.trainer.training_step(x, y)
+            model.network.inference(x)
+        if compiled is not None:
+            assert names == compiled, names
+        assert np.isfinite(model.network.params()).all() and not np.array_equal(model.network.params(), before)
