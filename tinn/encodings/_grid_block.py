@@ -89,7 +89,8 @@ def block_scatter(D: int, F: int, interp: str, fn, geometry, bounds, runs, size:
                         values = ti.Matrix.zero(ti.f32, C, F)
                         if ti.static(not second or interp != "Nearest"):
                             if b < B:
-                                keys, values = fn.corner_terms(fn.row(x, b, D, 0), lv, mode, fn.row(dy, b, F, (l - g0) * F),
+                                dy_l = fn.row(dy, b, F, (l - g0) * F)
+                                keys, values = fn.corner_terms(fn.row(x, b, D, 0), lv, mode, dy_l,
                                                                second, fn.gs_row(second, g, b))
                                 for c in ti.static(range(C)):
                                     slots[c] = claim(claims, keys[c])

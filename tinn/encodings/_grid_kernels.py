@@ -44,8 +44,8 @@ def grid_kernels(D: int, F: int, K: int, n: int, raw: int, width: int, interp: s
     block_sizes = tuple(levels[l][2] for (_, shared), first, stop in zip(kinds, starts, starts[1:] + [len(levels)])
                         if shared for l in range(first, stop))
     kernels = _Kernels(D, F, K, raw, width, interp, tuple(kinds), private, checked, funcs, table)
-    return tables.Bound(kernels, gb, n, tuple(g0 + l for l in starts) + (g0 + len(levels),), max(block_sizes, default=0),
-                        levels)
+    rows_of_runs = tuple(g0 + l for l in starts) + (g0 + len(levels),)
+    return tables.Bound(kernels, gb, n, rows_of_runs, max(block_sizes, default=0), levels)
 
 
 @specialised
@@ -291,8 +291,8 @@ class _Kernels:
                                 dx[b, d] = dx[b, d] + h[d]
 
         def backward_params(grid, G, base, x, inst, dy, routed, overwrite, g=None):
-            """dL/dθ of the grid ``grid`` (a ``_grid_tables.Bound``), or with ``g`` (dL2/d(dL/dx)) dL2/dθ, added to the gradients
-            ``G`` (written if ``overwrite``: on the CPU by the reduction, elsewhere by a first loop of the first
+            """dL/dθ of the grid ``grid`` (a ``_grid_tables.Bound``), or with ``g`` (dL2/d(dL/dx)) dL2/dθ, added to the
+            gradients ``G`` (written if ``overwrite``: on the CPU by the reduction, elsewhere by a first loop of the first
             kernel that zeroes every network's gradients under the atomic adds)."""
             second = g is not None
             g = g if second else x                  # not read by the first order

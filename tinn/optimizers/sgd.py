@@ -12,10 +12,11 @@ from .optimizer import F32_1D, I32_1D, LEARNING_RATE, Optimizer, l2_reg
 
 @specialised
 def _sgd_kernel(flat: bool, mirror: bool):
-    """The step of ``n`` parameters (at run time: one kernel serves models of every size) of every network ``k`` with ``active[k]``: ``w -= lr lr_scale[k] (g / loss_scale
+    """The step of ``n`` parameters of every network ``k`` with ``active[k]``: ``w -= lr lr_scale[k] (g / loss_scale
     + l2_reg w)``, a task per network and run of ``columns_per_task()`` parameters (``P``, ``I``, ``G`` as
     :func:`~tinn.runtime.kernels.flat_args` gives them); ``mirror``: each stepped weight also to ``I[k, io + i]``
-    (the model's inference weights, instead of a copy after the step)."""
+    (the model's inference weights, instead of a copy after the step). ``n`` is an argument: one kernel serves
+    models of every size."""
     Rows = FLAT if flat else ARENA
     C = columns_per_task()
 
