@@ -6,14 +6,13 @@ weights: optimizers without averaged weights).
 Options: precision float32 / float16, one network / an array of 3, loss L2 / RelativeL2. By default every optimizer
 runs once, the options rotating; ``TINN_FULL=1`` runs every combination."""
 import itertools
-import os
 
 import numpy as np
 import pytest
 
 import tinn
+from conftest import sample
 
-FULL = os.environ.get("TINN_FULL") == "1"
 BASE = {"encoding": {"otype": "HashGrid", "n_levels": 2, "n_features_per_level": 2, "log2_hashmap_size": 8,
                      "base_resolution": 4},
         "network": {"otype": "FullyFusedMLP", "n_neurons": 16, "n_hidden_layers": 1}}
@@ -46,8 +45,9 @@ OPTIMIZERS = {
         {"otype": "ExponentialDecay", "decay_base": 0.5, "decay_start": 1, "decay_interval": 1, "nested": ADAM}]),
 }
 OPTIONS = list(itertools.product(("float32", "float16"), (1, 3), ("L2", "RelativeL2")))
-CASES = ([(name, *opts) for name in OPTIMIZERS for opts in OPTIONS] if FULL else
-         [(name, *OPTIONS[i % len(OPTIONS)]) for i, name in enumerate(OPTIMIZERS)])
+ALL = [(name, *opts) for name in OPTIMIZERS for opts in OPTIONS]
+IDS = ["-".join(map(str, c)) for c in ALL]
+CASES = sample(ALL, keep=[i * len(OPTIONS) + i % len(OPTIONS) for i in range(len(OPTIMIZERS))])
 
 
 def test_every_registered_optimizer_is_swept():
@@ -88,7 +88,7 @@ def assert_same(a, b, what):
         np.testing.assert_array_equal(a[key], b[key], err_msg=f"{what}: {key}")
 
 
-@pytest.mark.parametrize("name,precision,K,loss", CASES, ids=["-".join(map(str, c)) for c in CASES])
+@pytest.mark.parametrize("name,precision,K,loss", CASES, ids=IDS)
 def test_save_load_round_trip_and_next_step(name, precision, K, loss, tmp_path):
     path = tmp_path / "ckpt.npz"
     a = model(name, precision, K, loss)
@@ -107,7 +107,7 @@ def test_save_load_round_trip_and_next_step(name, precision, K, loss, tmp_path):
     assert_same(state(fresh), state(a), f"{name}: the step after a load")
 
 
-@pytest.mark.parametrize("name,precision,K,loss", CASES, ids=["-".join(map(str, c)) for c in CASES])
+@pytest.mark.parametrize("name,precision,K,loss", CASES, ids=IDS)
 def test_export_tcnn_load_tcnn_round_trip(name, precision, K, loss, tmp_path):
     """Every network's inference weights come back as training and inference weights; where those were the
     trained weights (no averaged ones) and float32 (a float16 snapshot does not hold the float32 master weights), the

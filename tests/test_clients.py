@@ -11,6 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import tinn.torch  # noqa: E402
+from conftest import sample  # noqa: E402
 
 CLIENTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "clients")
 ROOT = os.path.dirname(os.path.dirname(CLIENTS))
@@ -115,6 +116,7 @@ def test_python_m_tinn_torch_runs_torch_on_one_thread_unless_the_environment_say
 
 
 SPAWNING_SCRIPT = '''import multiprocessing as mp
+import sys
 import torch
 import tinycudann as tcnn
 from torch.utils.data import DataLoader, Dataset
@@ -130,23 +132,26 @@ def name(_):
     return tinycudann.__name__, tinycudann.modules.__name__
 
 if __name__ == "__main__":
-    loader = DataLoader(Names(), batch_size=2, num_workers=1, multiprocessing_context="spawn")
-    print("loader", [b.tolist() for b in loader], flush=True)
-    with mp.get_context("spawn").Pool(1) as pool:
-        print("pool", pool.map(name, [0]), flush=True)
+    if sys.argv[1] == "loader":
+        loader = DataLoader(Names(), batch_size=2, num_workers=1, multiprocessing_context="spawn")
+        print("loader", [b.tolist() for b in loader], flush=True)
+    else:
+        with mp.get_context("spawn").Pool(1) as pool:
+            print("pool", pool.map(name, [0]), flush=True)
 '''
 
 
 @pytest.mark.x64_only("runs subprocesses on the CPU; checks the command line, nothing device-specific")
-def test_python_m_tinn_torch_workers_started_with_spawn_see_tinycudann(tmp_path):
+@pytest.mark.parametrize("worker", sample(["pool", "loader"], keep=["pool"]))
+def test_python_m_tinn_torch_workers_started_with_spawn_see_tinycudann(tmp_path, worker):
     """A spawned worker re-imports the script in a fresh interpreter: its ``import tinycudann`` gives tinn.torch
-    too (a DataLoader worker ran and a Pool answered; before, the DataLoader's worker died and the Pool hung)."""
+    too (a Pool answers, a DataLoader's worker runs; before, the Pool hung and the DataLoader's worker died)."""
     script = tmp_path / "spawning.py"
     script.write_text(SPAWNING_SCRIPT)
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("TINN_ARCH", None)
-    done = subprocess.run([sys.executable, "-m", "tinn.torch", str(script)], cwd=tmp_path, env=env,
+    done = subprocess.run([sys.executable, "-m", "tinn.torch", str(script), worker], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "loader [[10, 10]]" in done.stdout and "pool [('tinn.torch', 'tinn.torch.modules')]" in done.stdout, \
-        done.stdout
+    expected = {"loader": "loader [[10, 10]]", "pool": "pool [('tinn.torch', 'tinn.torch.modules')]"}[worker]
+    assert expected in done.stdout, done.stdout

@@ -3,7 +3,8 @@ llvmpipe here) give ``inference``'s outputs; every error is a message, never a c
 
 The C side is ``tests/deploy_runner.c``, built once with gcc and ``python -m tinn.deploy --cflags --libs`` alone.
 Python's side runs on the session's arch (``TINN_ARCH``); an export compiles its module in a process of its own on
-Vulkan. Skipped only where there is no gcc or no Vulkan device.
+Vulkan. Skipped only where there is no gcc or no Vulkan device. By default one model (a routed array of 2, the
+error cases' export) runs from C; every other model and encoding, and the example, in the full suite.
 """
 import json
 import os
@@ -17,6 +18,7 @@ import pytest
 import tinn
 import tinn.deploy
 from tinn.encodings.identity import IdentityEncoding
+from conftest import sample
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNNER = os.path.join(ROOT, "tests", "deploy_runner.c")
@@ -84,6 +86,7 @@ def check_equal(model, runner, tmp_path, rng, x, ids=None):
     return meta
 
 
+@pytest.mark.full_only("another model exported and run from C; the default suite runs the error cases' routed array")
 def test_config_hash_from_c_equals_inference(runner, tmp_path, rng):
     cfg = tinn.load_config("config_hash")
     model = randomised(tinn.NetworkWithInputEncoding(2, 3, cfg["encoding"], cfg["network"]), rng, 0.2)
@@ -94,6 +97,7 @@ def test_config_hash_from_c_equals_inference(runner, tmp_path, rng):
     np.testing.assert_array_equal(weights, model.params())
 
 
+@pytest.mark.full_only("another model exported and run from C; the default suite runs the error cases' routed array")
 def test_a_routed_array_of_four_from_c_equals_inference(runner, tmp_path, rng):
     model = randomised(tinn.NetworkWithInputEncoding(3, 2, SMALL_GRID, SMALL_MLP, n_instances=4), rng)
     ids = rng.integers(0, 4, N).astype(np.int32)
@@ -102,6 +106,7 @@ def test_a_routed_array_of_four_from_c_equals_inference(runner, tmp_path, rng):
     assert os.path.getsize(tmp_path / "model" / "params.bin") == 4 * 4 * model.n_params
 
 
+@pytest.mark.full_only("another model exported and run from C; the default suite runs the error cases' routed array")
 def test_frequency_and_mlp_from_c_equals_inference(runner, tmp_path, rng):
     model = randomised(tinn.NetworkWithInputEncoding(
         3, 4, {"otype": "Frequency", "n_frequencies": 4},
@@ -110,6 +115,7 @@ def test_frequency_and_mlp_from_c_equals_inference(runner, tmp_path, rng):
     check_equal(model, runner, tmp_path, rng, rng.random((N, 3), dtype=np.float32) * 2 - 0.5)
 
 
+@pytest.mark.full_only("another model exported and run from C; the default suite runs the error cases' routed array")
 def test_permutohedral_from_c_equals_inference(runner, tmp_path, rng):
     model = randomised(tinn.NetworkWithInputEncoding(
         3, 1, {"otype": "Permutohedral", "n_levels": 4, "n_features_per_level": 2, "log2_hashmap_size": 10,
@@ -117,6 +123,7 @@ def test_permutohedral_from_c_equals_inference(runner, tmp_path, rng):
     check_equal(model, runner, tmp_path, rng, rng.random((N, 3), dtype=np.float32))
 
 
+@pytest.mark.full_only("another model exported and run from C; the default suite runs the error cases' routed array")
 def test_an_encoding_and_a_network_alone_from_c_equal_inference(runner, tmp_path, rng):
     grid = randomised(tinn.create_encoding(2, SMALL_GRID), rng)
     check_equal(grid, runner, tmp_path / "grid", rng, rng.random((N, 2), dtype=np.float32))
@@ -276,7 +283,7 @@ def test_importing_tinn_imports_nothing_of_the_deploy_path():
     assert done.returncode == 0 and done.stdout.strip().splitlines()[-1] == "[]", done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("encoding, n_in", [
+@pytest.mark.parametrize("encoding, n_in", sample([
     ({"otype": "Identity", "scale": 2.0, "offset": -0.5}, 3),
     ({"otype": "OneBlob", "n_bins": 8}, 2),
     ({"otype": "TriangleWave", "n_frequencies": 3}, 2),
@@ -290,7 +297,7 @@ def test_importing_tinn_imports_nothing_of_the_deploy_path():
     ({"otype": "Composite", "reduction": "Product", "nested": [{"n_dims_to_encode": 1, "otype": "OneBlob", "n_bins": 4},
                                                                {"otype": "TriangleWave", "n_frequencies": 4}]}, 2),
     ({"otype": "NRC"}, 8),
-])
+], keep=[1, 5, 7]))
 def test_the_exported_kernel_equals_inference_for_every_encoding(encoding, n_in, rng):
     """The module's kernel itself, run in this process on the session's arch (no C): parameters as an ndarray."""
     import taichi as ti
@@ -308,7 +315,7 @@ def test_the_exported_kernel_equals_inference_for_every_encoding(encoding, n_in,
         np.testing.assert_allclose(arrays[3].to_numpy(), expected, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("program", ["examples/deploy/render.c", "benchmarks/deploy_infer.c"])
+@pytest.mark.parametrize("program", sample(["examples/deploy/render.c", "benchmarks/deploy_infer.c"], 1))
 def test_the_example_and_benchmark_programs_build_with_the_flags_alone(program, tmp_path):
     if shutil.which("gcc") is None:
         pytest.skip("no gcc")
@@ -318,6 +325,7 @@ def test_the_example_and_benchmark_programs_build_with_the_flags_alone(program, 
     assert built.returncode == 0, built.stderr[-3000:]
 
 
+@pytest.mark.full_only("the example's training and export; the default suite exports and runs a model from C")
 def test_the_example_trains_and_exports(runner, tmp_path):
     """examples/deploy/train_and_export.py, a few steps on the CPU (its export compiles for Vulkan)."""
     done = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "deploy", "train_and_export.py"),

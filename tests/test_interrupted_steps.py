@@ -13,9 +13,9 @@ import pytest
 import tinn
 from tinn.optimizers.step import commit
 
+from conftest import FULL
 from interrupts import CFG, Interrupt, batch, line_events
 
-FULL = os.environ.get("TINN_FULL") == "1"
 POINTS = 30                     # line events interrupted per case by default (spread over the step)
 ADAM = {"otype": "Adam", "learning_rate": 1e-2}
 OPTIMIZERS = {
