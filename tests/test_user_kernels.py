@@ -4,11 +4,11 @@ import pytest
 import taichi as ti
 
 import tinn
-from conftest import SMOOTH_NET, sample
+from conftest import SMALL_GRID, SMOOTH_NET, sample
 
 NET = SMOOTH_NET
 ENCODINGS = {
-    "HashGrid": {"otype": "HashGrid", "n_levels": 4, "log2_hashmap_size": 8, "base_resolution": 4},
+    "HashGrid": SMALL_GRID,
     "Frequency": {"otype": "Frequency", "n_frequencies": 3},
     "OneBlob": {"otype": "OneBlob", "n_bins": 8},
 }
