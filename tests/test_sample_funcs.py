@@ -7,11 +7,12 @@ import pytest
 import taichi as ti
 
 import tinn
-from conftest import SMALL_GRID, SMOOTH_NET, sample
+from conftest import SMOOTH_NET, sample
 from reference import EncodingRef, fd_input_gradient, mlp_forward_ref, mlp_shapes, mlp_unflatten, smooth_points
 
 NET = SMOOTH_NET
-GRID = SMALL_GRID
+GRID = {"otype": "HashGrid", "n_levels": 4, "n_features_per_level": 2, "log2_hashmap_size": 8,
+        "base_resolution": 4, "per_level_scale": 1.5}
 AVERAGING = {
     "EMA": {"otype": "EMA", "decay": 0.5, "nested": {"otype": "SGD", "learning_rate": 0.5}},
     "Average": {"otype": "Average", "n_samples": 4, "nested": {"otype": "SGD", "learning_rate": 0.5}},
