@@ -194,7 +194,8 @@ def encoding_second_order_ref(ref, x, width, dL_dy, v):
     return second_order_fd(input_grad, x, dL_dy, v, H_ENCODING)
 
 
-@pytest.mark.parametrize("name", sample(ENCODINGS, keep=[n for n in ENCODINGS if n not in ("SphericalHarmonics8", "NRC")]))
+@pytest.mark.parametrize("name", sample(ENCODINGS, keep=[n for n in ENCODINGS
+                                                  if n not in ("SphericalHarmonics8", "NRC")]))
 def test_encoding(name):
     n_in, cfg, alignment = ENCODINGS[name]
     enc = tinn.create_encoding(n_in, cfg, alignment=alignment)
