@@ -78,3 +78,20 @@ def test_host_and_device_normalisers_are_twins(layout, rng):
     np.testing.assert_allclose(normalisers(Batch.of(x, ids, K).routing, D), want, rtol=1e-6)
     device = Batch.of(put(x), None if ids is None else put(ids, ti.i32), K, census=Request(D))
     np.testing.assert_allclose(device.census.inv.to_numpy(), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("call", ["training_step", "forward"])
+def test_a_step_refuses_targets_narrower_than_the_loss_needs(call):
+    """Luminance losses read three target columns (``min_dims``): a trainer's step refuses two, as
+    ``Loss.evaluate`` does, before anything runs (no parameter changes)."""
+    config = {"loss": {"otype": "RelativeL2Luminance"}, "optimizer": {"otype": "Adam", "learning_rate": 1e-2},
+              "encoding": {"otype": "Identity"}, "network": {"otype": "CutlassMLP", "n_neurons": 16,
+                                                            "n_hidden_layers": 1}}
+    model = tinn.create_from_config(2, 2, config, seed=0)
+    x = np.random.default_rng(0).random((64, 2), dtype=np.float32)
+    before = model.network.params().copy()
+    with pytest.raises(ValueError, match="needs targets with at least 3 dims, got 2"):
+        getattr(model.trainer, call)(x, x)
+    with pytest.raises(ValueError, match="needs targets with at least 3 dims, got 2"):
+        model.loss.evaluate(x, x)
+    assert np.array_equal(model.network.params(), before)

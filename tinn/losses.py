@@ -133,8 +133,7 @@ class Loss(Object, RuntimeBound):
         if p.shape[0] != t.shape[0] or p.shape[-1] < t.shape[-1]:
             raise ValueError(f"prediction {p.shape} and target {t.shape} do not match: need the same batch and "
                              "at least as many prediction columns as target columns")
-        if t.shape[-1] < self.min_dims:
-            raise ValueError(f"loss '{self.otype}' needs targets with at least {self.min_dims} dims, got {t.shape[-1]}")
+        self._check_width(t.shape[-1])
         q = None if pdf is None else as_batch(pdf, t.shape[-1], "pdf", positive=True)
         if q is not None and q.shape != t.shape:
             raise ValueError(f"pdf must have the target's shape {t.shape}, got {q.shape}")
@@ -143,6 +142,11 @@ class Loss(Object, RuntimeBound):
         loss, per_network = callers_loss(loss, per_network, prediction)
         grad = callers_kind(grad, prediction)
         return (loss, grad, per_network) if per_instance else (loss, grad)
+
+    def _check_width(self, dims: int):
+        """``ValueError`` unless targets of ``dims`` columns are enough for this loss (``min_dims``)."""
+        if dims < self.min_dims:
+            raise ValueError(f"loss '{self.otype}' needs targets with at least {self.min_dims} dims, got {dims}")
 
     def _evaluate(self, p, t, q, batch: Batch, loss_scale):
         """``(loss, gradient, per-network losses)`` of checked ``(size, P)`` predictions ``p``, ``(size, D)`` targets

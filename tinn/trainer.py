@@ -223,6 +223,7 @@ class Trainer(RuntimeBound):
         target = checked(target, model.n_output_dims, "target", finite=True)
         if target.shape[:-1] != x.shape[:-1]:
             raise ValueError(f"target has {_samples(target)} samples, x has {_samples(x)}")
+        self.loss._check_width(target.shape[-1])
         if pdf is not None:
             pdf = checked(pdf, model.n_output_dims, "pdf", positive=True)
             if pdf.shape != target.shape:
