@@ -22,7 +22,8 @@ import os
 import numpy as np
 
 from _progress import Progress
-from mlp_learning_an_image import DEFAULT_CONFIG, DEFAULT_IMAGE, load_image, pixel_centres, psnr, shipped_configs
+from mlp_learning_an_image import (DEFAULT_CONFIG, DEFAULT_IMAGE, check_image_and_config, load_image, pixel_centres,
+                                   psnr)
 
 
 def parse_args(argv=None):
@@ -38,11 +39,7 @@ def parse_args(argv=None):
     ap.add_argument("--save", default="", help="write the final parameters to this .npz file (rank 0; none if empty)")
     ap.add_argument("--arch", default="cpu", help="Taichi arch (cpu, cuda, vulkan, metal, ...)")
     args = ap.parse_args(argv)
-    if not os.path.isfile(args.image):
-        ap.error(f"IMAGE {args.image!r} is not a file")
-    if not os.path.isfile(args.config) and args.config.removesuffix(".json") not in shipped_configs():
-        ap.error(f"CONFIG {args.config!r} is not a file nor a config shipped with tinn "
-                 f"({', '.join(shipped_configs())})")
+    check_image_and_config(ap, args)
     return args
 
 

@@ -163,6 +163,15 @@ def _positive(text):
     return value
 
 
+def check_image_and_config(ap, args):
+    """``ap.error`` unless ``args.image`` is a file and ``args.config`` a file or a config shipped with tinn."""
+    if not os.path.isfile(args.image):
+        ap.error(f"IMAGE {args.image!r} is not a file")
+    if not os.path.isfile(args.config) and args.config.removesuffix(".json") not in shipped_configs():
+        ap.error(f"CONFIG {args.config!r} is not a file nor a config shipped with tinn "
+                 f"({', '.join(shipped_configs())})")
+
+
 def parse_args(argv=None):
     ap = _Parser(description=__doc__.split("\n")[0],
                  epilog="Taichi starts only after the arguments are checked.",
@@ -185,11 +194,7 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     if args.image.lower().endswith((".json", ".jsonc")) or args.image in shipped_configs():
         ap.error(f"IMAGE {args.image!r} is a JSON config: the order is IMAGE CONFIG")
-    if not os.path.isfile(args.image):
-        ap.error(f"IMAGE {args.image!r} is not a file")
-    if not os.path.isfile(args.config) and args.config.removesuffix(".json") not in shipped_configs():
-        ap.error(f"CONFIG {args.config!r} is not a file nor a config shipped with tinn "
-                 f"({', '.join(shipped_configs())})")
+    check_image_and_config(ap, args)
     if args.config.lower().endswith(IMAGE_SUFFIXES):
         ap.error(f"CONFIG {args.config!r} is an image: the order is IMAGE CONFIG")
     try:

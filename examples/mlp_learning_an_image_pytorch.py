@@ -17,7 +17,7 @@ import numpy as np
 
 from _progress import Progress  # noqa: E402
 from mlp_learning_an_image import (DEFAULT_CONFIG, DEFAULT_IMAGE, is_snapshot, load_image, pixel_centres, psnr,
-                                   shipped_configs, write_jpg)
+                                   check_image_and_config, write_jpg)
 
 
 def parse_args(argv=None):
@@ -34,11 +34,7 @@ def parse_args(argv=None):
     ap.add_argument("--torch-threads", type=int, default=1,
                     help="torch's CPU threads (its share of a step is small; tinn's own threads do the rest)")
     args = ap.parse_args(argv)
-    if not os.path.isfile(args.image):
-        ap.error(f"IMAGE {args.image!r} is not a file")
-    if not os.path.isfile(args.config) and args.config.removesuffix(".json") not in shipped_configs():
-        ap.error(f"CONFIG {args.config!r} is not a file nor a config shipped with tinn "
-                 f"({', '.join(shipped_configs())})")
+    check_image_and_config(ap, args)
     return args
 
 
