@@ -11,6 +11,9 @@ pass as n processes side by side: whole test files, dealt longest first to the p
 by the seconds ``shard_costs.json`` holds for the arch (measured: ``.ci/shard_costs.py``; a file not measured
 counts as the median one).
 
+The README's command runs the suite in two worker processes (pytest-xdist's ``-n 2``; each worker takes whole test
+files, ``--dist loadfile``, so that a file's tests share its kernels); a run without ``-n`` runs it in this one.
+
 The default suite (the README's command) runs every check on a covering sample; ``TINN_FULL=1`` runs the full
 suite (what CI runs). A sweep's parameters go through ``sample(items, k)``: all of them in the full suite, an
 evenly spread ``k`` of them (first and last included) otherwise. A whole test marked
@@ -30,7 +33,7 @@ from taichi.lang import impl
 
 ARCH = os.environ.get("TINN_ARCH", "cpu")
 FULL = os.environ.get("TINN_FULL") == "1"
-FULL_COMMAND = "TINN_FULL=1 python -m pytest -q tests"
+FULL_COMMAND = "TINN_FULL=1 python -m pytest -q -n 2 tests"
 _LEFT_OUT = pytest.StashKey[int]()
 _PARAM = type(pytest.param(None))
 
@@ -71,6 +74,21 @@ def spread(items, k: int) -> list:
     return [items[i] for i in sorted({round(i * (len(items) - 1) / (k - 1)) for i in range(k)})] if k > 1 else items[:1]
 
 
+def _worker(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def _controller(config) -> bool:
+    """Whether this process only hands test files to xdist's workers (it runs no test and starts no Taichi)."""
+    return not _worker(config) and bool(getattr(config.option, "numprocesses", None))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", "no") == "no":
+        config.option.dist = "loadfile"             # a file's tests in one worker: they share its kernels
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "x64_only(reason): the test checks something that exists only on the "
                                        "CPU (x64) backend; skipped on other archs")
@@ -82,6 +100,8 @@ def pytest_configure(config):
                                        "(a subprocess that starts its own arch, argument parsing); CPU pass only")
     if not hasattr(ti, ARCH):
         raise pytest.UsageError(f"TINN_ARCH={ARCH!r} is not a Taichi arch")
+    if _controller(config):
+        return
     ti.init(arch=getattr(ti, ARCH), enable_fallback=False, offline_cache=True, log_level=ti.WARN)
     wanted = {"cpu": (ti.x64, ti.arm64)}.get(ARCH, (getattr(ti, ARCH),))
     if impl.current_cfg().arch not in wanted:
@@ -90,7 +110,8 @@ def pytest_configure(config):
 
 def pytest_report_header(config):
     suite = "full suite (TINN_FULL=1)" if FULL else f"default suite (the full one: {FULL_COMMAND})"
-    return [f"taichi arch: {impl.current_cfg().arch.name}", f"tinn: {suite}"]
+    arch = ARCH if _controller(config) else impl.current_cfg().arch.name
+    return [f"taichi arch: {arch}", f"tinn: {suite}"]
 
 
 def pytest_report_collectionfinish(config, start_path, items):
@@ -98,6 +119,14 @@ def pytest_report_collectionfinish(config, start_path, items):
     if left:
         return f"the default suite leaves out {left} tests of sweeps and loops; all of them: {FULL_COMMAND}"
     return []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """(xdist) A worker's count of the tests the default suite left out: every worker collects the whole suite."""
+    left = getattr(node, "workeroutput", {}).get("tinn_left_out")
+    if left is not None:
+        node.config.stash[_LEFT_OUT] = left
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -138,6 +167,8 @@ def pytest_collection_modifyitems(config, items):
             config.hook.pytest_deselected(items=left)
             items[:] = [item for item in items if item.get_closest_marker("full_only") is None]
         config.stash[_LEFT_OUT] = len(left)
+        if _worker(config):
+            config.workeroutput["tinn_left_out"] = len(left)
     shard = _shard()
     if shard is not None:
         i, n = shard

@@ -46,12 +46,14 @@ def test_sdf_sphere_init_through_data_and_eikonal_double_backward(tinycudann, ca
 
 
 @pytest.mark.x64_only("a training run of torch-level glue; the device path has its own tests")
+@pytest.mark.full_only("a third tcnn client's training run; the image and SDF clients run by default")
 def test_nerf_density_and_colour_networks_train(tinycudann, capsys):
     _run("nerf_client.py", "--steps", "15")
     assert "nerf: loss" in capsys.readouterr().out
 
 
 @pytest.mark.x64_only("runs a subprocess on the CPU; checks the command line, nothing device-specific")
+@pytest.mark.full_only("a second script under python -m tinn.torch; the spawn-workers test runs one by default")
 def test_python_m_tinn_torch_runs_a_checkpoint_client_unchanged():
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("TINN_ARCH", None)

@@ -36,7 +36,7 @@ def stage_snippets():
 pytestmark = pytest.mark.arch_independent("each program starts ti.cpu whatever TINN_ARCH is")
 
 
-@pytest.mark.parametrize("code, crashes", sample(snippets(), 4))
+@pytest.mark.parametrize("code, crashes", sample(snippets(), 2))
 def test_guide_program(code, crashes, tmp_path):
     run_program(code, crashes, tmp_path)
 

@@ -14,7 +14,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 SETUP = "pip install -e . && python examples/mlp_learning_an_image.py"
-TESTS = 'pip install -e ".[test]" && python -m pytest -q tests'
+TESTS = 'pip install -e ".[test]" && python -m pytest -q -n 2 tests'
 
 
 def read(path):

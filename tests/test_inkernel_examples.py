@@ -17,6 +17,8 @@ def run_example(out, script, *args):
     return result.stdout
 
 
+@pytest.mark.full_only("a second in-kernel example's training run; the default suite runs the SDF one and checks "
+                       "tinn.ad's stages in test_ad")
 def test_raymarch_density_learns_the_volume_and_the_gain(tmp_path):
     out = run_example(tmp_path, "raymarch_density.py", "--steps", "60", "--rays", "256", "--samples", "32",
                       "--views", "12", "--size", "16")
@@ -27,7 +29,7 @@ def test_raymarch_density_learns_the_volume_and_the_gain(tmp_path):
     assert (tmp_path / "raymarch_views.png").exists()
 
 
-@pytest.mark.full_only("the raymarch example a second time, routed; its plain run is in the default suite")
+@pytest.mark.full_only("the raymarch example a second time, routed")
 def test_raymarch_density_with_routed_micro_networks(tmp_path):
     out = run_example(tmp_path, "raymarch_density.py", "--steps", "40", "--rays", "256", "--samples", "32",
                       "--views", "12", "--size", "16", "--instances", "8")

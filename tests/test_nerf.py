@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tinn
-from conftest import FULL, sample
+from conftest import sample
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
@@ -192,10 +192,12 @@ def test_nerf_example_learns_a_tiny_scene(tmp_path, instances):
         assert "turntable: step 2/2" in stdout                          # the turntable shows progress
 
 
-COMPARE_STEPS = 50 if FULL else 26     # the default suite: the array's first 25 steps fit the one network's time
+COMPARE_STEPS = 50
 
 
 @pytest.mark.long_compile("two fields' stages and renderers, compiled through llvmpipe")
+@pytest.mark.full_only("the example trained twice (one network, then 8); the default suite checks its stages, "
+                       "renderer, arguments and picture titles above and below")
 def test_nerf_compare_trains_both_for_the_same_time_and_titles_its_picture(tmp_path):
     stdout = tiny_scene_run(tmp_path, "--steps", str(COMPARE_STEPS), "--compare", "--instances", "8")
     with open(tmp_path / "out" / "nerf_compare.json") as f:

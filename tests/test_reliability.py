@@ -21,8 +21,8 @@ from conftest import FULL
 from interrupts import CFG, Interrupt, batch, full_state, line_events, model, same, weights
 
 ON_CPU = impl.current_cfg().arch in (ti.x64, ti.arm64)
-EVERY = 1 if FULL and ON_CPU else 10 if ON_CPU else 25
-"""Interrupt every line event in the full suite on the CPU; every 10th in the default suite, every 25th on other
+EVERY = 1 if FULL and ON_CPU else 25
+"""Interrupt every line event in the full suite on the CPU; every 25th in the default suite and on other
 archs (a step through Mesa's software Vulkan driver is slow; the CPU pass covers every event)."""
 
 

@@ -64,7 +64,7 @@ def trained_model(optimizer, rng, encoding=GRID, steps=4):
     return model, x
 
 
-@pytest.mark.parametrize("name", list(AVERAGING))
+@pytest.mark.parametrize("name", sample(list(AVERAGING), 1))
 def test_forward_func_reads_the_training_weights_under_averaging_optimizers(name, rng):
     model, x = trained_model(AVERAGING[name], rng)
     net = model.network

@@ -18,6 +18,7 @@ import tinn  # noqa: E402
 import tinn.torch as tt  # noqa: E402
 from tinn.torch import _tensors  # noqa: E402
 from tinn.torch._tensors import DIRECT, HOST, UPLOAD  # noqa: E402
+from conftest import sample  # noqa: E402
 from test_device_path import _Seam, path  # noqa: E402
 from test_torch import HASH, SMOOTH_NET  # noqa: E402
 
@@ -94,7 +95,8 @@ class _Arrays:
 
 
 @host_path_exists
-@pytest.mark.parametrize("routed", [False, True], ids=["model", "routed array"])
+@pytest.mark.parametrize("routed", sample([pytest.param(False, id="model"), pytest.param(True, id="routed array")],
+                                            keep=[True]))
 def test_the_device_path_gives_the_host_paths_results(rng, monkeypatch, routed):
     x, ids, w = batch(rng, routed)
     with path(False):

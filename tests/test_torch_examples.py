@@ -31,6 +31,8 @@ def _final_psnr(script, tmp_path, steps, batch):
     return float(re.search(r"Final PSNR: ([0-9.]+) dB", result.stdout).group(1))
 
 
+@pytest.mark.full_only("the PyTorch example's training run; the default suite checks its sampler and arguments here "
+                       "and tinn.torch in test_torch")
 def test_pytorch_example_learns_as_the_native_one(tmp_path):
     torch_psnr = _final_psnr("mlp_learning_an_image_pytorch.py", tmp_path, 30, 4096)
     native_psnr = _final_psnr("mlp_learning_an_image.py", tmp_path, 30, 4096)
