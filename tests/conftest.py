@@ -22,6 +22,7 @@ evenly spread ``k`` of them (first and last included) otherwise. A whole test ma
 carry ``@pytest.mark.arch_independent(reason)`` and run in the CPU pass only. The report says how many tests
 the default suite left out.
 """
+import contextlib
 import json
 import os
 import statistics
@@ -223,12 +224,36 @@ def small_model():
     return tinn.NetworkWithInputEncoding(2, 3, SMALL_GRID, SMALL_NET)
 
 
-@pytest.fixture
-def device_path(monkeypatch):
-    """Build (and run) models on the device path on any arch (``tinn.runtime.program.FORCE``; on the CPU that
-    is the path a GPU takes, batches on the device)."""
+@contextlib.contextmanager
+def on_path(device: bool):
+    """Build and run models inside on the device path (``device=True``: ``tinn.runtime.program.FORCE``, on the CPU
+    the path a GPU takes, batches on the device) or on the arch's own path (``False``); the path is restored after."""
     from tinn.runtime import program
-    monkeypatch.setattr(program, "FORCE", True)
+    before, program.FORCE = program.FORCE, bool(device)
+    try:
+        yield
+    finally:
+        program.FORCE = before
+
+
+@pytest.fixture
+def device_path():
+    """The test on the device path on any arch (:func:`on_path`)."""
+    with on_path(True):
+        yield
+
+
+@pytest.fixture
+def set_path():
+    """``set_path(device)``: the rest of the test on the device path (``True``) or the arch's own path (``False``);
+    restored after the test (:func:`on_path`)."""
+    from tinn.runtime import program
+    before = program.FORCE
+
+    def set_(device: bool):
+        program.FORCE = bool(device)
+    yield set_
+    program.FORCE = before
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ import pytest
 import taichi as ti
 
 import tinn
-from tinn.runtime import program as _program
 from conftest import SMALL_GRID, SMOOTH_ENCODING, SMOOTH_NET, sample
 
 R, S, DT = 24, 8, 0.05
@@ -21,10 +20,10 @@ SMOOTH = SMOOTH_ENCODING
 
 
 @pytest.fixture(autouse=True, params=sample(["host", "device"], keep=["host"]))
-def path(request, monkeypatch):
+def path(request, set_path):
     """Every test runs on the CPU's own path and, in the full suite, on the device path too (kernels between the
     fields and tinn's batches, ``tinn.runtime.program.FORCE``; test_ad_device.py runs stages there by default)."""
-    monkeypatch.setattr(_program, "FORCE", request.param == "device")
+    set_path(request.param == "device")
     return request.param
 
 

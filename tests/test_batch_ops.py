@@ -120,7 +120,7 @@ def test_reading_the_store_allocates_nothing():
 
 
 @pytest.mark.parametrize("first", ["host path", "device path"])
-def test_the_path_is_the_calls_not_the_models(first, monkeypatch):
+def test_the_path_is_the_calls_not_the_models(first, set_path):
     """The kind of a call's batches picks the backends at every call (``routing.on_device``): a model used on one
     path gives the same results on the other, and back (nothing is chosen once per model)."""
     enc = {"otype": "HashGrid", "n_levels": 2, "n_features_per_level": 2, "log2_hashmap_size": 6, "base_resolution": 4}
@@ -128,7 +128,7 @@ def test_the_path_is_the_calls_not_the_models(first, monkeypatch):
     x, dy = rng.random((37, 2), dtype=np.float32), rng.normal(size=(37, 3)).astype(np.float32)
     results = []
     for device in ([False, True, False] if first == "host path" else [True, False, True]):
-        monkeypatch.setattr(tinn.runtime.program, "FORCE", device)
+        set_path(device)
         if not results:
             model = tinn.NetworkWithInputEncoding(2, 3, enc, net, seed=4)
         y, ctx = model.forward(x)
@@ -141,13 +141,13 @@ def test_the_path_is_the_calls_not_the_models(first, monkeypatch):
 
 @pytest.mark.parametrize("path", ["host", "device"])
 @pytest.mark.parametrize("routing", ["single", "routed", "dense"])
-def test_a_step_checks_each_argument_once(path, routing, monkeypatch):
+def test_a_step_checks_each_argument_once(path, routing, monkeypatch, set_path):
     """A training step (and the trainer's ``forward``) checks the shape and dtype of ``x``, ``target``, ``pdf``
     and the ids once, at the step's entry, and the runtime once: the private methods it composes (the model's
     forward and backward, the loss, the optimizer's step) check none of them again, nor the model's output, and
     no public method of a component runs inside the step."""
     import tinn.batch.batch as batch
-    monkeypatch.setattr(tinn.runtime.program, "FORCE", path == "device")
+    set_path(path == "device")
     K = 1 if routing == "single" else 2
     model = tinn.NetworkWithInputEncoding(2, 3, {"otype": "Identity"}, {"otype": "FullyFusedMLP", "n_neurons": 16,
                                                                         "n_hidden_layers": 1}, n_instances=K, seed=2)

@@ -7,7 +7,6 @@ what runs, and a training step (a single network with a grid, per-dim or Composi
 routed network array), a second order and an encoding's pass of a ti.ndarray batch are checked to call
 no host BLAS and to move no batch-sized array to the host.
 """
-import contextlib
 
 import numpy as np
 import pytest
@@ -18,7 +17,6 @@ from taichi.lang.kernel_impl import Kernel
 
 import tinn
 from tinn.batch import buffers as _buffers
-from tinn.runtime import program as _program
 from tinn.batch import batch as _kind
 from tinn.runtime.memory import HostView
 from tinn.networks import _kernel_mlp, _mlp_plan
@@ -27,28 +25,17 @@ from tinn.batch.routing import TILE, Routing
 from reference import (assert_close, mlp_backward_ref, mlp_forward_ref, mlp_second_order_ref, mlp_shapes,
                        mlp_unflatten, padded, random_weights)
 from tinn.networks.activations import NAMES
-from conftest import SMALL_GRID, sample
+from conftest import SMALL_GRID, on_path, sample
 
 on_cpu = impl.current_cfg().arch in (ti.x64, ti.arm64)
 blas_exists = pytest.mark.x64_only("the host BLAS path to compare with runs only on the CPU")
 
 
-@contextlib.contextmanager
-def path(device: bool):
-    """Run on the device path (``FORCE``) or on the CPU's own path."""
-    before = _program.FORCE
-    _program.FORCE = device
-    try:
-        yield
-    finally:
-        _program.FORCE = before
-
-
 def pair(build, monkeypatch):
     """The same model (same seed) on the host path and on the device path."""
-    with path(False):
+    with on_path(False):
         host = build()
-    with path(True):
+    with on_path(True):
         device = build()
         mlp = device
         while not hasattr(mlp, "_batch_path"):
@@ -58,11 +45,11 @@ def pair(build, monkeypatch):
 
 
 def compare(host, device, x, dy, instance=None, tol=2e-5):
-    with path(False):
+    with on_path(False):
         y_h, ctx_h = host.forward(x, instance)
         inference_h = host.inference(x, instance)
         dx_h = host.backward(ctx_h, dy)
-    with path(True):
+    with on_path(True):
         y_d, ctx_d = device.forward(x, instance)
         inference_d = device.inference(x, instance)
         dx_d = device.backward(ctx_d, dy)
@@ -186,9 +173,9 @@ def test_device_training_equals_host_training(rng, monkeypatch, loss):
     for _ in range(4):
         x = rng.random((1000, 2), dtype=np.float32)
         t = rng.random((1000, 3), dtype=np.float32)
-        with path(False):
+        with on_path(False):
             loss_h = host.trainer.training_step(x, t)
-        with path(True):
+        with on_path(True):
             loss_d = device.trainer.training_step(_buffers.put(x), _buffers.put(t))
         assert loss_d == pytest.approx(loss_h, rel=1e-4)
     np.testing.assert_allclose(device.network.params(), host.network.params(), rtol=1e-3, atol=1e-5)
@@ -206,7 +193,7 @@ def test_optimizer_arrays_on_the_device_follow_their_changes(rng, otype, extra):
     masks = [None, [1], [0, 2], [0, 2], None, [2]]
     results = []
     for device in (False, True):
-        with path(device):
+        with on_path(device):
             opt = tinn.create_optimizer({"otype": otype, "learning_rate": 1e-2, **extra})
             params = start.copy()
             for i, (g, active) in enumerate(zip(grads, masks)):
@@ -228,7 +215,7 @@ def compare_second_order(host, device, x, v, dy, instance=None, tol=1e-4):
     largest value); the parameter gradients are not all 0."""
     results = []
     for model, on_device in ((host, False), (device, True)):
-        with path(on_device):
+        with on_path(on_device):
             _, ctx = model.forward(x, instance)
             d_dy, d_x = model.backward_backward_input(ctx, v, dy)
             results.append((_kind.host(d_dy), _kind.host(d_x), model.gradients()))
@@ -298,7 +285,7 @@ def test_kernel_second_order_through_a_hash_grid_equals_blas(rng, monkeypatch):
     B = 2 * TILE + 5
     x, v, dy = (rng.random((B, 3), dtype=np.float32), rng.normal(size=(B, 3)).astype(np.float32),
                 rng.normal(size=(B, 2)).astype(np.float32))
-    with path(True):
+    with on_path(True):
         _, ctx = device.forward(_buffers.put(x))
         results = device.backward_backward_input(ctx, _buffers.put(v), _buffers.put(dy))
     assert all(isinstance(r, ti.Ndarray) for r in results)
@@ -410,9 +397,9 @@ def test_device_array_training_equals_host_training(rng, monkeypatch):
         x = rng.random((B, 2), dtype=np.float32)
         t = rng.random((B, 3), dtype=np.float32)
         inst = rng.choice([0, 1, 2, 3, 4, 6], B, p=[0.5, 0.2, 0.1, 0.1, 0.05, 0.05]).astype(np.int32)
-        with path(False):
+        with on_path(False):
             loss_h, per_h = host.trainer.training_step(x, t, inst, per_instance=True)
-        with path(True):
+        with on_path(True):
             loss_d, per_d = device.trainer.training_step(_buffers.put(x), _buffers.put(t), _buffers.put(inst, ti.i32),
                                                          per_instance=True)
         assert loss_d == pytest.approx(loss_h, rel=1e-4)
@@ -450,18 +437,18 @@ def test_dense_device_array_equals_host_array(rng, monkeypatch):
     x, t = rng.random((K, S, 2), dtype=np.float32), rng.random((K, S, 3), dtype=np.float32)
     dy, v = rng.normal(size=(K, S, 3)).astype(np.float32), rng.normal(size=(K, S, 2)).astype(np.float32)
     for _ in range(3):
-        with path(False):
+        with on_path(False):
             loss_h, per_h = host.trainer.training_step(x, t, per_instance=True)
-        with path(True):
+        with on_path(True):
             loss_d, per_d = device.trainer.training_step(_buffers.put(x), _buffers.put(t), per_instance=True)
         assert loss_d == pytest.approx(loss_h, rel=1e-4)
         np.testing.assert_allclose(per_d, per_h, rtol=1e-4)
     np.testing.assert_allclose(device.network.params(), host.network.params(), rtol=1e-3, atol=1e-5)
-    with path(False):
+    with on_path(False):
         y_h, ctx = host.network.forward(x)
         dx_h = host.network.backward(ctx, dy)
         second_h = host.network.backward_backward_input(ctx, v, dy)
-    with path(True):
+    with on_path(True):
         y_d, ctx = device.network.forward(_buffers.put(x))
         dx_d = device.network.backward(ctx, _buffers.put(dy))
         second_d = device.network.backward_backward_input(ctx, _buffers.put(v), _buffers.put(dy))
@@ -641,9 +628,9 @@ def test_an_encoding_on_the_device_path_equals_the_host_path(name):
     """Every pass of a ti.ndarray batch on the device path (FORCE) against the same numpy batch on the
     host path: outputs, input and parameter gradients, and second order."""
     enc, batch = encoding_and_batch(name, 333)
-    with path(False):
+    with on_path(False):
         host = encoding_passes(enc, *batch)
-    with path(True):
+    with on_path(True):
         device = encoding_passes(enc, *(_buffers.put(a) for a in batch))
     for p in PASSES:
         h, d = host[p], _kind.host(device[p])

@@ -8,12 +8,9 @@ On the CPU the device path is forced (``tinn.runtime.program.FORCE``); there the
 An inference of device batches never waits either: the census, the encoding and the MLP (one fused kernel, or a
 kernel per layer), nothing read back; a bad batch is reported by the object's next call that reads.
 """
-import os
-
 import numpy as np
 import pytest
 import taichi as ti
-from taichi.lang import impl
 
 import tinn
 from tinn.batch import buffers as _buffers
@@ -23,6 +20,7 @@ from tinn.runtime.probe import counting
 from tinn.networks import _kernel_mlp
 from tinn.registry import load_config
 from test_device_path import use_mlp_kernels
+from conftest import on_path
 
 
 SINGLE_LAUNCHES, ARRAY_LAUNCHES = 16, 24
@@ -72,8 +70,7 @@ def test_a_device_loss_behaves_as_the_loss(rng, device_path):
     """Read lazily, the loss equals the host path's and works as a float."""
     model = tinn.create_from_config(2, 3, config_hash())
     host_x, host_t = rng.random((512, 2), dtype=np.float32), rng.random((512, 3), dtype=np.float32)
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(_program, "FORCE", False)
+    with on_path(False):
         reference = tinn.create_from_config(2, 3, config_hash())
         expected = reference.trainer.forward(host_x, host_t).loss
     loss = model.trainer.forward(_buffers.put(host_x), _buffers.put(host_t)).loss
@@ -150,8 +147,7 @@ def test_a_bad_dense_device_batch_names_network_and_sample(rng, device_path, wha
     with pytest.raises(ValueError, match=message):
         float(loss)
     np.testing.assert_array_equal(model.network.params(), params)
-    with pytest.MonkeyPatch.context() as m, pytest.raises(ValueError, match=message):
-        m.setattr(_program, "FORCE", False)                       # the host batch's check says the same
+    with on_path(False), pytest.raises(ValueError, match=message):                       # the host batch's check says the same
         float(model.trainer.training_step(x, t, pdf=pdf))
 
 
@@ -189,8 +185,7 @@ def test_inference_writes_into_the_callers_buffer(rng, device_path, K):
         if not _kernel_mlp.takes_fused(model.network.plan):     # (GPU archs run the MLP as one fused kernel)
             assert seen.kernels["_layer_forward"] == 3
     host = np.full(expected.shape, np.nan, np.float32)
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(_program, "FORCE", False)
+    with on_path(False):
         assert model.inference(x, out=host) is host
         np.testing.assert_allclose(host, expected, rtol=1e-4, atol=1e-6)
 
@@ -253,8 +248,7 @@ def test_a_device_inference_reads_nothing_back_and_launches_few_kernels(rng, mon
     if mlp_kernels == "fused":
         assert seen.launches <= 2 + (routing == "numpy ids"), seen.kernels
     host_x, host_ids = x.to_numpy(), ids.to_numpy() if isinstance(ids, ti.Ndarray) else ids
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(_program, "FORCE", False)
+    with on_path(False):
         expected = model.inference(host_x, host_ids)
     np.testing.assert_allclose(y.to_numpy(), expected, rtol=1e-4, atol=1e-5)
 
@@ -283,8 +277,7 @@ def test_a_bad_device_inference_raises_at_the_next_call_that_reads(rng, device_p
     else:
         bad_ids[9] = K
     shaped = bad_x.reshape(x.shape)
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(_program, "FORCE", False)
+    with on_path(False):
         expected = net.inference(host_x, host_ids)               # off the CPU a device inference too: call 2
     bad_call = 2 if _program.is_cpu() else 3
     with counting() as seen:

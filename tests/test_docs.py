@@ -42,7 +42,7 @@ def test_the_readme_is_short_and_keeps_its_two_set_up_commands():
     text = read("README.md")
     assert len(text.splitlines()) <= 300
     assert f"    {SETUP}\n" in text and f"    {TESTS}\n" in text
-    assert f"python -m pytest -q tests" in read(os.path.join(".ci", "run"))
+    assert "python -m pytest -q tests" in read(os.path.join(".ci", "run"))
 
 
 @pytest.mark.parametrize("doc", documents())

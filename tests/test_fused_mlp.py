@@ -8,12 +8,12 @@ import taichi as ti
 
 import tinn
 from tinn.batch import buffers as _buffers
-from tinn.runtime import program as _program
 from tinn.runtime.probe import counting
 from tinn.networks import _fused_layout, _fused_mlp
 from tinn.networks._mlp_plan import FUSED_TILINGS, MLPPlan, thread_tile
 from reference import assert_close
 from test_device_path import use_mlp_kernels
+from conftest import on_path
 
 CONFIG_HASH_PLAN = MLPPlan.build(32, 3, 16, 64, 2, "ReLU", "None")
 """config_hash's MLP: 32 encoded inputs (16 levels x 2 features), 64 neurons x 2 hidden layers, 3 outputs."""
@@ -193,7 +193,6 @@ def test_an_inference_runs_the_encoding_inside_the_fused_kernel(rng, monkeypatch
     y_forward = model.forward(x, inst)[0]
     assert_close(y.to_numpy(), y_forward.to_numpy(), rtol=1e-6, atol_rel=1e-6)
     if precision == "float32":
-        with monkeypatch.context() as m:
-            m.setattr(_program, "FORCE", False)
+        with on_path(False):
             host = model.inference(xh, ids)
         assert_close(y.to_numpy(), host, rtol=1e-5, atol_rel=1e-5)

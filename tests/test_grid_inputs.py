@@ -8,7 +8,6 @@ or hashes. Here every grid type, dimension and interpolation is compared with ``
 (0, 1, cell boundaries, the int32 limit); beyond the int32 range the result must be finite and
 every read and write must stay in the level's own table.
 """
-import os
 import subprocess
 import sys
 import textwrap

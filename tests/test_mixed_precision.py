@@ -95,12 +95,12 @@ def test_encoding_in_half_precision(name):
 @needs_half
 @needs_half
 @pytest.mark.parametrize("device", [False, True], ids=["host", "device"])
-def test_network_in_half_precision(device, monkeypatch):
+def test_network_in_half_precision(device, set_path):
     """The MLP reads float16 weights, keeps its hidden activations in float16 (each hidden output rounded
     before the next layer reads it, each pre-activation rounded where the backward differentiates at it) and
     writes float32 gradients: forward and gradients against §2.2's reference at the rounded weights and
     activations, which the unrounded reference misses."""
-    monkeypatch.setattr(tinn.runtime.program, "FORCE", device)
+    set_path(device)
     cfg = {"otype": "FullyFusedMLP", "activation": "Tanh", "output_activation": "Sigmoid", "n_neurons": 16,
            "n_hidden_layers": 2}
     net = tinn.create_network(5, 3, cfg, precision="float16")
@@ -164,7 +164,7 @@ def test_fused_kernels_in_half_precision(n_instances, monkeypatch, device_path):
 
 @needs_half
 @pytest.mark.parametrize("n_instances", sample([1, 3], keep=[3]))
-def test_half_activations_agree_on_host_and_device(n_instances, monkeypatch):
+def test_half_activations_agree_on_host_and_device(n_instances, set_path):
     """The host path (numpy) and the device path (kernels) round the same activations at the same points: a
     half-precision MLP's outputs, gradients and second order (dL2/d(dL_dy), dL2/dx, dL2/dW) agree within
     float32 rounding, single network and array. Not all of them: where the two float32 sums of a pre-activation
@@ -180,7 +180,7 @@ def test_half_activations_agree_on_host_and_device(n_instances, monkeypatch):
     theta = f16(rng.normal(0, 0.7, (n_instances, tinn.create_network(4, 2, cfg).n_params)))
     results = []
     for device in (False, True):
-        monkeypatch.setattr(tinn.runtime.program, "FORCE", device)
+        set_path(device)
         net = tinn.create_network(4, 2, cfg, n_instances=n_instances, precision="float16")
         net.set_params(theta if n_instances > 1 else theta[0])
         put = tinn.batch.buffers.put if device else (lambda a: a)
@@ -272,11 +272,11 @@ def test_per_sample_funcs_in_half_precision(which):
 @needs_half
 @pytest.mark.parametrize("device", sample([False, True], keep=[1]), ids=["host", "device"])
 @pytest.mark.parametrize("which", ["HashGrid", "MLP"])
-def test_half_gradients_are_float32_sums(which, device, monkeypatch):
+def test_half_gradients_are_float32_sums(which, device, set_path):
     """A float16 store's gradients are float32 (its weights float16), and a gradient summed from thousands of
     small per-sample contributions (per-block partial sums and atomics on the device path) matches a float64
     NumPy reference within float32 rounding: tighter than float16's rounding of the exact sums (checked)."""
-    monkeypatch.setattr(tinn.runtime.program, "FORCE", device)
+    set_path(device)
     rng = np.random.default_rng(8)
     B = 1 << 14
     if which == "HashGrid":
@@ -386,13 +386,13 @@ def test_set_params_reaches_the_masters():
 
 
 @needs_half
-def test_device_path_in_half_precision(monkeypatch):
+def test_device_path_in_half_precision(set_path):
     """The device path (forced on the CPU: kernel MLP, device census and loss) trains a float16 model as the
     host path does, within half precision."""
     x, t = batch(5)
     host = model()
     losses = [host.trainer.training_step(x, t) for _ in range(3)]
-    monkeypatch.setattr(tinn.runtime.program, "FORCE", True)
+    set_path(True)
     dev = model()
     xd, td = tinn.batch.buffers.put(x), tinn.batch.buffers.put(t)
     dev_losses = [float(dev.trainer.training_step(xd, td)) for _ in range(3)]

@@ -14,7 +14,6 @@ import taichi as ti
 import tinn
 from conftest import SMALL_GRID
 from tinn.batch import buffers as _buffers
-from tinn.runtime import program as _program
 from tinn.runtime.probe import counting
 from tinn.registry import optimizers
 
@@ -77,9 +76,9 @@ def snapshot(m, opt) -> dict:
             "counts": opt.step_counts(), **opt.state_dict()}
 
 
-def train(name: str, on_device: bool, monkeypatch, masks=MASKS):
+def train(name: str, on_device: bool, set_path, masks=MASKS):
     """``name`` stepped under ``masks`` on one path; returns the model, optimizer and what the steps did."""
-    monkeypatch.setattr(_program, "FORCE", on_device)
+    set_path(on_device)
     m, opt = build(name)
     store, seen = m.store, []
     for i, mask in enumerate(masks):
@@ -100,9 +99,9 @@ def test_the_cases_cover_every_registered_optimizer():
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_device_steps_take_no_numpy_argument_and_equal_host_steps(monkeypatch, name):
-    m_h, opt_h, _ = train(name, False, monkeypatch)
-    m_d, opt_d, seen = train(name, True, monkeypatch)
+def test_device_steps_take_no_numpy_argument_and_equal_host_steps(set_path, name):
+    m_h, opt_h, _ = train(name, False, set_path)
+    m_d, opt_d, seen = train(name, True, set_path)
     if name not in HOST_ONLY:
         assert [s.numpy_arguments for s in seen] == [[]] * len(MASKS)
         assert [s.read_backs for s in seen] == [0] * len(MASKS)
@@ -119,9 +118,9 @@ def test_device_steps_take_no_numpy_argument_and_equal_host_steps(monkeypatch, n
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_an_all_zero_device_mask_leaves_everything_untouched(monkeypatch, name):
+def test_an_all_zero_device_mask_leaves_everything_untouched(set_path, name):
     """The mask of a non-finite batch: nothing moves, not even with NaN gradients."""
-    m, opt, _ = train(name, True, monkeypatch, MASKS[:3])
+    m, opt, _ = train(name, True, set_path, MASKS[:3])
     before = snapshot(m, opt)
     store = m.store
     store.write(store.grads, store.offset, np.full((K, m.n_params), np.nan, np.float32))

@@ -5,7 +5,6 @@ import pytest
 
 import tinn
 from conftest import sample
-from tinn.runtime import program as _program
 from reference import EncodingRef, assert_close, fd_input_gradient, second_order_fd, smooth_points
 
 CFG = {"otype": "Permutohedral", "n_levels": 2, "n_features_per_level": 2, "base_resolution": 4,
@@ -70,7 +69,7 @@ def test_network_array_routes_each_sample_to_its_table():
                      rtol=1e-4, atol_rel=1e-5)
 
 
-def test_device_path_equals_the_host_path(monkeypatch):
+def test_device_path_equals_the_host_path(set_path):
     """Forward, both backwards and the second order of the device path's kernels (any-input funcs, atomic
     adds) equal the CPU path's."""
     rng = np.random.default_rng(2)
@@ -87,7 +86,7 @@ def test_device_path_equals_the_host_path(monkeypatch):
         return [np.asarray(a) for a in (y, dx, g, d_dy, enc.gradients())]
 
     host = run()
-    monkeypatch.setattr(_program, "FORCE", True)
+    set_path(True)
     for a, b in zip(run(), host):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.abs(b).max())
 

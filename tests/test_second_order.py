@@ -14,7 +14,6 @@ import taichi as ti
 import tinn
 from conftest import sample
 from tinn.batch import buffers as _buffers
-from tinn.runtime import program as _program
 from tinn.batch import batch as _kind
 from tinn.networks import activations
 from reference import (ACTIVATIONS, EncodingRef, act_grad_ref, act_ref, act_second_ref, assert_close,
@@ -318,7 +317,7 @@ def test_networks_a_batch_does_not_reach_get_zero_gradients():
 @pytest.mark.x64_only("the host path to compare with runs only on the CPU")
 @pytest.mark.full_only("a grid model's second order compiled on both paths; test_device_path compares the paths "
                        "by default")
-def test_grid_model_on_the_device_path_equals_the_host_path(monkeypatch):
+def test_grid_model_on_the_device_path_equals_the_host_path(set_path):
     """A hash grid under an MLP: the grid's first-order backward of dL2/de runs on the device path, and its
     result joins the host second order; numpy and ti.ndarray batches give the host path's results."""
     cfg = ({"otype": "HashGrid", "n_levels": 4, "n_features_per_level": 2, "log2_hashmap_size": 10,
@@ -329,7 +328,7 @@ def test_grid_model_on_the_device_path_equals_the_host_path(monkeypatch):
     g = rng.normal(size=(50, 2)).astype(np.float32)
     results = {}
     for kind, device_path in (("host", False), ("numpy", True), ("ti.ndarray", True)):
-        monkeypatch.setattr(_program, "FORCE", device_path)
+        set_path(device_path)
         model = tinn.NetworkWithInputEncoding(3, 2, *cfg, seed=3)
         put = _buffers.put if kind == "ti.ndarray" else np.asarray
         _, ctx = model.forward(put(x))

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from conftest import sample
-from tinn.runtime import program as _program
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
@@ -79,8 +78,8 @@ def test_one_simulation_step_matches_numpy(learner):
 @pytest.mark.parametrize("learner,device", sample([("array", False), ("array", True), ("shared_with_id", False)],
                                                   keep=[0]),
                          ids=["array-host", "array-device", "shared_with_id-host"])
-def test_the_gradient_through_two_simulation_steps_matches_central_differences(learner, device, monkeypatch):
-    monkeypatch.setattr(_program, "FORCE", device)
+def test_the_gradient_through_two_simulation_steps_matches_central_differences(learner, device, set_path):
+    set_path(device)
     sim, _ = small_swarm(6, horizon=2, learner=learner)
     net = sim.network
     net.set_params(net.params() * 4)                  # actions well away from 0: every term of the objective moves

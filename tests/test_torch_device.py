@@ -18,8 +18,8 @@ import tinn  # noqa: E402
 import tinn.torch as tt  # noqa: E402
 from tinn.torch import _tensors  # noqa: E402
 from tinn.torch._tensors import DIRECT, HOST, UPLOAD  # noqa: E402
-from conftest import sample  # noqa: E402
-from test_device_path import _Seam, path  # noqa: E402
+from conftest import on_path, sample  # noqa: E402
+from test_device_path import _Seam  # noqa: E402
 from test_torch import HASH, SMOOTH_NET  # noqa: E402
 
 host_path_exists = pytest.mark.x64_only("the host path to compare with runs only on the CPU")
@@ -39,9 +39,9 @@ def test_the_rule_names_the_device_taichi_reads():
         assert _tensors.rule(arch, True, True) == (UPLOAD, cpu)
     arch, torch_cuda = impl.current_cfg().arch, torch.cuda.is_available()
     direct = arch in (ti.x64, ti.arm64) or (arch == ti.cuda and torch_cuda)
-    with path(True):
+    with on_path(True):
         assert _tensors.route()[0] == (DIRECT if direct else UPLOAD)
-    with path(False):
+    with on_path(False):
         assert _tensors.route()[0] == (HOST if arch in (ti.x64, ti.arm64) else DIRECT if direct else UPLOAD)
 
 
@@ -99,9 +99,9 @@ class _Arrays:
                                             keep=[True]))
 def test_the_device_path_gives_the_host_paths_results(rng, monkeypatch, routed):
     x, ids, w = batch(rng, routed)
-    with path(False):
+    with on_path(False):
         host = first_and_second_order(build(routed), x, ids, w)
-    with path(True):
+    with on_path(True):
         model = build(routed)
         arrays = _Arrays(monkeypatch, model.native_tcnn_module)
         device = first_and_second_order(model, x, ids, w)
@@ -119,7 +119,7 @@ def test_a_dense_array_batch_on_the_device_path_gives_the_host_paths_results(rng
     x = torch.from_numpy(rng.random((K, 40, 3), dtype=np.float32)).requires_grad_(True)
     results = []
     for device in (False, True):
-        with path(device):
+        with on_path(device):
             model = build(routed=True)
             y = model(x)
             x.grad = None
@@ -136,7 +136,7 @@ def test_the_bridge_equals_the_native_api(rng, routed, device):
     """On every arch and route: the module's outputs and gradients are those of a native object built with
     the same seed and fed numpy arrays; outputs follow the input's dtype."""
     x, ids, w = batch(rng, routed)
-    with path(device):
+    with on_path(device):
         model = build(routed)
         native = tinn.NetworkWithInputEncoding(3, 2, HASH, SMOOTH_NET, seed=5, n_instances=model.n_instances)
         inst = None if ids is None else ids.numpy().astype(np.int32)
