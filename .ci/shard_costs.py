@@ -11,8 +11,13 @@ or from pytest's "slowest durations" lines:
     PYTEST_ADDOPTS="--durations=0 --durations-min=0" bash .ci/run > ci.log
     python .ci/shard_costs.py ci.log > tests/shard_costs.json
 
+The default suite's seconds (the README's command, CPU; ``tests/conftest.py`` hands xdist's workers the longest
+files first by them) come from a JUnit file named ``default.xml``:
+
+    python -m pytest -q tests -p no:cacheprovider --junitxml=/tmp/ci-junit/default.xml
+
 A JUnit XML file (``pytest --junitxml``) counts for the arch its name starts with (``.ci/run`` names them
-``cpu-1.xml``, ``vulkan-3.xml``); a log is split into sections by Taichi's ``Starting on arch=...`` line.
+``cpu-1.xml``, ``vulkan-3.xml``; ``default.xml`` counts as ``default``); a log is split into sections by Taichi's ``Starting on arch=...`` line.
 Setup, call and teardown of every test count. ``--keep OLD.json`` keeps OLD's figure for a file and arch the
 inputs do not measure (say which in the commit; OLD's ``_estimated`` note lists the figures that are not
 measurements). Prints ``{"cpu": {file: seconds}, "vulkan": {...}}`` (x64

@@ -151,6 +151,18 @@ def _shard():
     return i, n
 
 
+def _file(item) -> str:
+    return item.nodeid.split("::")[0]
+
+
+def _costs(suite: str = "full") -> dict:
+    """Each test file's measured seconds (``shard_costs.json``): the full suite's on this arch, or the default
+    suite's (``"default"``, on the CPU)."""
+    with open(os.path.join(os.path.dirname(__file__), "shard_costs.json")) as f:
+        costs = json.load(f)
+    return costs.get("default" if suite == "default" else "cpu" if ARCH == "cpu" else ARCH, {})
+
+
 def _parts(files, n: int, costs: dict) -> dict:
     """Each test file's part (0 to n - 1): longest first, each to the part with the least time so far."""
     default = statistics.median(costs.values()) if costs else 1.0
@@ -173,14 +185,16 @@ def pytest_collection_modifyitems(config, items):
     shard = _shard()
     if shard is not None:
         i, n = shard
-        with open(os.path.join(os.path.dirname(__file__), "shard_costs.json")) as f:
-            costs = json.load(f).get("cpu" if ARCH == "cpu" else ARCH, {})
-        part = _parts({item.nodeid.split("::")[0] for item in items}, n, costs)
+        part = _parts({_file(item) for item in items}, n, _costs())
         mine, others = [], []
         for item in items:
-            (mine if part[item.nodeid.split("::")[0]] == i - 1 else others).append(item)
+            (mine if part[_file(item)] == i - 1 else others).append(item)
         config.hook.pytest_deselected(items=others)
         items[:] = mine
+    if _worker(config):                 # xdist hands out files in this order: the longest first, so none is left last
+        costs = _costs("full" if FULL else "default")
+        default = statistics.median(costs.values()) if costs else 1.0
+        items.sort(key=lambda item: -costs.get(_file(item), default))
     for item in items if ARCH != "cpu" else ():
         mark = item.get_closest_marker("arch_independent")
         if mark is not None:
