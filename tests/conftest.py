@@ -88,6 +88,7 @@ def _controller(config) -> bool:
 def pytest_cmdline_main(config):
     if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", "no") == "no":
         config.option.dist = "loadfile"             # a file's tests in one worker: they share its kernels
+        config.option.loadscopereorder = False      # files in the workers' order: the longest first
 
 
 def pytest_configure(config):

@@ -37,6 +37,8 @@ def test_raymarch_density_with_routed_micro_networks(tmp_path):
     assert len(psnr) >= 2 and psnr[-1] > psnr[0] + 3, out
 
 
+@pytest.mark.full_only("the SDF example's training run; the default suite checks its arguments here and in "
+                       "test_examples_output, and tinn.ad's gradient stage with an Eikonal loss in test_ad")
 def test_sdf_eikonal_fits_and_the_eikonal_term_helps(tmp_path):
     out = run_example(tmp_path / "new", "sdf_eikonal.py", "--steps", "60", "--surface", "512", "--eikonal", "512")
     errors = {name: [float(v) for v in re.findall(rf"\[{re.escape(name)}\] step .*?SDF error\| ([\d.]+)", out)]

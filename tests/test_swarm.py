@@ -100,6 +100,7 @@ def test_the_gradient_through_two_simulation_steps_matches_central_differences(l
                                    err_msg=f"network {k}, parameter {j}")
 
 
+@pytest.mark.full_only("30 training steps of the swarm; the default suite checks a step and its gradients above")
 def test_training_lowers_the_objective():
     sim, goal = small_swarm(16, horizon=6, seed=1)
     result = swarm.train("array", sim, 1e-2, steps=30, goal=goal)
