@@ -277,6 +277,14 @@ class Trainer(RuntimeBound):
             phases += self.optimizer._bound_phases(scale, active) + [self._masters.publish]
         commit(phases)
 
+    def skipped_updates(self) -> np.ndarray:
+        """Per network, the steps whose update was not applied because a gradient (divided by the loss scale) was NaN,
+        +-Inf or beyond ``tinn.optimizers.step.GRADIENT_BOUND``: int64 ``(n_instances,)``, counted on the device
+        since the trainer was made (a read-back). The network's parameters and optimizer state stayed as they were.
+        A float16 model's overflowing steps are counted by ``loss_scaler.skipped`` instead."""
+        self._check_runtime()
+        return self.optimizer.skipped_updates()
+
     def training_step(self, x, target, instance=None, pdf=None, *, per_instance: bool = False):
         """One step; returns the loss, or ``(loss, per-network losses)`` with ``per_instance=True``.
 

@@ -23,7 +23,7 @@ from ..keys import NON_NEGATIVE, Key
 from ..registry import optimizers
 from ..runtime.program import is_cpu
 from ..runtime.kernels import ARENA, FLAT, at, flat_args, set_at, specialised
-from .step import counted, one_minus_pow
+from .step import count_skipped, counted, gate, gate_args, one_minus_pow
 from .optimizer import (ABSOLUTE_DECAY, EPSILON, F32_1D, I32_1D, LEARNING_RATE, RELATIVE_DECAY, Optimizer, beta,
                         l2_reg, zeros)
 
@@ -79,7 +79,9 @@ def _adam_kernel(flags: tuple, flat: bool):
     each stepped weight to ``I[k, io + i]`` (the model's inference weights, filled in the same pass
     instead of a copy after the step). Matrix parameters share their network's step count;
     non-matrix ones keep their own (they skip zero gradients). The kernel counts the optimizer's
-    steps too (``steps[k] += active[k]``, saturating, after the updates), so a step is one launch.
+    steps too (``steps[k] += active[k]``, saturating, after the updates), so a step is one launch; as a step's
+    first kernel it first evaluates the step's gate (``step.py``: ``active`` from ``source`` and the gradients
+    ``G[k, cgo + i]``, ``i < cn``).
     """
     adabound, gclip_on, wclip_on, decay_on, opt_matrix, opt_non_matrix, skip_zero, mirror = flags
     chunk = CHUNK if is_cpu() else GPU_CHUNK
@@ -126,9 +128,10 @@ def _adam_kernel(flags: tuple, flat: bool):
     def step(P: Rows, ps: ti.i32, po: ti.i32, I: Rows, is_: ti.i32, io: ti.i32, G: Rows, gs: ti.i32, go: ti.i32,
              m: F32_1D, v: F32_1D,
              matrix_steps: I32_1D, param_steps: I32_1D, active: I32_1D, steps: I32_1D, bias: F32_1D,
-             inv_scale: ti.f32, lr: ti.f32, lr_scale: F32_1D, beta1: ti.f32, beta2: ti.f32, eps: ti.f32, l2_reg: ti.f32,
+             source: I32_1D, cgo: ti.i32, cn: ti.i32, skipped: I32_1D, inv_scale: ti.f32, lr: ti.f32, lr_scale: F32_1D, beta1: ti.f32, beta2: ti.f32, eps: ti.f32, l2_reg: ti.f32,
              nm_l2_reg: ti.f32, nm_lr_factor: ti.f32, rel_decay: ti.f32, abs_decay: ti.f32, wclip: ti.f32,
              gclip: ti.f32, n_matrix: ti.i32, n: ti.i32):
+        gate(source, G, gs, cgo, cn, inv_scale, active)
         n_nm = n - n_matrix
         m_tasks, nm_tasks = (n_matrix + chunk - 1) // chunk, (n_nm + chunk - 1) // chunk
         if ti.static(opt_matrix):
@@ -169,6 +172,7 @@ def _adam_kernel(flags: tuple, flat: bool):
             if ti.static(opt_matrix):
                 matrix_steps[k] = counted(matrix_steps[k], active[k])
             steps[k] = counted(steps[k], active[k])
+            count_skipped(source, active, skipped, k)
 
     return step
 
@@ -215,7 +219,8 @@ class Adam(Optimizer):
         return bool(self.hparams["optimize_matrix_params"] and self.hparams["optimize_non_matrix_params"])
 
     def _phases(self, step):
-        """The update counts the steps in its own kernel (without parameters: the shared counter)."""
+        """The update counts the steps in its own kernel and evaluates the gate (without parameters: the shared
+        counter)."""
         return [partial(self.update, step)] if self.n_params else super()._phases(step)
 
     def update(self, step):
@@ -226,10 +231,11 @@ class Adam(Optimizer):
                  step.publish_to is not None)
         I, io = step.publish_to or (s.params, s.p_off)
         flat, ((P, ps), (I, is_), (G, gs)) = flat_args(s.params, I, s.grads)
+        source, _, cgo, cn, skipped = gate_args(step, s.grads, self._skipped)
         _adam_kernel(flags, flat)(
             P, ps, s.p_off, I, is_, io, G, gs, s.g_off, self.first_moments, self.second_moments, self.matrix_steps,
             self.param_steps, step.mask, self._steps, self.kernel_array("bias", self._bias_correction()),
-            1.0 / step.loss_scale, self.learning_rate, self.lr_scale(step),
+            source, cgo, cn, skipped, 1.0 / step.loss_scale, self.learning_rate, self.lr_scale(step),
             h["beta1"], h["beta2"], h["epsilon"], h["l2_reg"], h["non_matrix_l2_reg"],
             h["non_matrix_learning_rate_factor"], h["relative_decay"], h["absolute_decay"],
             h["clipping_magnitude"], h["gradient_clipping_magnitude"], self.n_matrix, s.n)

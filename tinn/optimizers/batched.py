@@ -21,15 +21,18 @@ from ..params import Buffer
 from ..registry import optimizers
 from ..runtime.kernels import ARENA, arena_kernel
 from .optimizer import I32_1D, Slot, zeros
-from .step import counted
+from .step import count_skipped, counted, gate, gate_args
 from .wrapper import Wrapper
 
 
 @arena_kernel
 def _accumulate(pool: ARENA, po: ti.i32, G: ARENA, go: ti.i32, n: ti.i32, active: I32_1D,
-                steps: I32_1D, fire: I32_1D, multiplier: ti.i32):
-    """``pool += G / N`` (reset on a group's first call, ``steps[k] % N == 0``); then count the call and
-    set ``fire[k]`` for the networks whose ``N``-th call this was."""
+                steps: I32_1D, fire: I32_1D, multiplier: ti.i32, source: I32_1D, CG: ARENA, cgo: ti.i32, cn: ti.i32,
+                skipped: I32_1D, inv_scale: ti.f32):
+    """The step's first kernel: its gate (``step.py``; a gated network's call is not counted), then ``pool += G /
+    N`` (reset on a group's first call, ``steps[k] % N == 0``); then count the call and set ``fire[k]`` for the
+    networks whose ``N``-th call this was."""
+    gate(source, CG, 0, cgo, cn, inv_scale, active)
     for k, i in ti.ndrange(active.shape[0], n):
         if active[k]:
             if steps[k] % multiplier == 0:
@@ -38,6 +41,7 @@ def _accumulate(pool: ARENA, po: ti.i32, G: ARENA, go: ti.i32, n: ti.i32, active
     for k in range(active.shape[0]):
         steps[k] = counted(steps[k], active[k])
         fire[k] = ti.cast(active[k] != 0 and steps[k] % multiplier == 0, ti.i32)
+        count_skipped(source, active, skipped, k)
 
 
 @optimizers.register("Batched")
@@ -60,10 +64,12 @@ class Batched(Wrapper):
 
     def _phases(self, step):
         """Every call adds to the pool; the nested optimizer steps on every N-th call of an instance."""
-        return [partial(self._accumulate, step)] + self.nested._phases(dataclasses.replace(step, mask=self._fire))
+        return [partial(self._accumulate, step)] + self.nested._phases(dataclasses.replace(step, mask=self._fire,
+                                                                                            gate=None))
 
     def _accumulate(self, step):
         s = self.slot
         pool, po = (self.averaged_gradients.field, self.averaged_gradients.offset) if self.n_params else (s.grads, 0)
         _accumulate(pool, po, s.grads, s.g_off, s.n, step.mask, self._steps, self._fire,
-                    self.hparams["batch_size_multiplier"])
+                    self.hparams["batch_size_multiplier"], *gate_args(step, s.grads, self._skipped),
+                    1.0 / step.loss_scale)

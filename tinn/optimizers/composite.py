@@ -32,6 +32,7 @@ from ..params import Buffer
 from ..registry import create_optimizer, optimizers
 from ..runtime.kernels import copy_columns
 from .optimizer import Slot
+from .step import later
 from .wrapper import Nesting, check_learning_rate
 
 
@@ -154,11 +155,12 @@ class Composite(Nesting):
         copy_columns(C.field, C.offset, slot.params, slot.p_off, self.n_params, self.all_networks())
 
     def _phases(self, step):
-        """Each slice's step with the same record (its mask already a kernel array), then the inference copies."""
+        """Each slice's step with the same record (its mask already a kernel array; the first slice's first kernel
+        evaluates the gate, over every slice's gradients), then the inference copies."""
         s, C = self.slot, getattr(self, "custom_weights_buffer", None)
         phases = []
-        for opt, off, n in zip(self.nested_list, self.offsets, self.sizes):
-            phases += opt._phases(step)
+        for i, (opt, off, n) in enumerate(zip(self.nested_list, self.offsets, self.sizes)):
+            phases += opt._phases(step if i == 0 else later(step))
             if self._has_custom:
                 phases.append(partial(copy_columns, C.field, C.offset + off,
                                       *(opt.inference_weights() or (s.params, s.p_off + off)), n, step.mask))

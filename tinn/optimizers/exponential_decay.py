@@ -28,15 +28,19 @@ import taichi as ti
 
 from ..keys import CLOSED_UNIT, NON_NEGATIVE, POSITIVE_INT, Key
 from ..registry import optimizers
+from ..runtime.kernels import ARENA, arena_kernel
 from .optimizer import F32_1D, I32_1D, zeros
+from .step import count_skipped, gate, gate_args
 from .wrapper import Wrapper, check_learning_rate
 
 
-@ti.kernel
+@arena_kernel
 def _decay(factor: F32_1D, scale: F32_1D, outer: F32_1D, active: I32_1D, steps: I32_1D, base: ti.f32,
-           start: ti.i32, interval: ti.i32, end: ti.i32, scaled: ti.template()):
-    """Update ``factor`` of the ``active`` networks (module docstring) and write ``scale = factor``
-    (times ``outer``, an enclosing wrapper's scale, with ``scaled``)."""
+           start: ti.i32, interval: ti.i32, end: ti.i32, scaled: ti.template(), source: I32_1D, G: ARENA,
+           go: ti.i32, gn: ti.i32, skipped: I32_1D, inv_scale: ti.f32):
+    """The step's first kernel: its gate (``step.py``), then update ``factor`` of the ``active`` networks (module
+    docstring) and write ``scale = factor`` (times ``outer``, an enclosing wrapper's scale, with ``scaled``)."""
+    gate(source, G, 0, go, gn, inv_scale, active)
     for k in range(factor.shape[0]):
         s = steps[k]
         if active[k]:
@@ -47,6 +51,7 @@ def _decay(factor: F32_1D, scale: F32_1D, outer: F32_1D, active: I32_1D, steps: 
         scale[k] = factor[k]
         if ti.static(scaled):
             scale[k] = outer[k] * factor[k]
+        count_skipped(source, active, skipped, k)
 
 
 @optimizers.register("ExponentialDecay")
@@ -76,12 +81,16 @@ class ExponentialDecay(Wrapper):
     def learning_rate(self, value: float):
         self.nested.learning_rate = float(np.float32(check_learning_rate(self, value)) / self._factor())
 
+    def gates_before(self) -> bool:
+        return bool(self.n_params)
+
     def before_nested(self, step):
         if self.n_params:
             h, outer = self.hparams, step.lr_scale
             _decay(self.learning_rate_factor, self._scale, self._scale if outer is None else outer, step.mask,
                    self.nested.steps_array(), h["decay_base"], h["decay_start"], h["decay_interval"],
-                   h["decay_end"], outer is not None)
+                   h["decay_end"], outer is not None, *gate_args(step, self.slot.grads, self._skipped),
+                   1.0 / step.loss_scale)
 
     def nested_step(self, step):
         return dataclasses.replace(step, lr_scale=self._scale) if self.n_params else step

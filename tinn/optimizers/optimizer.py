@@ -50,7 +50,7 @@ from ..keys import NON_NEGATIVE, UNIT_INTERVAL, Key, Options
 from ..object import Object, ParametricObject
 from ..params import ParamStore
 from ..runtime.program import RuntimeBound, active
-from .step import STEP_LIMIT, Step, commit, count_steps, new_counter
+from .step import STEP_LIMIT, Gate, Step, commit, count_steps, later, new_counter
 
 
 def zeros(shape, dtype):
@@ -177,6 +177,7 @@ class Optimizer(Object, RuntimeBound):
         if self.n_matrix > self.n_params:
             raise ValueError(f"layer_sizes cover {self.n_matrix} params, more than the {self.n_params} to optimize")
         self._steps = new_counter(self.n_instances)
+        self._gated, self._skipped = new_counter(self.n_instances), new_counter(self.n_instances)
         self._unit_scale = _buffers.buffer((self.n_instances,), ti.f32)
         self._unit_scale.fill(1.0)
 
@@ -211,14 +212,27 @@ class Optimizer(Object, RuntimeBound):
     def _bound_phases(self, loss_scale: float, active) -> list:
         """The phases (``step.py``) of a step of the bound slot, filling the model's inference weights (in the
         update itself where it can)."""
-        mask = self.mask(active)
         store = self.slot.store
         mirrored = self._publishes and self.inference_weights() is None and self.mirrors()
-        step = Step(mask, float(loss_scale), None, (store.inference_params, store.offset) if mirrored else None)
+        step = self._step(active, loss_scale, (store.inference_params, store.offset) if mirrored else None)
         phases = self._phases(step)
         if self._publishes and not mirrored:
-            phases.append(partial(self._publish, mask))
+            phases.append(partial(self._publish, step.mask))
         return phases
+
+    def _step(self, active, loss_scale: float, publish_to=None) -> Step:
+        """A top-level step of the networks ``active`` (:meth:`mask`), gated (``step.py``): its phases read the
+        mask that its first kernel writes, without the networks whose gradients could make their state
+        non-finite."""
+        s = self.slot
+        gate = Gate(self.mask(active), s.grads, s.g_off, s.n, self._skipped)
+        return Step(self._gated, float(loss_scale), None, publish_to, gate)
+
+    def skipped_updates(self) -> np.ndarray:
+        """Per network, the updates not applied because a gradient (divided by the loss scale) was NaN, +-Inf or
+        beyond ``tinn.optimizers.step.GRADIENT_BOUND`` since allocation: int64 ``(n_instances,)`` (a read-back)."""
+        self._require_allocated()
+        return self._skipped.to_numpy().astype(np.int64)
 
     def mask(self, active):
         """``active`` (module docstring) as the int32 ``(K,)`` mask that kernels read: a device mask as it
@@ -242,9 +256,10 @@ class Optimizer(Object, RuntimeBound):
         slot.store.publish(*source, mask)
 
     def _phases(self, step: Step) -> list:
-        """One step's phases, changing nothing yet: count, then update (``update`` sees the count including this
-        step)."""
-        return [partial(count_steps, self._steps, step.mask)] + ([partial(self.update, step)] if self.n_params else [])
+        """One step's phases, changing nothing yet: count (the step's first kernel: it evaluates the gate), then
+        update (``update`` sees the count including this step)."""
+        count = partial(count_steps, self._steps, step, self.slot.grads, self._skipped)
+        return [count] + ([partial(self.update, later(step))] if self.n_params else [])
 
     def lr_scale(self, step: Step):
         """float32 ``(K,)`` kernel array by which the kernels multiply ``learning_rate`` (a scalar
@@ -342,10 +357,10 @@ def step_arrays(optimizer: Optimizer, params: np.ndarray, gradients, *, loss_sca
     if store is None or (store.n_instances, store.n_params) != flat.shape:
         optimizer.allocate(flat.shape[1], [(1, flat.shape[1])], flat.shape[0])
         store = optimizer.slot.store
-    mask = optimizer.mask(active)
+    step = optimizer._step(active, loss_scale)
     store.write(store.params, store.offset, flat)
     store.write(store.grads, store.offset, grads.reshape(flat.shape))
-    commit(optimizer._phases(Step(mask, float(loss_scale))) + [partial(_read_back, store, flat)])
+    commit(optimizer._phases(step) + [partial(_read_back, store, flat)])
 
 
 def _read_back(store, flat: np.ndarray):

@@ -13,14 +13,20 @@ taken at all.
 
 Every table in a :class:`Step` is a kernel argument: on the device path a ``ti.ndarray``, so a
 device step hands no numpy array to any kernel and reads nothing back.
+
+A network whose update could turn its state non-finite is not stepped (:class:`Gate`): the step's first kernel
+(whichever optimizer's it is) first checks every gradient of the networks the caller asked for, and writes the
+mask that every phase of the step then reads (``Step.mask``) without them; it counts them in the optimizer's
+``skipped`` array. Nothing is read back and no kernel is added.
 """
 import _signal                  # signal.signal and signal.getsignal without their enum conversion (~20 us a step)
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import taichi as ti
 
 from ..batch import buffers as _buffers
+from ..runtime.kernels import ARENA, arena_kernel, at, columns_per_task
 from ..runtime.types import I32_1D
 
 
@@ -31,13 +37,73 @@ class Step:
     ``mask``: int32 ``(K,)`` (numpy on the CPU host path, else a ``ti.ndarray``); ``loss_scale``: the
     gradients are divided by it; ``lr_scale``: ``None`` or float32 ``(K,)`` multiplying each network's
     learning rate (a wrapper's schedule); ``publish_to``: ``None`` or ``(field, offset)`` where the
-    update also writes each stepped weight (the model's inference weights, instead of a copy after).
+    update also writes each stepped weight (the model's inference weights, instead of a copy after); ``gate``:
+    ``None``, or the :class:`Gate` that the step's first kernel evaluates into ``mask`` (a phase that launches that
+    kernel hands its later phases ``dataclasses.replace(step, gate=None)``).
     """
 
     mask: object
     loss_scale: float = 1.0
     lr_scale: object = None
     publish_to: tuple | None = None
+    gate: object = None
+
+
+GRADIENT_BOUND = 2.0 ** 48
+"""The largest gradient magnitude (divided by the loss scale) a step applies: its square, and the sum of 2^32 such
+squares (a layer's norm, Novograd), stay finite in float32 (``FLT_MAX`` ~ 2^128), so no optimizer's moments,
+norms or updates overflow from finite state. A network with a larger, Inf or NaN gradient is not stepped."""
+
+
+@dataclass(frozen=True)
+class Gate:
+    """What the first kernel of a step checks: the caller's mask ``source`` (int32 ``(K,)``, the networks to step),
+    the gradients ``grads[k, g_off + i]``, ``i < n`` (a field: the top-level optimizer's slot), and ``skipped``, the
+    int32 ``(K,)`` count of the updates not applied. It writes ``Step.mask[k] = source[k]`` unless a gradient of
+    network ``k`` times ``inv_scale`` is NaN, +-Inf or beyond :data:`GRADIENT_BOUND` (:func:`gate`)."""
+
+    source: object
+    grads: object
+    g_off: int
+    n: int
+    skipped: object
+
+
+def gate_args(step: Step, grads, skipped) -> tuple:
+    """``(source, grads, g_off, n, skipped)`` for a first kernel's :func:`gate` (``step.gate``'s), or arguments that
+    leave ``step.mask`` as it is (a later kernel: ``source`` is the mask itself, no gradient checked)."""
+    g = step.gate
+    return (step.mask, grads, 0, 0, skipped) if g is None else (g.source, g.grads, g.g_off, g.n, g.skipped)
+
+
+def later(step: Step) -> Step:
+    """``step`` for the phases after the one that evaluated its gate."""
+    return step if step.gate is None else replace(step, gate=None)
+
+
+@ti.func
+def gate(source: ti.template(), G: ti.template(), gs, go, n, inv_scale, mask: ti.template()):
+    """The first loops of a step's first kernel: ``mask[k] = source[k]``, then 0 for a network ``k`` with a gradient
+    ``G[k, go + i] * inv_scale`` (``i < n``; :func:`~tinn.runtime.kernels.at`'s ``G`` and stride ``gs``) that is
+    not within :data:`GRADIENT_BOUND` (NaN and +-Inf included). ``n = 0`` and ``source`` the mask: nothing changes."""
+    for k in range(mask.shape[0]):
+        mask[k] = source[k]
+    C = ti.static(columns_per_task())
+    tasks = (n + C - 1) // C
+    for t in range(mask.shape[0] * tasks):
+        k, c = t // tasks, t % tasks
+        if source[k] != 0:
+            bad = 0
+            for i in range(c * C, ti.min(c * C + C, n)):
+                bad |= ti.cast(not (ti.abs(at(G, gs, k, go + i) * inv_scale) <= GRADIENT_BOUND), ti.i32)
+            if bad:
+                mask[k] = 0
+
+
+@ti.func
+def count_skipped(source: ti.template(), mask: ti.template(), skipped: ti.template(), k):
+    """``skipped[k] += 1`` if network ``k`` was asked for but gated out (saturating; in a kernel's last loop)."""
+    skipped[k] = counted(skipped[k], ti.cast(source[k] != 0 and mask[k] == 0, ti.i32))
 
 
 def commit(phases):
@@ -96,16 +162,20 @@ def counted(count, stepped):
     return ti.min(count, STEP_CEILING - one) + one
 
 
-@ti.kernel
-def _count(steps: I32_1D, mask: I32_1D):
+@arena_kernel
+def _count(steps: I32_1D, mask: I32_1D, source: I32_1D, G: ARENA, go: ti.i32, n: ti.i32, skipped: I32_1D,
+           inv_scale: ti.f32):
+    gate(source, G, 0, go, n, inv_scale, mask)
     for k in range(steps.shape[0]):
         steps[k] = counted(steps[k], mask[k])
+        count_skipped(source, mask, skipped, k)
 
 
-def count_steps(steps, mask):
+def count_steps(steps, step: Step, grads, skipped):
     """``steps[k] += mask[k]`` (saturating at ``STEP_CEILING``): the per-network step counter, counted where it
-    lives."""
-    _count(steps, mask)
+    lives; the step's first kernel, if ``step.gate`` is set (``grads``, ``skipped``: the optimizer's, for a later
+    one)."""
+    _count(steps, step.mask, *gate_args(step, grads, skipped), 1.0 / step.loss_scale)
 
 
 def new_counter(n_instances: int):

@@ -10,7 +10,8 @@ the wrapper's own arrays plus the nested state under ``nested.``.
 
 Writing a wrapper: ``KEYS``, ``STATE`` and ``create_state()`` as any optimizer (the nested
 optimizer is bound first), then ``before_nested(step)`` and / or ``after_nested(step)``
-around the nested step (phases of the step: each changes state only in its last line, see ``step.py``);
+around the nested step (phases of the step: each changes state only in its last line, see ``step.py``; a
+``before_nested`` that launches a kernel says so in ``gates_before()`` and evaluates the step's gate there);
 ``nested_step(step)`` to hand the nested optimizer another step record (a schedule's learning-rate scale;
 it changes nothing); ``nested_slot(slot)`` to hand the nested optimizer other
 gradients (a pool); ``inference_weights()`` for averaged weights (``nested_weights()`` gives the
@@ -24,6 +25,7 @@ from functools import partial
 from ..keys import Options
 from ..registry import create_optimizer
 from .optimizer import LEARNING_RATE, Optimizer, Slot
+from .step import later
 
 
 def check_learning_rate(optimizer, value) -> float:
@@ -107,11 +109,17 @@ class Wrapper(Nesting):
         return slot
 
     def _phases(self, step):
-        return ([partial(self.before_nested, step)] + self.nested._phases(self.nested_step(step)) +
-                [partial(self.after_nested, step)])
+        inner = later(step) if self.gates_before() else step
+        return ([partial(self.before_nested, step)] + self.nested._phases(self.nested_step(inner)) +
+                [partial(self.after_nested, later(step))])
+
+    def gates_before(self) -> bool:
+        """Whether :meth:`before_nested` launches the step's first kernel (which then evaluates ``step.gate``)."""
+        return False
 
     def before_nested(self, step):
-        """Runs before each nested step (:class:`~tinn.optimizers.step.Step`)."""
+        """Runs before each nested step (:class:`~tinn.optimizers.step.Step`); with :meth:`gates_before`, the step's
+        first kernel."""
 
     def after_nested(self, step):
         """Runs after each nested step."""
