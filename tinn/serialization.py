@@ -26,6 +26,7 @@ Both this module and ``tcnn_snapshot`` are handed a trainer's :class:`Parts`, no
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import warnings
@@ -101,7 +102,25 @@ def save(parts, path):
     if parts.loss_scaler is not None:
         header.update(precision="float16", loss_scale=parts.loss_scaler.state())
     arrays["header"] = np.frombuffer(json.dumps(header).encode("utf-8"), np.uint8)
-    write_atomically(path, lambda f: np.savez(f, **arrays), "cannot save the checkpoint")
+    write_atomically(path, lambda f: _savez(f, arrays), "cannot save the checkpoint")
+
+
+def _savez(f, arrays: dict):
+    """``np.savez(f, **arrays)`` (the same archive: stored ``<name>.npy`` members, zip64 allowed), but a write cut
+    short (a Ctrl-C) leaves no open zip behind: numpy's would stay open, and its finaliser, run by some later garbage
+    collection, prints zipfile's "Exception ignored ... seek of closed file" (the file is discarded anyway)."""
+    archive, member = zipfile.ZipFile(f, mode="w", compression=zipfile.ZIP_STORED, allowZip64=True), None
+    try:
+        for name, a in arrays.items():
+            member = archive.open(name + ".npy", mode="w", force_zip64=True)
+            np.lib.format.write_array(member, np.asanyarray(a), allow_pickle=False)
+            member.close()
+        archive.close()
+    except BaseException:
+        if member is not None:
+            io.BufferedIOBase.close(member)     # closed as a file only: zipfile's close would write to the archive
+        archive._writing, archive.fp = False, None      # nothing left for the finalisers to write
+        raise
 
 
 class _Archive:
