@@ -17,6 +17,8 @@ component to its columns and draws the initial parameters.
 """
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import taichi as ti
 
@@ -250,8 +252,11 @@ class ParamStore(_Slice):
         if self.precision == "float16" and np.size(values) and np.max(np.abs(values)) > FLOAT16_MAX:
             raise ValueError(f"a parameter of magnitude {float(np.max(np.abs(values))):.6g} lies beyond float16's "
                              f"range (+-{FLOAT16_MAX:g}) of this half-precision model")
-        self.write(self.params, offset, values)
-        self.write(self.inference_params, offset, values)
+        from .optimizers.step import commit     # (tinn.optimizers imports this module)
+        commit([partial(self.write, self.params, offset, values),          # whole or not at all: each phase a copy
+                partial(self.write, self.inference_params, offset, values), self._new_version])
+
+    def _new_version(self):
         self.version += 1
 
     def publish(self, source, source_offset: int, active):

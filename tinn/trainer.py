@@ -120,10 +120,10 @@ class Trainer(RuntimeBound):
         if unknown:
             raise ValueError(f"Trainer.update_hyperparams: unknown sections {sorted(unknown)} "
                              "(valid: 'optimizer', 'loss')")
-        if "optimizer" in config:
-            self.optimizer.update_hyperparams(config["optimizer"])
-        if "loss" in config:
+        if "loss" in config:                        # (losses have no keys: it only checks)
             self.loss.update_hyperparams(config["loss"])
+        if "optimizer" in config:                   # every value checked, then all changed at one commit point
+            self.optimizer.update_hyperparams(config["optimizer"])
 
     @property
     def n_params(self) -> int:

@@ -23,7 +23,7 @@ from ..keys import NON_NEGATIVE, Key
 from ..registry import optimizers
 from ..runtime.program import is_cpu
 from ..runtime.kernels import ARENA, FLAT, at, flat_args, set_at, specialised
-from .step import count_skipped, counted, gate, gate_args, one_minus_pow
+from .step import count_skipped, counted, gate, gate_args, one_minus_pow, within_bound
 from .optimizer import (ABSOLUTE_DECAY, EPSILON, F32_1D, I32_1D, LEARNING_RATE, RELATIVE_DECAY, Optimizer, beta,
                         l2_reg, zeros)
 
@@ -51,6 +51,11 @@ CHUNK = 1024
 """Parameters per parallel task on the CPU: each task runs over contiguous memory, which the compiler
 vectorises. On a GPU a task is a thread, so there a task takes ``GPU_CHUNK`` parameters."""
 GPU_CHUNK = 8
+WHOLE_NETWORKS = 64
+WHOLE_PARAMS = 1 << 15
+"""On the CPU, an array of at least ``WHOLE_NETWORKS`` networks of at most ``WHOLE_PARAMS`` parameters each steps a
+whole network's matrix parameters per task: the task checks the network's gradients (the step's gate) just before
+its update reads them again from the cache, instead of a pass of its own over every gradient in memory."""
 
 
 BIAS_TABLE = 1 << 22
@@ -66,7 +71,7 @@ def _converged(beta1: float, beta2: float) -> int:
 
 
 @specialised
-def _adam_kernel(flags: tuple, flat: bool):
+def _adam_kernel(flags: tuple, flat: bool, whole: bool):
     """The update of one slot of ``n`` parameters, the first ``n_matrix`` of them matrix parameters (both
     arguments at run time: one kernel serves models of every size).
 
@@ -128,19 +133,26 @@ def _adam_kernel(flags: tuple, flat: bool):
     def step(P: Rows, ps: ti.i32, po: ti.i32, I: Rows, is_: ti.i32, io: ti.i32, G: Rows, gs: ti.i32, go: ti.i32,
              m: F32_1D, v: F32_1D,
              matrix_steps: I32_1D, param_steps: I32_1D, active: I32_1D, steps: I32_1D, bias: F32_1D,
-             source: I32_1D, cgo: ti.i32, cn: ti.i32, skipped: I32_1D, inv_scale: ti.f32, lr: ti.f32, lr_scale: F32_1D, beta1: ti.f32, beta2: ti.f32, eps: ti.f32, l2_reg: ti.f32,
+             source: I32_1D, cgo: ti.i32, cn: ti.i32, skipped: I32_1D,
+             inv_scale: ti.f32, lr: ti.f32, lr_scale: F32_1D, beta1: ti.f32, beta2: ti.f32, eps: ti.f32, l2_reg: ti.f32,
              nm_l2_reg: ti.f32, nm_lr_factor: ti.f32, rel_decay: ti.f32, abs_decay: ti.f32, wclip: ti.f32,
              gclip: ti.f32, n_matrix: ti.i32, n: ti.i32):
-        gate(source, G, gs, cgo, cn, inv_scale, active)
+        if ti.static(not whole):
+            gate(source, G, gs, cgo, cn, inv_scale, active)
         n_nm = n - n_matrix
-        m_tasks, nm_tasks = (n_matrix + chunk - 1) // chunk, (n_nm + chunk - 1) // chunk
+        span = chunk                                        # matrix parameters per task
+        if ti.static(whole):
+            span = n_matrix
+        m_tasks, nm_tasks = (n_matrix + span - 1) // span, (n_nm + chunk - 1) // chunk
         if ti.static(opt_matrix):
             for task in range(active.shape[0] * m_tasks):
                 k, c = task // m_tasks, task % m_tasks
+                if ti.static(whole):                        # the gate of this network, its gradients then cached
+                    active[k] = ti.cast(source[k] != 0 and within_bound(G, gs, k, cgo, cn, inv_scale), ti.i32)
                 if active[k] != 0:
                     a_t, T = lr * lr_scale[k] * bias_at(bias, matrix_steps[k] + 1, beta1, beta2), adabound_step(steps, k)
                     mv = k * n                              # this network's moments
-                    for i in range(c * chunk, ti.min(c * chunk + chunk, n_matrix)):
+                    for i in range(c * span, ti.min(c * span + span, n_matrix)):
                         w = at(P, ps, k, po + i)
                         g = at(G, gs, k, go + i) * inv_scale + l2_reg * w
                         w, m[mv + i], v[mv + i] = update(
@@ -232,7 +244,8 @@ class Adam(Optimizer):
         I, io = step.publish_to or (s.params, s.p_off)
         flat, ((P, ps), (I, is_), (G, gs)) = flat_args(s.params, I, s.grads)
         source, _, cgo, cn, skipped = gate_args(step, s.grads, self._skipped)
-        _adam_kernel(flags, flat)(
+        whole = is_cpu() and flags[4] and self.n_matrix and self.n_instances >= WHOLE_NETWORKS and s.n <= WHOLE_PARAMS
+        _adam_kernel(flags, flat, bool(whole))(
             P, ps, s.p_off, I, is_, io, G, gs, s.g_off, self.first_moments, self.second_moments, self.matrix_steps,
             self.param_steps, step.mask, self._steps, self.kernel_array("bias", self._bias_correction()),
             source, cgo, cn, skipped, 1.0 / step.loss_scale, self.learning_rate, self.lr_scale(step),

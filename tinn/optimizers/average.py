@@ -60,7 +60,8 @@ class Average(Wrapper):
         return values
 
     def _set_hparams(self, values):
-        resize = self.slot is not None and self.n_params and values["n_samples"] != self.hparams["n_samples"]
+        """(A phase of an update that can run again: the ring's own size says whether it must be re-made.)"""
+        resize = self.slot is not None and self.n_params and values["n_samples"] != self.weights_samples.shape[0]
         super()._set_hparams(values)
         if resize:
             self.create_state()

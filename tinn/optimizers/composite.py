@@ -104,7 +104,7 @@ class Composite(Nesting):
         return {"otype": self.otype, "nested": [{**o.hyperparams(), "n_params_to_optimize": n}
                                                 for o, n in zip(self.nested_list, self.sizes)]}
 
-    def _update_nested(self, config):
+    def _planned_nested(self, config):
         if not isinstance(config, list) or len(config) != len(self.nested_list):
             raise ValueError(f"Composite optimizer: 'nested' must be a list of {len(self.nested_list)} configs")
         for i, (entry, n) in enumerate(zip(config, self.sizes)):
@@ -117,12 +117,18 @@ class Composite(Nesting):
             warnings.simplefilter("ignore")
             for opt, entry in zip(self.nested_list, config):
                 create_optimizer(_merged(opt.hyperparams(), entry))
+        phases = []
         for i, entry in enumerate(config):
             entry = {k: v for k, v in entry.items() if k != "n_params_to_optimize"}
-            self.nested_list[i].update_hyperparams(entry)
+            phases += self.nested_list[i]._planned_update(entry)
             if "learning_rate" in entry:
-                self.base_learning_rates[i] = np.float32(self.nested_list[i].learning_rate) / \
-                    np.float32(self.learning_rate_factor)
+                phases.append(partial(self._rebase, i))
+        return phases
+
+    def _rebase(self, i: int):
+        """``base_i`` from nested optimizer ``i``'s learning rate just set (module docstring; can run again)."""
+        lr, factor = np.float32(self.nested_list[i].learning_rate), np.float32(self.learning_rate_factor)
+        self.base_learning_rates[i] = lr / factor
 
     @property
     def learning_rate(self) -> float:

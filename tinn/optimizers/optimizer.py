@@ -129,10 +129,15 @@ class Optimizer(Object, RuntimeBound):
         return {"otype": self.otype, **self.hparams}
 
     def update_hyperparams(self, config: dict):
-        """Change any of this optimizer's keys (e.g. the learning rate) between steps."""
+        """Change any of this optimizer's keys (e.g. the learning rate) between steps: every value (nested ones
+        included) is checked first, then all change at one commit point (``step.commit``), or none."""
+        commit(self._planned_update(config))
+
+    def _planned_update(self, config: dict) -> list:
+        """The phases (``step.py``) of :meth:`update_hyperparams`, every value checked; nothing changed yet."""
         if not isinstance(config, dict):
             raise TypeError(f"optimizer hyperparameters must be a dict, got {type(config).__name__}")
-        self.hparams = self._validated({k: v for k, v in config.items() if k != "otype"})
+        return [partial(setattr, self, "hparams", self._validated({k: v for k, v in config.items() if k != "otype"}))]
 
     @property
     def learning_rate(self) -> float:

@@ -92,12 +92,17 @@ def gate(source: ti.template(), G: ti.template(), gs, go, n, inv_scale, mask: ti
     tasks = (n + C - 1) // C
     for t in range(mask.shape[0] * tasks):
         k, c = t // tasks, t % tasks
-        if source[k] != 0:
-            bad = 0
-            for i in range(c * C, ti.min(c * C + C, n)):
-                bad |= ti.cast(not (ti.abs(at(G, gs, k, go + i) * inv_scale) <= GRADIENT_BOUND), ti.i32)
-            if bad:
-                mask[k] = 0
+        if source[k] != 0 and not within_bound(G, gs, k, go + c * C, ti.min(C, n - c * C), inv_scale):
+            mask[k] = 0
+
+
+@ti.func
+def within_bound(G: ti.template(), gs, k, go, n, inv_scale) -> ti.i32:
+    """Whether every ``G[k, go + i] * inv_scale``, ``i < n``, lies within :data:`GRADIENT_BOUND` (not NaN)."""
+    bad = 0
+    for i in range(go, go + n):
+        bad |= ti.cast(not (ti.abs(at(G, gs, k, i) * inv_scale) <= GRADIENT_BOUND), ti.i32)
+    return bad == 0
 
 
 @ti.func

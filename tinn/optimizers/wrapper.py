@@ -5,8 +5,8 @@ A wrapper forwards ``learning_rate`` (get and set), ``step_counts()`` and the
 inference weights to its nested optimizer unless it overrides them;
 ``hyperparams()`` reports ``{"otype", "nested": nested.hyperparams(), **own keys}``;
 ``update_hyperparams`` changes its own keys, forwards ``nested``, and treats a
-top-level ``learning_rate`` as tcnn's ``set_learning_rate``. ``state_dict()`` holds
-the wrapper's own arrays plus the nested state under ``nested.``.
+top-level ``learning_rate`` as tcnn's ``set_learning_rate`` (all checked first, then changed at one commit
+point). ``state_dict()`` holds the wrapper's own arrays plus the nested state under ``nested.``.
 
 Writing a wrapper: ``KEYS``, ``STATE`` and ``create_state()`` as any optimizer (the nested
 optimizer is bound first), then ``before_nested(step)`` and / or ``after_nested(step)``
@@ -36,25 +36,26 @@ def check_learning_rate(optimizer, value) -> float:
 class Nesting(Optimizer):
     """An optimizer made of nested ones (:class:`Wrapper`: one; ``Composite``: one per slice).
 
-    ``update_hyperparams`` validates its own keys, hands ``nested`` to ``_update_nested`` and
+    ``update_hyperparams`` validates its own keys, plans ``nested`` with ``_planned_nested`` and
     treats a top-level ``learning_rate`` as tcnn's ``set_learning_rate``; the step counts are
     the first nested optimizer's.
     """
 
     COUNTS_STEPS = False
 
-    def update_hyperparams(self, config: dict):
+    def _planned_update(self, config: dict) -> list:
         if not isinstance(config, dict):
             raise TypeError(f"optimizer hyperparameters must be a dict, got {type(config).__name__}")
         own = self._validated({k: v for k, v in config.items() if k not in ("otype", "nested", "learning_rate")})
         lr = check_learning_rate(self, config["learning_rate"]) if "learning_rate" in config else None
-        if "nested" in config:
-            self._update_nested(config["nested"])
-        self._set_hparams(own)
+        phases = self._planned_nested(config["nested"]) if "nested" in config else []
+        phases.append(partial(self._set_hparams, own))
         if lr is not None:
-            self.learning_rate = lr
+            phases.append(partial(setattr, self, "learning_rate", lr))     # (a setter that can run again)
+        return phases
 
-    def _update_nested(self, config):
+    def _planned_nested(self, config) -> list:
+        """The phases of the nested optimizers' update (every value checked first)."""
         raise NotImplementedError
 
     def _set_hparams(self, values: dict):
@@ -86,8 +87,8 @@ class Wrapper(Nesting):
     def hyperparams(self):
         return {"otype": self.otype, "nested": self.nested.hyperparams(), **self.hparams}
 
-    def _update_nested(self, config):
-        self.nested.update_hyperparams(config)
+    def _planned_nested(self, config):
+        return self.nested._planned_update(config)
 
     @property
     def learning_rate(self) -> float:
