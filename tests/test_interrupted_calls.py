@@ -55,6 +55,8 @@ def test_interrupted_update_hyperparams_is_all_or_nothing(name):
         m.trainer.update_hyperparams({"optimizer": update, "loss": {}})
 
     a, ref, warm = make(OPTIMIZER_CASES[name]), make(OPTIMIZER_CASES[name]), make(OPTIMIZER_CASES[name])
+    for m in (a, ref, warm):
+        call(m)
     n_events = line_events(lambda: call(warm))
     assert n_events > 20
     sweep(a, ref, call, points(n_events, len(name)), hyper_state)
@@ -76,5 +78,7 @@ def test_interrupted_set_params_is_all_or_nothing(what, precision):
             m.network.reset_params(int(abs(float(p.ravel()[0])) * 1e6) % 1000)      # a seed that follows the state
 
     a, ref, warm = make(precision=precision), make(precision=precision), make(precision=precision)
+    for m in (a, ref, warm):                    # (the first call compiles and allocates)
+        call(m)
     n_events = line_events(lambda: call(warm))
     sweep(a, ref, call, points(n_events, 0), weights_state)

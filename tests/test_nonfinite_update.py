@@ -7,6 +7,7 @@ import pytest
 import taichi as ti
 
 import tinn
+from tinn.optimizers.adam import WHOLE_NETWORKS
 from tinn.optimizers.step import GRADIENT_BOUND
 
 from conftest import sample
@@ -81,21 +82,32 @@ def test_a_blown_up_network_keeps_its_state_and_the_others_step(name, where, K, 
     assert np.isfinite(a.params()).all() and a.optimizer.step_counts()[bad_network] >= 1 or name == "Batched"
 
 
-@pytest.mark.parametrize("name", sample([n for n in NAMES if n != "Composite"], 3))   # (Composite: a model's layers)
-def test_numpy_step_leaves_a_network_with_a_non_finite_gradient(name):
+NUMPY_CASES = [(n, 4) for n in NAMES if n != "Composite"] + [("Adam", WHOLE_NETWORKS)]  # (Composite: a model's)
+
+
+@pytest.mark.parametrize("name,K", sample(NUMPY_CASES, 3, keep=[0, len(NUMPY_CASES) - 1]))
+def test_numpy_step_leaves_a_network_with_a_non_finite_gradient(name, K):
     """``optimizer.step(params, gradients)``: the rows with an Inf, a NaN or a gradient beyond the bound are left
-    as they were (two steps: Shampoo's matrices and Batched's pool step on the second); the good row steps."""
-    opt = tinn.create_optimizer(OPTIMIZERS.get(name, ADAM))
+    as they were (two steps: Shampoo's matrices and Batched's pool step on the second); the good rows step as they
+    do without the bad ones (``WHOLE_NETWORKS``: Adam's task per network on the CPU)."""
     r = np.random.default_rng(1)
-    params = r.standard_normal((4, 512)).astype(np.float32)
-    grads = r.standard_normal((4, 512)).astype(np.float32)
+    params = r.standard_normal((K, 512)).astype(np.float32)
+    grads = r.standard_normal((K, 512)).astype(np.float32)
+    good = params.copy()
+    opt = tinn.create_optimizer(OPTIMIZERS.get(name, ADAM))
+    for _ in range(2):
+        opt.step(good, grads)
     grads[1, 5], grads[2, 7], grads[3, 0] = np.inf, np.nan, np.float32(GRADIENT_BOUND) * 2
+    grads[0, 9] = np.float32(GRADIENT_BOUND)                # on the bound: stepped
+    good_row0 = params[0].copy()
     before = params.copy()
-    opt.step(params, grads)
-    opt.step(params, grads)
-    np.testing.assert_array_equal(params[1:], before[1:])
-    np.testing.assert_array_equal(opt.skipped_updates(), [0, 2, 2, 2])
-    assert not np.array_equal(params[0], before[0])
+    opt = tinn.create_optimizer(OPTIMIZERS.get(name, ADAM))
+    for _ in range(2):
+        opt.step(params, grads)
+    np.testing.assert_array_equal(params[1:4], before[1:4])
+    np.testing.assert_array_equal(params[4:], good[4:])
+    np.testing.assert_array_equal(opt.skipped_updates(), [0, 2, 2, 2] + [0] * (K - 4))
+    assert np.isfinite(params[0]).all() and not np.array_equal(params[0], good_row0)
 
 
 def test_float16_overflow_is_still_the_loss_scales():

@@ -98,11 +98,13 @@ def gate(source: ti.template(), G: ti.template(), gs, go, n, inv_scale, mask: ti
 
 @ti.func
 def within_bound(G: ti.template(), gs, k, go, n, inv_scale) -> ti.i32:
-    """Whether every ``G[k, go + i] * inv_scale``, ``i < n``, lies within :data:`GRADIENT_BOUND` (not NaN)."""
-    bad = 0
+    """Whether every ``G[k, go + i] * inv_scale``, ``i < n``, lies within :data:`GRADIENT_BOUND` (not NaN): the
+    largest magnitude's bits against the bound's (an integer maximum, which vectorises; NaN's bits lie above
+    +Inf's)."""
+    largest = 0
     for i in range(go, go + n):
-        bad |= ti.cast(not (ti.abs(at(G, gs, k, i) * inv_scale) <= GRADIENT_BOUND), ti.i32)
-    return bad == 0
+        largest = ti.max(largest, ti.bit_cast(at(G, gs, k, i), ti.i32) & 0x7FFFFFFF)
+    return largest <= ti.bit_cast(ti.cast(GRADIENT_BOUND / inv_scale, ti.f32), ti.i32)
 
 
 @ti.func
