@@ -36,6 +36,10 @@ parameter and all optimizer state stay as they were (the gradients hold what the
 (reading any later step's loss, ``per_instance=True``, ``params()``, ``params_inference()``, ``save``,
 ``load``, ``export_tcnn``, ``load_tcnn``, ``forward``), whichever comes first.
 
+A network whose gradients (divided by the loss scale) hold a NaN, an Inf or a value beyond
+``tinn.optimizers.step.GRADIENT_BOUND`` is not stepped: its parameters and optimizer state stay as they were, the
+other networks step, and ``skipped_updates()`` counts it (on the device; nothing is read back during the step).
+
 If the optimizer keeps separate inference weights (tcnn's ``custom_weights``: EMA,
 Average, Lookahead, Composite with one of those), ``model.inference()`` reads them.
 
