@@ -30,13 +30,18 @@ def hyper_state(m):
         [np.asarray(v) for v in t.optimizer.state_dict().values()]
 
 
+def grown(value: float, factor: float) -> float:
+    """``value`` times ``factor``, back down by 2^10 once above 1 (a sweep of every line event calls it often)."""
+    return value * factor if value < 1 else value / 1024
+
+
 def changed(config: dict) -> dict:
     """An update of every nested level of ``config`` (a trainer's optimizer hyperparameters), each value a function of
     the current one: calling it again changes the state again."""
     out = {}
     for key, value in config.items():
         if key == "learning_rate":
-            out[key] = value * 1.5
+            out[key] = grown(value, 1.5)
         elif key in ("beta1", "decay"):
             out[key] = value * 0.99
         elif key == "n_samples":
@@ -51,7 +56,7 @@ def test_interrupted_update_hyperparams_is_all_or_nothing(name):
     def call(m):
         opt = m.trainer.optimizer
         update = changed(opt.hyperparams())
-        update["learning_rate"] = opt.learning_rate * 1.25           # tcnn's set_learning_rate, last
+        update["learning_rate"] = grown(opt.learning_rate, 1.25)      # tcnn's set_learning_rate, last
         m.trainer.update_hyperparams({"optimizer": update, "loss": {}})
 
     a, ref, warm = make(OPTIMIZER_CASES[name]), make(OPTIMIZER_CASES[name]), make(OPTIMIZER_CASES[name])
