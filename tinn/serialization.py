@@ -119,7 +119,7 @@ def _savez(f, arrays: dict):
     except BaseException:
         if member is not None:
             io.BufferedIOBase.close(member)     # closed as a file only: zipfile's close would write to the archive
-        archive._writing, archive.fp = False, None      # nothing left for the finalisers to write
+        archive.fp = None                       # closed for zipfile too: its finaliser has nothing to write
         raise
 
 
