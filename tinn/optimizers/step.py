@@ -99,7 +99,7 @@ def gate(source: ti.template(), G: ti.template(), gs, go, n, inv_scale, mask: ti
 @ti.func
 def within_bound(G: ti.template(), gs, k, go, n, inv_scale) -> ti.i32:
     """Whether every ``G[k, go + i] * inv_scale``, ``i < n``, lies within :data:`GRADIENT_BOUND` (not NaN): the
-    largest magnitude's bits against the bound's (an integer maximum, which vectorises; NaN's bits lie above
+    largest magnitude's bits against the bound's (an integer maximum, without branches; NaN's bits lie above
     +Inf's)."""
     largest = 0
     for i in range(go, go + n):
