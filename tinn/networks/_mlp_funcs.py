@@ -52,37 +52,51 @@ def sample_funcs(plan, offset: int, weights, grads):
             y[i] = buf[0, i]
         return y
 
+    # backward_func's one local vector: each layer's input h_l (h_0 = x) at H[l], then each layer's
+    # pre-activations z_l at Z[l], packed at their own widths (a uniform-width matrix held 2L + 2 rows of the
+    # widest layer: the statements Taichi's passes analyse grow with a local array's size, faster than linearly)
+    H, Z, size = [], [], 0
+    for rows, cols, _, _ in layers:
+        H.append(size)
+        size += cols
+    for rows, cols, _, _ in layers:
+        Z.append(size)
+        size += rows
+
     @ti.func
     def backward_func(x, dy, k=0):
-        # rows 0..NL-1: the input of each layer; NL..2NL-1: its pre-activations; 2NL, 2NL+1: the gradient
-        # (ping-pong between the two as it goes down the layers)
-        buf = ti.Matrix.zero(ti.f32, 2 * n_layers + 2, width)
+        buf = ti.Vector.zero(ti.f32, size)
         for i in ti.static(range(n_in)):
-            buf[0, i] = x[i]
+            buf[i] = x[i]
         for li in ti.static(range(n_layers)):
-            layer(buf, k, li, n_layers + li, li)
-            if ti.static(li + 1 < n_layers):
-                activate(buf, n_layers + li, li + 1, li)
-        G = ti.static(2 * n_layers)
-        for i in ti.static(range(n_out)):
-            buf[G, i] = dy[i]
-        for step in ti.static(range(n_layers)):
-            li = ti.static(n_layers - 1 - step)
-            g, below = ti.static(G + step % 2, G + (step + 1) % 2)
             rows, cols, off = ti.static(layers[li][0], layers[li][1], layers[li][2])
             for r in range(rows):
-                buf[g, r] *= activations.derivative(layers[li][3], buf[n_layers + li, r])
-            for c in range(cols):
-                buf[below, c] = 0.0
-            for r in range(rows):
+                acc = 0.0
                 for c in range(cols):
-                    if ti.static(with_grads):
-                        ti.atomic_add(grads[k, off + r * cols + c], buf[g, r] * buf[li, c])
-                    buf[below, c] += weights[k, off + r * cols + c] * buf[g, r]
-        out = ti.static(G + n_layers % 2)
+                    acc += weights[k, off + r * cols + c] * buf[H[li] + c]
+                buf[Z[li] + r] = acc
+                if ti.static(li + 1 < n_layers):
+                    buf[H[li + 1] + r] = activations.value(layers[li][3], acc)
+        # going down, z_l is overwritten in place by dL/dz_l = act_l'(z_l) dL/dh_(l+1)
+        for r in ti.static(range(n_out)):
+            buf[Z[n_layers - 1] + r] = dy[r] * activations.derivative(layers[-1][3], buf[Z[n_layers - 1] + r])
         dx = ti.Vector.zero(ti.f32, n_in)
-        for i in ti.static(range(n_in)):
-            dx[i] = buf[out, i]
+        for step in ti.static(range(n_layers)):
+            li = ti.static(n_layers - 1 - step)
+            rows, cols, off = ti.static(layers[li][0], layers[li][1], layers[li][2])
+            if ti.static(with_grads):
+                for r in range(rows):
+                    g = buf[Z[li] + r]
+                    for c in range(cols):
+                        ti.atomic_add(grads[k, off + r * cols + c], g * buf[H[li] + c])
+            for c in range(cols):
+                acc = 0.0
+                for r in range(rows):
+                    acc += weights[k, off + r * cols + c] * buf[Z[li] + r]
+                if ti.static(li > 0):
+                    buf[Z[li - 1] + c] = acc * activations.derivative(layers[li - 1][3], buf[Z[li - 1] + c])
+                else:
+                    dx[c] = acc
         return dx
 
     return func, backward_func

@@ -218,6 +218,7 @@ def guarded(owner, func, n_args: int):
     * the kernel is no autodiff kernel (``ti.ad.Tape``'s reverse pass, ``ti.ad.FwAd``): an error naming
       ``tinn.ad.stage`` / ``tinn.ad.gradient_stage``;
     * ``x`` has ``n_input_dims`` components (and ``dL_dy`` ``n_output_dims``): an error naming the key;
+    * the kernel compiles without Taichi's CFG optimisation (:func:`compile_without_cfg_optimization`);
     * at run time a network id ``k`` outside ``[0, n_instances)`` (one unsigned comparison) gives a zero
       result and reads and writes nothing: the func never leaves ``owner``'s parameters.
 
@@ -231,6 +232,7 @@ def guarded(owner, func, n_args: int):
         except RuntimeResetError as e:
             raise _TracedRuntimeResetError(str(e)) from None
         _check_not_autodiff(owner)
+        compile_without_cfg_optimization(impl.get_runtime().current_kernel)
         _check_length(owner, x, owner.n_input_dims, "x")
         if dy is not None:
             _check_length(owner, dy, owner.n_output_dims, "dL_dy")
@@ -252,6 +254,32 @@ def guarded(owner, func, n_args: int):
                 result = func(x, dy, k)
             return result
     return guarded_func
+
+
+def compile_without_cfg_optimization(kernel):
+    """Compile the Taichi kernel ``kernel`` (one being built: a user's kernel calling a per-sample func) with
+    Taichi's CFG optimisation off (``cfg_optimization``, restored once it is compiled).
+
+    That pass (store-to-load forwarding and dead-store elimination over the kernel's control-flow graph)
+    costs about the product of the kernel's local stores and its blocks: a kernel calling a grid model's
+    ``backward_func`` spent 1.4 of its 2.6 s of compile there, ``jacobian_func`` 2.3 of 3.4 s. LLVM's own
+    passes forward the same loads afterwards; the kernels run as fast (``docs/performance.md``). Only that
+    kernel is affected, on each launch (the compile happens in the first), and nothing changes what it
+    computes."""
+    if kernel is None or "launch_kernel" in vars(kernel):
+        return
+    launch = type(kernel).launch_kernel
+
+    def launch_kernel(t_kernel, *args):
+        config = impl.current_cfg()
+        before = config.cfg_optimization
+        config.cfg_optimization = False
+        try:
+            return launch(kernel, t_kernel, *args)
+        finally:
+            config.cfg_optimization = before
+
+    kernel.launch_kernel = launch_kernel
 
 
 def check_live(a, name: str):
