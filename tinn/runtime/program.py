@@ -28,6 +28,7 @@ object, and the old one goes); one whose runtime is not the current one belongs 
 runtime current at the import. That record is the one thing importing tinn sets up; it changes no Taichi
 behaviour.
 """
+import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -256,28 +257,37 @@ def guarded(owner, func, n_args: int):
     return guarded_func
 
 
-def compile_without_cfg_optimization(kernel):
-    """Compile the Taichi kernel ``kernel`` (one being built: a user's kernel calling a per-sample func) with
-    Taichi's CFG optimisation off (``cfg_optimization``, restored once it is compiled).
+@contextlib.contextmanager
+def without_cfg_optimization():
+    """Taichi kernels compiled within the block (on their first launch) compile without Taichi's CFG optimisation
+    (``cfg_optimization``; kernels compiled before keep their code: Taichi compiles a kernel once).
 
-    That pass (store-to-load forwarding and dead-store elimination over the kernel's control-flow graph)
-    costs about the product of the kernel's local stores and its blocks: a kernel calling a grid model's
-    ``backward_func`` spent 1.4 of its 2.6 s of compile there, ``jacobian_func`` 2.3 of 3.4 s. LLVM's own
-    passes forward the same loads afterwards; the kernels run as fast (``docs/performance.md``). Only that
-    kernel is affected, on each launch (the compile happens in the first), and nothing changes what it
-    computes."""
+    That pass (store-to-load forwarding and dead-store elimination over a kernel's control-flow graph) costs
+    about the product of the kernel's local stores and its blocks: a user's kernel calling a grid model's
+    ``backward_func`` spent 1.4 of its 2.6 s of compile there, ``jacobian_func`` 2.3 of 3.4 s, the grid's
+    second-order kernels half of theirs. LLVM's own passes forward the same loads afterwards: those kernels
+    run as fast (``docs/performance.md``), and what they compute does not change. Used for the kernels that
+    per-sample funcs are inlined into (:func:`compile_without_cfg_optimization`) and the second-order path's
+    (``DifferentiableObject.backward_backward_input``)."""
+    config = impl.current_cfg()
+    before = config.cfg_optimization
+    config.cfg_optimization = False
+    try:
+        yield
+    finally:
+        config.cfg_optimization = before
+
+
+def compile_without_cfg_optimization(kernel):
+    """Have the Taichi kernel ``kernel`` (one being built: a user's kernel calling a per-sample func) compile
+    :func:`without_cfg_optimization`: each of its launches runs inside that block (the first compiles)."""
     if kernel is None or "launch_kernel" in vars(kernel):
         return
     launch = type(kernel).launch_kernel
 
     def launch_kernel(t_kernel, *args):
-        config = impl.current_cfg()
-        before = config.cfg_optimization
-        config.cfg_optimization = False
-        try:
+        with without_cfg_optimization():
             return launch(kernel, t_kernel, *args)
-        finally:
-            config.cfg_optimization = before
 
     kernel.launch_kernel = launch_kernel
 
