@@ -99,3 +99,27 @@ def test_func_reads_the_inference_weights_of_an_averaging_optimizer(rng):
     y_func, _, _ = run_in_kernel(model.network, x, np.zeros((40, 3), np.float32), np.zeros(40, np.int32))
     np.testing.assert_allclose(y_func, model.network.inference(x), rtol=1e-5, atol=1e-6)
     assert not np.allclose(out, y_func, atol=1e-4), "EMA weights should differ from the training weights"
+
+
+def test_kernels_calling_funcs_leave_taichis_settings_as_they_were(rng):
+    """A user's kernel calling a func compiles without Taichi's CFG optimisation, as do second-order calls
+    (``tinn.runtime.program.without_cfg_optimization``); Taichi's setting is the user's again afterwards, also
+    after an error inside, and the results are the batch API's."""
+    from taichi.lang import impl
+    from tinn.runtime.program import without_cfg_optimization
+
+    config = impl.current_cfg()
+    model = tinn.NetworkWithInputEncoding(2, 3, SMALL_GRID, NET)
+    x = rng.random((16, 2), dtype=np.float32)
+    dy = rng.normal(size=(16, 3)).astype(np.float32)
+    assert config.cfg_optimization
+    assert_funcs_equal_batch_api(model, x, dy)
+    assert config.cfg_optimization
+    _, ctx = model.forward(x)
+    model.backward_backward_input(ctx, x, dy)
+    assert config.cfg_optimization
+    with pytest.raises(ZeroDivisionError):
+        with without_cfg_optimization():
+            assert not config.cfg_optimization
+            1 / 0
+    assert config.cfg_optimization
