@@ -1,10 +1,11 @@
 """The MLP's per-sample ``ti.func``s, for users' own kernels (``MLP.func``, ``MLP.backward_func``).
 
-Every vector of a sample (layer inputs, pre-activations, gradients) is a row of one local matrix as
-wide as the widest layer, indexed dynamically, and is written element by element in loops at run
-time: only the (few) layers are unrolled. No vector is passed, returned or copied whole: each such
-copy of a 64-wide vector becomes 64 statements that Taichi's compiler analyses (its CFG pass grows
-faster than linearly with them), which made a func-based kernel compile for seconds. Each layer's
+Every vector of a sample (layer inputs, pre-activations, gradients) lives in one local array, indexed
+dynamically (the forward: two rows as wide as the widest layer; the backward: each layer's input and
+pre-activations packed at their own widths), and is written element by element in loops at run
+time: only the (few) layers are unrolled. No vector is passed, returned or copied whole: each element
+of a local array or copy is a statement that Taichi's compiler analyses (its CFG pass grows faster
+than linearly with them), which made a func-based kernel compile for seconds. Each layer's
 activation is named by the plan (``activations.value`` / ``derivative``).
 """
 import taichi as ti
