@@ -49,7 +49,6 @@ def assert_funcs_equal_batch_api(model, x, dy, instance=None):
     np.testing.assert_allclose(grads, model.gradients(), rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.long_compile("func and backward_func in one user kernel: 2-3 min per encoding")
 @pytest.mark.parametrize("name", sample(ENCODINGS, keep=["HashGrid"]))
 def test_funcs_equal_the_batch_api(name, rng):
     model = tinn.NetworkWithInputEncoding(2, 3, ENCODINGS[name], NET)
@@ -58,7 +57,6 @@ def test_funcs_equal_the_batch_api(name, rng):
     assert_funcs_equal_batch_api(model, x, dy)
 
 
-@pytest.mark.long_compile("func and backward_func of an array in one user kernel: about 3 min")
 def test_funcs_route_to_the_given_instance(rng):
     model = tinn.NetworkWithInputEncoding(2, 3, ENCODINGS["HashGrid"], NET, n_instances=3)
     x = rng.random((60, 2), dtype=np.float32)
@@ -85,7 +83,6 @@ def test_network_funcs_equal_the_batch_api_for_every_activation(act, rng):
     assert_funcs_equal_batch_api(net, x, dy)
 
 
-@pytest.mark.long_compile("about 3 min")
 def test_func_reads_the_inference_weights_of_an_averaging_optimizer(rng):
     """With EMA the model's inference() uses the averaged weights; func must agree with it."""
     config = {"loss": {"otype": "L2"}, "optimizer": {"otype": "EMA", "decay": 0.5, "nested": {"otype": "SGD",
