@@ -1,14 +1,57 @@
-"""Kernels keyed on what changes their code: an optimizer of another parameter count and an MLP of another width
-run kernels already compiled (``compiles.compilations`` counts new instantiations), and compute what their
-formulas say (test_optimizers' references)."""
+"""Kernels keyed on what changes their code: a grid of another resolution, scale or table size, an optimizer of
+another parameter count and an MLP of another width run kernels already compiled (``compiles.compilations``
+counts new instantiations), and compute what their formulas say (the references of test_encodings /
+test_optimizers)."""
 import numpy as np
 import pytest
 
 import tinn
 from compiles import compilations
+from reference import assert_close, grid_geometry, grid_input_grad_ref, grid_param_grad_ref, grid_ref, interior_points
 from test_optimizers import adam_reference
 
 ON_FIELDS = "off the CPU a kernel taking parameter memory compiles once per arena chunk (docs/memory.md)"
+
+
+def _hash_grid(**keys):
+    config = {"otype": "HashGrid", "n_levels": 4, "n_features_per_level": 2, "log2_hashmap_size": 7,
+              "base_resolution": 4, "per_level_scale": 1.5, **keys}
+    enc = tinn.create_encoding(2, config)
+    levels = grid_geometry(2, "Hash", 4, config["log2_hashmap_size"], config["base_resolution"],
+                           config["per_level_scale"])
+    return enc, levels
+
+
+def _check_grid(enc, levels, seed):
+    """Forward, parameter gradient and input gradient of ``enc`` against the references."""
+    rng = np.random.default_rng(seed)
+    p = rng.uniform(-1, 1, enc.n_params).astype(np.float32)
+    enc.set_params(p)
+    x = interior_points(rng, 300, 2, levels, margin=1e-3)
+    dL_dy = rng.normal(size=(300, enc.n_output_dims)).astype(np.float32)
+    y, ctx = enc.forward(x)
+    dx = enc.backward(ctx, dL_dy, input_gradient=True)
+    assert_close(y, grid_ref(x, p, levels, 2, "Linear"), rtol=1e-5, atol=1e-6)
+    assert_close(enc.gradients(), grid_param_grad_ref(x, dL_dy, levels, 2, "Linear", enc.n_params), rtol=1e-4,
+                 atol_rel=1e-5)
+    assert_close(dx, grid_input_grad_ref(x, p, dL_dy, levels, 2, "Linear"), rtol=1e-4, atol_rel=1e-5)
+
+
+@pytest.mark.x64_only(ON_FIELDS)
+def test_a_grid_of_another_geometry_compiles_nothing():
+    """Resolution, scale and table size are data the kernels read (``_grid_tables``): the levels of the
+    second and later grids move between dense and hashed at other levels, and their tables have other sizes."""
+    first, levels = _hash_grid()
+    _check_grid(first, levels, 0)
+    hashed = {tuple(l.hashed for l in levels)}
+    for i, keys in enumerate(({"per_level_scale": 1.7}, {"base_resolution": 5}, {"log2_hashmap_size": 9},
+                              {"base_resolution": 9, "per_level_scale": 2.0, "log2_hashmap_size": 11})):
+        enc, levels = _hash_grid(**keys)
+        hashed.add(tuple(l.hashed for l in levels))
+        with compilations() as names:
+            _check_grid(enc, levels, i + 1)
+        assert names == [], (keys, names)
+    assert len(hashed) >= 3, hashed             # the first hashed level moves (none, or every level, in some)
 
 
 @pytest.mark.parametrize("otype", ["Adam", "SGD"])

@@ -41,12 +41,13 @@ def n_blocks(B: int) -> int:
     return max(1, min(-(-B // T), MAX_BLOCKS))
 
 
-def block_scatter(D: int, F: int, interp: str, fn, geometry, runs, sizes):
-    """The kernel adding dL/dθ (or with ``second`` dL2/dθ) of the levels of ``runs`` (index mode, first
-    level, last level + 1) to the gradients ``G[0, base + ...]``; ``sizes``: their table sizes."""
+def block_scatter(D: int, F: int, interp: str, fn, geometry, bounds, runs, size: int):
+    """The kernel adding dL/dθ (or with ``second`` dL2/dθ) of the levels of ``runs`` (index mode, row r of the
+    grid's run bounds: its levels are the table rows ``bounds[gb + r]`` to ``bounds[gb + r + 1]``) to the
+    gradients ``G[0, base + ...]``; ``size``: the largest table of those levels."""
     C = 1 if interp == "Nearest" else 1 << D
-    n_sums = max(sizes) * F
-    n_claims = shared_words(max(sizes), F) - n_sums          # the last one counts the tile's rounds
+    n_sums = size * F
+    n_claims = shared_words(size, F) - n_sums          # the last one counts the tile's rounds
 
     @ti.func
     def zero(a: ti.template(), n, s):
@@ -63,7 +64,7 @@ def block_scatter(D: int, F: int, interp: str, fn, geometry, runs, sizes):
         return slot
 
     @arena_kernel
-    def scatter(G: ARENA, base: ti.i32, x: F32_2D, dy: F32_2D, n_blocks: ti.i32, second: ti.template(),
+    def scatter(G: ARENA, base: ti.i32, gb: ti.i32, x: F32_2D, dy: F32_2D, n_blocks: ti.i32, second: ti.template(),
                 g: F32_2D, zero_n: ti.i32):
         for i in range(zero_n):                                    # overwrite: zeros under the adds
             G[0, fn.at(base, i)] = 0.0
@@ -74,8 +75,9 @@ def block_scatter(D: int, F: int, interp: str, fn, geometry, runs, sizes):
             s, block = i % T, i // T
             sums = ti.simt.block.SharedArray((n_sums,), ti.f32)
             claims = ti.simt.block.SharedArray((n_claims,), ti.i32)
-            for mode, first, stop in ti.static(runs):
-                for l in range(first, stop):
+            g0 = bounds[gb]
+            for mode, q in ti.static(runs):
+                for l in range(bounds[gb + q], bounds[gb + q + 1]):
                     lv = geometry[l]
                     n = ti.cast(lv.size, ti.i32) * F
                     zero(sums, n, s)
@@ -87,7 +89,8 @@ def block_scatter(D: int, F: int, interp: str, fn, geometry, runs, sizes):
                         values = ti.Matrix.zero(ti.f32, C, F)
                         if ti.static(not second or interp != "Nearest"):
                             if b < B:
-                                keys, values = fn.corner_terms(fn.row(x, b, D, 0), lv, mode, fn.row(dy, b, F, l * F),
+                                dy_l = fn.row(dy, b, F, (l - g0) * F)
+                                keys, values = fn.corner_terms(fn.row(x, b, D, 0), lv, mode, dy_l,
                                                                second, fn.gs_row(second, g, b))
                                 for c in ti.static(range(C)):
                                     slots[c] = claim(claims, keys[c])

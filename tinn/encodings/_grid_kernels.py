@@ -1,16 +1,14 @@
 """The grid encoding's batch kernels and the funcs a user's kernel calls (the per-level formulas: ``_grid_funcs.py``;
 the permutohedral encoding runs them with its own, ``_permuto_funcs.py``)."""
-import contextlib
-
 import taichi as ti
 from taichi.lang.any_array import AnyArray
 
 from ..runtime.program import is_cpu
-from ..runtime.kernels import ARENA, arena_kernel, specialised
-from ..runtime.memory import FieldTree
+from ..runtime.kernels import ARENA, CHUNK, arena_kernel, specialised
 from ..runtime.types import F32_2D, I32_1D
 from . import _grid_block as block
-from ._grid_funcs import DENSE, HASHED, MODULO, ConstantGeometry, level_funcs
+from . import _grid_tables as tables
+from ._grid_funcs import DENSE, HASHED, MODULO, OFFSET_MASK, ConstantGeometry, level_funcs
 
 # Taichi 1.7's CPU backend hands a parallel range to its threads in chunks of 512 iterations (a
 # shorter range runs on one thread, whatever ti.loop_config says), so per-thread work is spread
@@ -20,96 +18,71 @@ RUN = 8
 """Off the CPU, consecutive samples a thread of the first-order scatter takes on one level (``run_scatter``)."""
 
 
-@specialised
-def grid_kernels(*constants):
-    return _GridKernels(*constants)
+def grid_kernels(D: int, F: int, K: int, n: int, raw: int, width: int, interp: str, levels: tuple, private: bool,
+                 checked: bool, funcs=level_funcs, modes: tuple = ()):
+    """The kernels of a grid of ``levels`` (scale, res, entries, entry offset, hashed per level): those of its
+    kind, shared by every grid that differs only in its levels' geometry (``_Kernels``), with that geometry.
+    ``modes``: the index modes the encoding's levels take, in level order (a HashGrid's are dense, then hashed):
+    its runs are those, some maybe empty, so that its kernels do not depend on where one mode gives way to the
+    next (unless some levels are summed per block, whose kernels depend on their sizes)."""
+    cpu = is_cpu()
+    kinds, starts = [], []                      # per run of levels: (index mode, summed per block?), first level
+    for l, (scale, res, entries, offset, hashed) in enumerate(levels):
+        mode = HASHED if hashed else DENSE if res ** D <= entries else MODULO
+        kind = (mode, not cpu and funcs is level_funcs and block.fits(entries, F))   # off the CPU: per block?
+        if not kinds or kinds[-1] != kind:
+            kinds.append(kind)
+            starts.append(l)
+    observed = [mode for mode, _ in kinds]
+    if not any(shared for _, shared in kinds) and all(m in modes for m in observed) and \
+            observed == sorted(observed, key=modes.index):
+        starts = [next((s for m, s in zip(observed, starts) if modes.index(m) >= i), len(levels))
+                  for i in range(len(modes))]
+        kinds = [(m, False) for m in modes]
+    rows = tuple((float(scale), res % 2 ** 32, entries, offset) for scale, res, entries, offset, _ in levels)
+    table, gb, g0 = tables.place(rows, tuple(starts))
+    block_sizes = tuple(levels[l][2] for (_, shared), first, stop in zip(kinds, starts, starts[1:] + [len(levels)])
+                        if shared for l in range(first, stop))
+    kernels = _Kernels(D, F, K, raw, width, interp, tuple(kinds), private, checked, funcs, table)
+    rows_of_runs = tuple(g0 + l for l in starts) + (g0 + len(levels),)
+    return tables.Bound(kernels, gb, n, rows_of_runs, max(block_sizes, default=0), levels)
 
 
 @specialised
-def _tables(levels: tuple, scratch_shape):
-    """The table of the levels' geometry (scale, resolution, table size, entry offset) and, on the CPU,
-    the workers' private gradient tables ``scratch_shape``: one field tree shared by every grid of one
-    config, not one per model (Taichi allows 512 trees). Sharing the scratch is safe: a backward pass
-    leaves it zeroed, and one cut short has the next zero it first (:class:`_Scratch`)."""
-    geometry = ti.types.struct(scale=ti.f32, res=ti.u32, size=ti.u32, offset=ti.u32).field()
-    scratch = ti.field(ti.f32) if scratch_shape else None
-
-    def place(builder):
-        builder.dense(ti.i, len(levels)).place(geometry)
-        if scratch_shape:
-            builder.dense(ti.ijk, scratch_shape).place(scratch)
-
-    tree = FieldTree(place, "grid encoding tables")
-    for l, (scale, res, size, offset) in enumerate(levels):
-        geometry[l] = dict(scale=scale, res=res, size=size, offset=offset)
-    return tree, geometry, scratch and _Scratch(scratch)
-
-
-class _Scratch:
-    """The workers' private gradient tables, zero between backward passes: the pass that fills them (the
-    scatter) is followed by the reduction that empties them. A pass cut short between the two (an exception,
-    a KeyboardInterrupt) leaves them ``dirty``, and the next pass zeroes them first, so that no gradient of an
-    interrupted pass reaches a later one."""
-
-    def __init__(self, field):
-        self.field, self.dirty = field, False
-
-    @contextlib.contextmanager
-    def filling(self):
-        """Run the scatter and the reduction inside: the tables are zero at the start, whatever came before."""
-        if self.dirty:
-            self.field.fill(0.0)
-        self.dirty = True
-        yield
-        self.dirty = False
-
-
-class _GridKernels:
-    """The grid's Taichi kernels, specialised to one config and shared by every grid of that config:
-    the parameter fields are template arguments and the encoding's column offset ``base`` a runtime one.
+class _Kernels:
+    """The grid's Taichi kernels, specialised to one kind of grid and shared by every grid of that kind:
+    the parameter fields are template arguments, the encoding's column offset ``base`` a runtime one, and so
+    is the row ``gb`` of the grid's geometry in the program's tables (``_grid_tables.py``).
 
     Levels are a loop at run time over a small table of their geometry (scale, resolution,
     table size, entry offset), so that a kernel holds one level's code rather than L copies:
     Taichi re-parses the Python of every kernel at start-up, even on an offline-cache hit.
     A level's index mode stays a compile-time constant; consecutive levels sharing it form a
-    run with a loop of its own (a Hash grid has two: its dense coarse levels, then hashed ones);
-    off the CPU, levels whose tables fit a block's shared memory form runs of their own, summed per
-    block (``_grid_block.py``) before the global adds.
+    run with a loop of its own (a Hash grid has two: its dense coarse levels, then hashed ones), whose
+    first and last level the kernel reads from the table; off the CPU, levels whose tables fit a block's
+    shared memory form runs of their own, summed per block (``_grid_block.py``) before the global adds.
 
     The batch kernels go level by level: on the CPU each thread takes a contiguous share of
     the batch and runs through it once per level, so that the level's table stays in the
     core's cache (elsewhere a parallel iteration is one sample, all its levels in turn).
     """
 
-    def __init__(self, D: int, F: int, K: int, n: int, raw: int, width: int, interp: str, levels: tuple,
-                 private: bool, checked: bool, funcs=level_funcs):
-        L = len(levels)
+    def __init__(self, D: int, F: int, K: int, raw: int, width: int, interp: str, kinds: tuple,
+                 private: bool, checked: bool, funcs, table: int):
         cpu = is_cpu()
         n_workers = max(1, ti.lang.impl.current_cfg().cpu_max_num_threads) if cpu else 1
 
-        runs, kinds = [], []                                # (index mode, first level, last level + 1)
-        for l, (scale, res, entries, offset, hashed) in enumerate(levels):
-            mode = HASHED if hashed else DENSE if res ** D <= entries else MODULO
-            # off the CPU: aggregated per block? (the grid's corners only)
-            kind = (mode, not cpu and funcs is level_funcs and block.fits(entries, F))
-            if kinds and kinds[-1] == kind:
-                runs[-1] = (mode, runs[-1][1], l + 1)
-            else:
-                runs.append((mode, l, l + 1))
-                kinds.append(kind)
+        runs = [(mode, r) for r, (mode, _) in enumerate(kinds)]    # (index mode, its bounds' row after gb)
+        R = len(runs)
         block_runs = [run for run, (_, shared) in zip(runs, kinds) if shared]
         atomic_runs = [run for run, (_, shared) in zip(runs, kinds) if not shared]
-        # Table indices and offsets are below the encoding's entry count: masking them with the power of
-        # two above it changes nothing, but shows LLVM that they are small and non-negative, so that it
-        # folds them into the load addresses, as it did the constants of unrolled levels (~15% of a forward).
-        entry_mask = (1 << (n // F - 1).bit_length()) - 1
-
-        self._tables = _tables(tuple((float(scale), res % 2 ** 32, entries, offset)
-                                     for scale, res, entries, offset, _ in levels),
-                               (n_workers, K, n) if private else None)
-        geometry, private_tables = self._tables[1:]
-        table, constant_geometry = geometry, ConstantGeometry(levels)
-        scratch = private_tables and private_tables.field
+        # Table indices and offsets are below 2^30 / F (``GridEncoding`` checks the parameter count): masking them
+        # with that power of two less one changes nothing, but shows LLVM that they are small and non-negative,
+        # so that it folds them into the load addresses, as it did the constants of unrolled levels (~15% of a
+        # forward).
+        entry_mask = (OFFSET_MASK + 1) // F - 1
+        program_tables = tables.tables(table)
+        geometry, bounds = program_tables.geometry, program_tables.bounds
 
         fn = funcs(D, F, interp, entry_mask, any_input=not checked)    # batches checked on the host: finite
         at, row, gs_row, level_features, level_scatter = fn.at, fn.row, fn.gs_row, fn.level_features, fn.level_scatter
@@ -135,49 +108,58 @@ class _GridKernels:
             return start, end
 
         @arena_kernel
-        def forward(weights: ARENA, base: ti.i32, x: F32_2D, inst: I32_1D, y: F32_2D, routed: ti.template()):
+        def forward(weights: ARENA, base: ti.i32, gb: ti.i32, x: F32_2D, inst: I32_1D, y: F32_2D,
+                    routed: ti.template()):
             B = x.shape[0]
             for i in range(n_iterations(B)):
                 start, end = samples(i, B)
-                for mode, first, stop in ti.static(runs):
-                    for l in range(first, stop):
+                g0 = bounds[gb]
+                for mode, r in ti.static(runs):
+                    for l in range(bounds[gb + r], bounds[gb + r + 1]):
                         lv = geometry[l]
                         for b in range(start, end):
                             k = inst[b] if ti.static(routed) else 0
                             acc = level_features(weights, base, k, row(x, b, D, 0), lv, mode)
                             for f in ti.static(range(F)):
-                                y[b, l * F + f] = acc[f]
+                                y[b, (l - g0) * F + f] = acc[f]
                 for b in range(start, end):
                     for j in ti.static(range(raw, width)):
                         y[b, j] = 0.0
 
         @ti.func
-        def add_private(G: ti.template(), base, w_id, k, i, v):   # worker w_id owns scratch[w_id]: no atomic
-            scratch[w_id, k, i] = scratch[w_id, k, i] + v
+        def add_private(S: ti.template(), row, w_id, k, i, v):    # worker w_id owns its rows of S: no atomic
+            S[row + i] = S[row + i] + v
 
         @ti.func
         def add_atomic(G: ti.template(), base, w_id, k, i, v):
             ti.atomic_add(G[k, at(base, i)], v)
 
         def scatter_kernel(runs):
-            """The kernel adding each sample's gradients of the levels of ``runs`` with ``add``."""
+            """The kernel adding each sample's gradients of the levels of ``runs``: into the private tables ``S``
+            (``n`` columns per network) on the CPU, else atomically (``S`` and ``n`` then unused)."""
 
             @arena_kernel
-            def scatter(add: ti.template(), G: ARENA, base: ti.i32, x: F32_2D, inst: I32_1D, dy: F32_2D,
-                        routed: ti.template(), second: ti.template(), g: F32_2D, zero_n: ti.i32):
+            def scatter(G: ARENA, base: ti.i32, gb: ti.i32, x: F32_2D, inst: I32_1D, dy: F32_2D,
+                        routed: ti.template(), second: ti.template(), g: F32_2D, zero_n: ti.i32, S: ti.template(),
+                        n: ti.i32):
                 for k, i in ti.ndrange(K, zero_n):             # overwrite off the CPU: zeros under the adds
                     G[k, at(base, i)] = 0.0
                 B = x.shape[0]
                 for i in range(n_iterations(B)):
                     start, end = samples(i, B)
-                    w_id = i // CPU_CHUNK                   # owns scratch[w_id] (add_atomic ignores it)
-                    for mode, first, stop in ti.static(runs):
-                        for l in range(first, stop):
+                    w_id = i // CPU_CHUNK                   # owns its private tables (add_atomic ignores it)
+                    g0 = bounds[gb]
+                    for mode, r in ti.static(runs):
+                        for l in range(bounds[gb + r], bounds[gb + r + 1]):
                             lv = geometry[l]
                             for b in range(start, end):
                                 k = inst[b] if ti.static(routed) else 0
-                                level_scatter(add, G, base, w_id, k, row(x, b, D, 0), lv, mode, row(dy, b, F, l * F),
-                                              second, gs_row(second, g, b))
+                                xs, dy_l, gs = row(x, b, D, 0), row(dy, b, F, (l - g0) * F), gs_row(second, g, b)
+                                if ti.static(private):
+                                    level_scatter(add_private, S, (w_id * K + k) * n, w_id, k, xs, lv, mode, dy_l,
+                                                  second, gs)
+                                else:
+                                    level_scatter(add_atomic, G, base, w_id, k, xs, lv, mode, dy_l, second, gs)
 
             return scatter
 
@@ -202,22 +184,23 @@ class _GridKernels:
             levels: their adds are summed before they reach global memory (``benchmarks/grid_atomics_model.py``)."""
 
             @arena_kernel
-            def run_scatter(G: ARENA, base: ti.i32, x: F32_2D, inst: I32_1D, dy: F32_2D, routed: ti.template(),
-                            zero_n: ti.i32):
+            def run_scatter(G: ARENA, base: ti.i32, gb: ti.i32, x: F32_2D, inst: I32_1D, dy: F32_2D,
+                            routed: ti.template(), zero_n: ti.i32):
                 for k, i in ti.ndrange(K, zero_n):             # overwrite: zeros under the adds
                     G[k, at(base, i)] = 0.0
                 B = x.shape[0]
                 n_runs = (B + RUN - 1) // RUN
-                for mode, first, stop in ti.static(runs):
+                g0 = bounds[gb]
+                for mode, q in ti.static(runs):
                     # an ndrange: a flat loop with l = first + i // n_runs stopped Taichi 1.7's SPIR-V codegen
                     # ("Not supported") in some configs
-                    for l, r in ti.ndrange((first, stop), n_runs):
+                    for l, r in ti.ndrange((bounds[gb + q], bounds[gb + q + 1]), n_runs):
                         start = r * RUN
                         lv = geometry[l]
                         keys, sums, held = ti.Vector([-1] * C, ti.i32), ti.Matrix.zero(ti.f32, C, F), 0
                         for b in range(start, ti.min(start + RUN, B)):
                             k = inst[b] if ti.static(routed) else 0
-                            new_keys, values = fn.corner_terms(row(x, b, D, 0), lv, mode, row(dy, b, F, l * F),
+                            new_keys, values = fn.corner_terms(row(x, b, D, 0), lv, mode, row(dy, b, F, (l - g0) * F),
                                                                False, ti.Vector.zero(ti.f32, D))
                             same_network = ti.select(k == held, 1, 0)
                             for h in ti.static(range(C)):             # the held sums: kept or added
@@ -236,42 +219,48 @@ class _GridKernels:
             return run_scatter
 
         @arena_kernel
-        def reduce_private(G: ARENA, base: ti.i32, overwrite: ti.template()):
-            for k, i in ti.ndrange(K, n):
-                acc = 0.0 if ti.static(overwrite) else ti.cast(G[k, at(base, i)], ti.f32)
-                for w_id in ti.static(range(n_workers)):
-                    acc += scratch[w_id, k, i]
-                    scratch[w_id, k, i] = 0.0
-                G[k, at(base, i)] = acc
+        def reduce_private(G: ARENA, base: ti.i32, S: ti.template(), n: ti.i32, overwrite: ti.template()):
+            tasks = (n + CHUNK - 1) // CHUNK                # runs of CHUNK columns: no division per column
+            for task in range(K * tasks):
+                k, c = task // tasks, task % tasks
+                for i in range(c * CHUNK, ti.min(c * CHUNK + CHUNK, n)):
+                    acc = 0.0 if ti.static(overwrite) else ti.cast(G[k, at(base, i)], ti.f32)
+                    for w_id in ti.static(range(n_workers)):
+                        j = (w_id * K + k) * n + i
+                        acc += S[j]
+                        S[j] = 0.0
+                    G[k, at(base, i)] = acc
 
         @ti.func
         def add_owned(G: ti.template(), base, slot, k, i, v):   # the level's owner is the only thread writing there
             G[k, at(base, i)] = G[k, at(base, i)] + v
 
         @arena_kernel
-        def scatter_levels(G: ARENA, base: ti.i32, x: F32_2D, inst: I32_1D, dy: F32_2D,
+        def scatter_levels(G: ARENA, base: ti.i32, gb: ti.i32, x: F32_2D, inst: I32_1D, dy: F32_2D,
                            routed: ti.template(), overwrite: ti.template(), second: ti.template(), g: F32_2D):
             """One parallel chunk per level (chunks go to whichever thread is free): its thread owns the
             level's gradients and adds the whole batch into them, sample after sample."""
             B = x.shape[0]
+            g0 = bounds[gb]
+            L = bounds[gb + R] - g0
             for i in range(L * CPU_CHUNK):
                 if i % CPU_CHUNK == 0:
-                    l = i // CPU_CHUNK
+                    l = g0 + i // CPU_CHUNK
                     lv = geometry[l]
                     if ti.static(overwrite):
                         start = base + ti.cast(lv.offset, ti.i32) * F
                         for k in range(K):
                             for j in range(start, start + ti.cast(lv.size, ti.i32) * F):
                                 G[k, j] = 0.0
-                    for mode, first, stop in ti.static(runs):
-                        if first <= l < stop:
+                    for mode, r in ti.static(runs):
+                        if bounds[gb + r] <= l < bounds[gb + r + 1]:
                             for b in range(B):
                                 k = inst[b] if ti.static(routed) else 0
                                 level_scatter(add_owned, G, base, 0, k, row(x, b, D, 0), lv, mode,
-                                              row(dy, b, F, l * F), second, gs_row(second, g, b))
+                                              row(dy, b, F, (l - g0) * F), second, gs_row(second, g, b))
 
         @arena_kernel
-        def per_sample_backward(weights: ARENA, base: ti.i32, x: F32_2D, inst: I32_1D, dy: F32_2D,
+        def per_sample_backward(weights: ARENA, base: ti.i32, gb: ti.i32, x: F32_2D, inst: I32_1D, dy: F32_2D,
                                 dx: F32_2D, routed: ti.template(), second: ti.template(), g: F32_2D, d_dy: F32_2D):
             """dL/dx into dx; with ``second``, dL2/dx into dx and dL2/d(dL/dy) into d_dy for L2 = <g, dL/dx>."""
             B = x.shape[0]
@@ -283,102 +272,121 @@ class _GridKernels:
                     if ti.static(second):
                         for j in ti.static(range(raw, width)):
                             d_dy[b, j] = 0.0
-                for mode, first, stop in ti.static(runs):
-                    for l in range(first, stop):
+                g0 = bounds[gb]
+                for mode, r in ti.static(runs):
+                    for l in range(bounds[gb + r], bounds[gb + r + 1]):
                         lv = geometry[l]
                         for b in range(start, end):
                             k = inst[b] if ti.static(routed) else 0
-                            xs, dy_l = row(x, b, D, 0), row(dy, b, F, l * F)
+                            xs, dy_l = row(x, b, D, 0), row(dy, b, F, (l - g0) * F)
                             h = ti.Vector.zero(ti.f32, D)
                             if ti.static(second):
                                 d_dy_l, h2 = level_second_order(weights, base, k, xs, lv, mode, dy_l, row(g, b, D, 0))
                                 h = h2
                                 for f in ti.static(range(F)):
-                                    d_dy[b, l * F + f] = d_dy_l[f]
+                                    d_dy[b, (l - g0) * F + f] = d_dy_l[f]
                             else:
                                 h = level_input_gradient(weights, base, k, xs, lv, mode, dy_l)
                             for d in ti.static(range(D)):
                                 dx[b, d] = dx[b, d] + h[d]
 
-        def backward_input(weights, base, x, inst, dy, dx, routed):
-            per_sample_backward(weights, base, x, inst, dy, dx, routed, False, x, dx)
-
-        def backward_backward(weights, base, x, inst, g, dy, d_dy, dx, routed):
-            per_sample_backward(weights, base, x, inst, dy, dx, routed, True, g, d_dy)
-
-        def backward_params(G, base, x, inst, dy, routed, overwrite, g=None):
-            """dL/dθ, or with ``g`` (dL2/d(dL/dx)) dL2/dθ, added to the gradients ``G`` (written if
-            ``overwrite``: on the CPU by the reduction, elsewhere by a first loop of the first kernel that zeroes
-            every network's gradients under the atomic adds)."""
+        def backward_params(grid, G, base, x, inst, dy, routed, overwrite, g=None):
+            """dL/dθ of the grid ``grid`` (a ``_grid_tables.Bound``), or with ``g`` (dL2/d(dL/dx)) dL2/dθ, added to the
+            gradients ``G`` (written if ``overwrite``: on the CPU by the reduction, elsewhere by a first loop of the first
+            kernel that zeroes every network's gradients under the atomic adds)."""
             second = g is not None
             g = g if second else x                  # not read by the first order
+            gb, n = grid.gb, grid.n
             zero_n = n if overwrite else 0
             if private:
-                with private_tables.filling():
-                    scatter(add_private, G, base, x, inst, dy, routed, second, g, 0)
-                    reduce_private(G, base, overwrite)
+                with tables.scratch().filling(n_workers * K * n) as S:
+                    scatter(G, base, gb, x, inst, dy, routed, second, g, 0, S, n)
+                    reduce_private(G, base, S, n, overwrite)
             elif cpu:
-                scatter_levels(G, base, x, inst, dy, routed, overwrite, second, g)
-            elif block_scatter is not None and not routed:
-                block_scatter(G, base, x, dy, block.n_blocks(x.shape[0]), second, g, zero_n)
+                scatter_levels(G, base, gb, x, inst, dy, routed, overwrite, second, g)
+            elif block_runs and not routed:
+                block_scatter(grid.block_size)(G, base, gb, x, dy, block.n_blocks(x.shape[0]), second, g, zero_n)
                 if second:
-                    scatter_atomic(add_atomic, G, base, x, inst, dy, routed, second, g, 0)
+                    scatter_atomic(G, base, gb, x, inst, dy, routed, second, g, 0, 0, 0)
                 elif atomic_runs:
-                    run_scatter_atomic(G, base, x, inst, dy, routed, 0)
+                    run_scatter_atomic(G, base, gb, x, inst, dy, routed, 0)
             elif second or run_scatter is None:
-                scatter(add_atomic, G, base, x, inst, dy, routed, second, g, zero_n)
+                scatter(G, base, gb, x, inst, dy, routed, second, g, zero_n, 0, 0)
             else:
-                run_scatter(G, base, x, inst, dy, routed, zero_n)
+                run_scatter(G, base, gb, x, inst, dy, routed, zero_n)
 
-        block_scatter, scatter_atomic, run_scatter, run_scatter_atomic = None, None, None, None
+        scatter_atomic, run_scatter, run_scatter_atomic, block_kernels = None, None, None, {}
         if not cpu and funcs is level_funcs:    # the grid's corners (the permutohedral encoding's: per sample)
             run_scatter = run_scatter_kernel(runs)
             if block_runs:          # the levels of small tables per block, the others in runs of samples
-                block_scatter = block.block_scatter(D, F, interp, fn, geometry, block_runs,
-                                                    [levels[l][2] for _, first, stop in block_runs
-                                                     for l in range(first, stop)])
                 scatter_atomic = scatter_kernel(atomic_runs)
                 run_scatter_atomic = run_scatter_kernel(atomic_runs)
 
-        @ti.func
-        def features_into(weights: ti.template(), base, k, xs, put: ti.template(), sh: ti.template(), tile, q, col0):
-            """Sample ``xs``'s features for network ``k``, each handed to ``put(sh, tile, q, col0 + column, value)``
-            (a fused MLP kernel's shared tile: the encoding inside the MLP's launch); the padded columns are the
-            caller's (0 for grids)."""
-            for mode, first, stop in ti.static(runs):
-                for l in range(first, stop):
-                    acc = level_features(weights, base, k, xs, geometry[l], mode)
-                    for f in ti.static(range(F)):
-                        put(sh, tile, q, col0 + l * F + f, acc[f])
+        def block_scatter(size: int):
+            """The per-block sums of levels of at most ``size`` entries (their shared memory is static)."""
+            if size not in block_kernels:
+                block_kernels[size] = block.block_scatter(D, F, interp, fn, geometry, bounds, block_runs, size)
+            return block_kernels[size]
+
+        features = {}
+
+        def features_into_of(rows: tuple):
+            """For the grid whose runs start at the table's rows ``rows`` (its last level + 1 last): a func of
+            one sample's features for network ``k``, each handed to ``put(sh, tile, q, col0 + column, value)`` (a
+            fused MLP kernel's shared tile: the encoding inside the MLP's launch); the padded columns are the
+            caller's (0 for grids). Its levels are constants: a fused kernel compiles per geometry."""
+            if rows not in features:
+                @ti.func
+                def features_into(weights: ti.template(), base, k, xs, put: ti.template(), sh: ti.template(), tile,
+                                  q, col0):
+                    for mode, r in ti.static(runs):
+                        for l in range(rows[r], rows[r + 1]):
+                            acc = level_features(weights, base, k, xs, geometry[l], mode)
+                            for f in ti.static(range(F)):
+                                put(sh, tile, q, col0 + (l - rows[0]) * F + f, acc[f])
+                features[rows] = features_into
+            return features[rows]
 
         # -- one sample inside a user's kernel --------------------------------------
-        def sample_funcs(weights, grads, base: int):
-            """``(forward, vjp)`` ti.funcs of one sample reading ``weights[k, base + i]``; the vjp scatters
-            dL/dθ into the gradients (``grads``, the store's) atomically unless ``grads`` is None. Weights that
-            are a kernel's ndarray argument make the funcs read the levels' geometry from constants, not from the
-            table's field: such a kernel (``tinn.deploy``'s AOT module) has its arguments as its only data."""
+        def sample_funcs(weights, grads, base: int, rows: tuple, levels: tuple):
+            """``(forward, vjp)`` ti.funcs of one sample of the grid of ``levels`` whose runs start at the table's
+            ``rows``, reading ``weights[k, base + i]``; the vjp scatters dL/dθ into the gradients (``grads``, the
+            store's) atomically unless ``grads`` is None. Weights that are a kernel's ndarray argument make the funcs
+            read the levels' geometry from constants, not from the table's field: such a kernel (``tinn.deploy``'s
+            AOT module) has its arguments as its only data."""
             with_grads = grads is not None
-            geometry = table if not isinstance(weights, AnyArray) else constant_geometry
+            constant = ConstantGeometry(levels)
+
+            @ti.func
+            def constant_level(l):
+                """Row ``l`` of the table as constants (the grid's level ``l - rows[0]``)."""
+                return constant[l - rows[0]]
+
+            @ti.func
+            def table_level(l):
+                return geometry[l]
+
+            level = constant_level if isinstance(weights, AnyArray) else table_level
 
             @ti.func
             def forward(xs, k=0):
                 y = ti.Vector.zero(ti.f32, width)
-                for mode, first, stop in ti.static(runs):
-                    for l in range(first, stop):
-                        acc = one.level_features(weights, base, k, xs, geometry[l], mode)
+                for mode, r in ti.static(runs):
+                    for l in range(rows[r], rows[r + 1]):
+                        acc = one.level_features(weights, base, k, xs, level(l), mode)
                         for f in ti.static(range(F)):
-                            y[l * F + f] = acc[f]
+                            y[(l - rows[0]) * F + f] = acc[f]
                 return y
 
             @ti.func
             def vjp(xs, dy, k=0):
                 g = ti.Vector.zero(ti.f32, D)
-                for mode, first, stop in ti.static(runs):
-                    for l in range(first, stop):
-                        lv = geometry[l]
+                for mode, r in ti.static(runs):
+                    for l in range(rows[r], rows[r + 1]):
+                        lv = level(l)
                         dy_l = ti.Vector.zero(ti.f32, F)
                         for f in ti.static(range(F)):
-                            dy_l[f] = dy[l * F + f]
+                            dy_l[f] = dy[(l - rows[0]) * F + f]
                         if ti.static(with_grads):
                             one.level_scatter(add_atomic, grads, base, 0, k, xs, lv, mode, dy_l, False, xs)
                         g += one.level_input_gradient(weights, base, k, xs, lv, mode, dy_l)
@@ -386,8 +394,6 @@ class _GridKernels:
 
             return forward, vjp
 
-        self.private, self.cpu = private, cpu
-        self.block_levels = sum(stop - first for _, first, stop in block_runs)    # aggregated per block
-        self.forward, self.backward_params, self.backward_input = forward, backward_params, backward_input
-        self.backward_backward, self.features_into = backward_backward, features_into
-        self.sample_funcs = sample_funcs
+        self.private, self.cpu, self.kinds = private, cpu, kinds
+        self.forward, self.per_sample_backward, self.backward_params = forward, per_sample_backward, backward_params
+        self.features_into_of, self.sample_funcs = features_into_of, sample_funcs

@@ -51,7 +51,7 @@ from ..keys import OFF, POSITIVE_INT, Key, Options, above, between, one_of, repo
 from ..object import Context
 from ..registry import encodings
 from ..runtime.program import is_cpu
-from ._grid_funcs import OFFSET_MASK, level_funcs
+from ._grid_funcs import DENSE, HASHED, MODULO, OFFSET_MASK, level_funcs
 from ._grid_kernels import grid_kernels
 from .encoding import Encoding, next_multiple
 
@@ -89,9 +89,12 @@ def level_geometry(n_dims, grid_type, n_levels, log2_hashmap_size, base_resoluti
 class TableEncoding(Encoding):
     """An encoding whose features per level interpolate rows of a parameter table (``levels``: scale, res,
     entries, entry offset, hashed), run by the grid's kernels (``_grid_kernels.py``) with the per-level
-    funcs ``level_funcs`` of the subclass; ``n_params`` and ``interpolation`` are set by the subclass."""
+    funcs ``level_funcs`` of the subclass; ``n_params`` and ``interpolation`` are set by the subclass, and
+    ``index_modes``, the index modes its levels may take in level order (grids of any geometry of those modes
+    share their kernels)."""
     fill_value = 0.0
     level_funcs = staticmethod(level_funcs)
+    index_modes = ()
 
     def __init__(self, n_input_dims, n_levels, n_features_per_level, *, n_instances, seed):
         self.required_output_alignment = n_features_per_level
@@ -173,7 +176,7 @@ class TableEncoding(Encoding):
         private = cpu and n_workers * self.n_instances * self.n_params * 4 <= SCRATCH_BUDGET_BYTES
         return grid_kernels(self.n_input_dims, self.n_features_per_level, self.n_instances, self.n_params,
                             self.n_raw_output_dims, self.padded_output_width, self.interpolation, tuple(self.levels),
-                            private, checked, self.level_funcs)
+                            private, checked, self.level_funcs, self.index_modes)
 
     def set_padded_output_width(self, width):
         super().set_padded_output_width(width)
@@ -218,6 +221,7 @@ class GridEncoding(TableEncoding):
                              f"{base_resolution} shrinks level {shrunk[0]} below one cell: every level's "
                              f"base_resolution * per_level_scale^level must be at least 1 (levels 0 to {n_levels - 1})")
         self.n_params = n_entries * n_features_per_level
+        self.index_modes = (DENSE, HASHED) if type == "Hash" else (DENSE, MODULO)   # coarse levels dense
         super().__init__(n_input_dims, n_levels, n_features_per_level, n_instances=n_instances, seed=seed)
 
     @classmethod
