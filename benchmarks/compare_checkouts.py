@@ -11,9 +11,12 @@ median of the pair ratios (new / old time: below 1 is faster).
 
     python benchmarks/compare_checkouts.py OLD_CHECKOUT NEW_CHECKOUT --workload arrays --k 4096 --samples 64
     python benchmarks/compare_checkouts.py OLD NEW --workload image --modes train infer --pairs 6
+    python benchmarks/compare_checkouts.py OLD NEW --workload grid --modes fwd bwd fb --samples 262144
 
-Workloads: ``arrays`` (``bench_network_array.py``'s: K networks, S samples each, a dense batch) and
-``image`` (``config_hash.json`` at a batch of 2^16 random samples). Each checkout runs its own tinn.
+Workloads: ``arrays`` (``bench_network_array.py``'s: K networks, S samples each, a dense batch),
+``image`` (``config_hash.json`` at a batch of 2^16 random samples) and ``grid`` (``config_hash.json``'s
+HashGrid alone: ``fwd`` its forward, ``bwd`` its backward to the parameters, ``fb`` both). Each checkout runs
+its own tinn.
 """
 import argparse
 import os
@@ -30,14 +33,26 @@ ARRAY_CONFIG = {"loss": {"otype": "RelativeL2"},
 
 
 def worker(workload: str, k: int, samples: int):
-    """Build the model, then time one call per line of stdin (``train``, ``infer``, ``fwd``, ``fb``, ``opt``)."""
+    """Build the model, then time one call per line of stdin (``train``, ``infer``, ``fwd``, ``fb``, ``opt``;
+    ``grid``: ``fwd``, ``bwd``, ``fb``)."""
     import numpy as np
     import taichi as ti
     import tinn
     tinn.init(arch=ti.cpu, log_level=ti.ERROR)
     rng = np.random.default_rng(0)
+    old = os.path.join("data", "config_hash.json")         # where checkouts before the shipped configs kept it
+    if workload == "grid":
+        config = tinn.load_config(old if os.path.isfile(old) else "config_hash")["encoding"]
+        grid = tinn.create_encoding(2, config)
+        x = rng.random((samples, 2), dtype=np.float32)
+        dy = rng.standard_normal((samples, grid.n_output_dims), dtype=np.float32)
+        ctx = grid.forward(x)[1]
+        calls = {"fwd": lambda: grid.forward(x), "bwd": lambda: grid.backward(ctx, dy, input_gradient=False),
+                 "fb": lambda: grid.backward(grid.forward(x)[1], dy, input_gradient=False)}
+        for _ in range(3):
+            calls["fb"]()
+        return serve(calls)
     if workload == "image":
-        old = os.path.join("data", "config_hash.json")         # where checkouts before the shipped configs kept it
         model = tinn.create_from_config(2, 3, old if os.path.isfile(old) else "config_hash")
         x, y = rng.random((samples, 2), dtype=np.float32), rng.random((samples, 3), dtype=np.float32)
     else:
@@ -50,6 +65,11 @@ def worker(workload: str, k: int, samples: int):
     for _ in range(3):
         calls["train"]()
         calls["infer"]()
+    serve(calls)
+
+
+def serve(calls):
+    """Time one call per line of stdin, once ``ready`` is printed."""
     print("ready", flush=True)
     for line in sys.stdin:
         t = time.perf_counter()
@@ -81,15 +101,15 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("old", nargs="?")
     ap.add_argument("new", nargs="?")
-    ap.add_argument("--workload", choices=("arrays", "image"), default="arrays")
+    ap.add_argument("--workload", choices=("arrays", "image", "grid"), default="arrays")
     ap.add_argument("--k", type=int, default=4096, help="networks (arrays)")
     ap.add_argument("--samples", type=int, default=None, help="per network (arrays: 64), or the batch (image: 2^16)")
-    ap.add_argument("--modes", nargs="+", default=["train", "infer"], choices=("train", "infer", "fwd", "fb", "opt"))
+    ap.add_argument("--modes", nargs="+", default=["train", "infer"], choices=("train", "infer", "fwd", "bwd", "fb", "opt"))
     ap.add_argument("--calls", type=int, default=30, help="timed calls per mode and worker")
     ap.add_argument("--pairs", type=int, default=6, help="pairs of worker processes")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    args.samples = args.samples or (1 << 16 if args.workload == "image" else 64)
+    args.samples = args.samples or (64 if args.workload == "arrays" else 1 << 16)
     if args.worker:
         return worker(args.workload, args.k, args.samples)
     ratios = {mode: [] for mode in args.modes}

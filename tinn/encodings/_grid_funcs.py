@@ -18,8 +18,11 @@ that it folds the sum into the load addresses (unmasked, the runtime offset cost
 
 def level_funcs(D: int, F: int, interp: str, entry_mask: int, any_input: bool = True):
     """The ti.funcs of one sample and one level ``lv`` (a row of the geometry table: scale, res, size,
-    offset) for D input dims, F features and the interpolation ``interp``; ``entry_mask`` is the power
-    of two above the encoding's entry count, less one. ``any_input``: inputs may be NaN or +-Inf (see
+    offset) for D input dims, F features and the interpolation ``interp``; ``entry_mask`` is
+    ``(OFFSET_MASK + 1) / F - 1``, above every entry of an encoding (level offset + index: fewer than 2^30 / F):
+    an entry's first column ``((offset + index) & entry_mask) F`` is then known to LLVM to be a multiple of F
+    below 2^30, so that ``at``'s masks of its F columns fold away and its F loads share one address (masking
+    offset and index apart leaves their sum below 2^31 / F only). ``any_input``: inputs may be NaN or +-Inf (see
     ``bounded``); without it they are finite, as the CPU path's batches are checked before any kernel."""
 
     @ti.func
@@ -148,7 +151,7 @@ def level_funcs(D: int, F: int, interp: str, entry_mask: int, any_input: bool = 
     def entry(lv, mode: ti.template(), p, bits: ti.template()):
         """Index of the corner's first feature, relative to the encoding's parameters: (offset + index) F."""
         idx = grid_index(lv, mode, p + offsets(bits))
-        return ti.cast((lv.offset & entry_mask) + (idx & entry_mask), ti.i32) * F
+        return ti.cast((lv.offset + idx) & entry_mask, ti.i32) * F
 
     @ti.func
     def at(base, i):

@@ -4,7 +4,7 @@ import taichi as ti
 from taichi.lang.any_array import AnyArray
 
 from ..runtime.program import is_cpu
-from ..runtime.kernels import ARENA, CHUNK, arena_kernel, specialised
+from ..runtime.kernels import ARENA, arena_kernel, specialised
 from ..runtime.types import F32_2D, I32_1D
 from . import _grid_block as block
 from . import _grid_tables as tables
@@ -18,10 +18,12 @@ RUN = 8
 """Off the CPU, consecutive samples a thread of the first-order scatter takes on one level (``run_scatter``)."""
 
 
-def grid_kernels(D: int, F: int, K: int, n: int, raw: int, width: int, interp: str, levels: tuple, private: bool,
+def grid_kernels(D: int, F: int, K: int, n: int, raw: int, width: int, interp: str, levels: tuple, scratch: int,
                  checked: bool, funcs=level_funcs, modes: tuple = ()):
     """The kernels of a grid of ``levels`` (scale, res, entries, entry offset, hashed per level): those of its
     kind, shared by every grid that differs only in its levels' geometry (``_Kernels``), with that geometry.
+    ``scratch``: on the CPU, the columns per network of the private gradient tables (``_grid_tables.Scratch``),
+    or 0 for none.
     ``modes``: the index modes the encoding's levels take, in level order (a HashGrid's are dense, then hashed):
     its runs are those, some maybe empty, so that its kernels do not depend on where one mode gives way to the
     next (unless some levels are summed per block, whose kernels depend on their sizes)."""
@@ -43,9 +45,9 @@ def grid_kernels(D: int, F: int, K: int, n: int, raw: int, width: int, interp: s
     table, gb, g0 = tables.place(rows, tuple(starts))
     block_sizes = tuple(levels[l][2] for (_, shared), first, stop in zip(kinds, starts, starts[1:] + [len(levels)])
                         if shared for l in range(first, stop))
-    kernels = _Kernels(D, F, K, raw, width, interp, tuple(kinds), private, checked, funcs, table)
+    kernels = _Kernels(D, F, K, raw, width, interp, tuple(kinds), scratch > 0, checked, funcs, table)
     rows_of_runs = tuple(g0 + l for l in starts) + (g0 + len(levels),)
-    return tables.Bound(kernels, gb, n, rows_of_runs, max(block_sizes, default=0), levels)
+    return tables.Bound(kernels, gb, n, rows_of_runs, max(block_sizes, default=0), levels, scratch)
 
 
 @specialised
@@ -76,11 +78,7 @@ class _Kernels:
         R = len(runs)
         block_runs = [run for run, (_, shared) in zip(runs, kinds) if shared]
         atomic_runs = [run for run, (_, shared) in zip(runs, kinds) if not shared]
-        # Table indices and offsets are below 2^30 / F (``GridEncoding`` checks the parameter count): masking them
-        # with that power of two less one changes nothing, but shows LLVM that they are small and non-negative,
-        # so that it folds them into the load addresses, as it did the constants of unrolled levels (~15% of a
-        # forward).
-        entry_mask = (OFFSET_MASK + 1) // F - 1
+        entry_mask = (OFFSET_MASK + 1) // F - 1     # shows LLVM the entries' columns small (``_grid_funcs``)
         program_tables = tables.tables(table)
         geometry, bounds = program_tables.geometry, program_tables.bounds
 
@@ -127,8 +125,8 @@ class _Kernels:
                         y[b, j] = 0.0
 
         @ti.func
-        def add_private(S: ti.template(), row, w_id, k, i, v):    # worker w_id owns its rows of S: no atomic
-            S[row + i] = S[row + i] + v
+        def add_private(S: ti.template(), base, w_id, k, i, v):   # worker w_id owns S[w_id]: no atomic
+            S[w_id, k, i] = S[w_id, k, i] + v
 
         @ti.func
         def add_atomic(G: ti.template(), base, w_id, k, i, v):
@@ -136,12 +134,11 @@ class _Kernels:
 
         def scatter_kernel(runs):
             """The kernel adding each sample's gradients of the levels of ``runs``: into the private tables ``S``
-            (``n`` columns per network) on the CPU, else atomically (``S`` and ``n`` then unused)."""
+            (``[worker, k, i]``) on the CPU, else atomically (``S`` then unused)."""
 
             @arena_kernel
             def scatter(G: ARENA, base: ti.i32, gb: ti.i32, x: F32_2D, inst: I32_1D, dy: F32_2D,
-                        routed: ti.template(), second: ti.template(), g: F32_2D, zero_n: ti.i32, S: ti.template(),
-                        n: ti.i32):
+                        routed: ti.template(), second: ti.template(), g: F32_2D, zero_n: ti.i32, S: ti.template()):
                 for k, i in ti.ndrange(K, zero_n):             # overwrite off the CPU: zeros under the adds
                     G[k, at(base, i)] = 0.0
                 B = x.shape[0]
@@ -156,8 +153,7 @@ class _Kernels:
                                 k = inst[b] if ti.static(routed) else 0
                                 xs, dy_l, gs = row(x, b, D, 0), row(dy, b, F, (l - g0) * F), gs_row(second, g, b)
                                 if ti.static(private):
-                                    level_scatter(add_private, S, (w_id * K + k) * n, w_id, k, xs, lv, mode, dy_l,
-                                                  second, gs)
+                                    level_scatter(add_private, S, base, w_id, k, xs, lv, mode, dy_l, second, gs)
                                 else:
                                     level_scatter(add_atomic, G, base, w_id, k, xs, lv, mode, dy_l, second, gs)
 
@@ -171,7 +167,7 @@ class _Kernels:
         def flush(G: ti.template(), base, k, lv, key, sums: ti.template(), c: ti.template()):
             """Add corner c's sums to entry ``key`` of level ``lv`` (none if key < 0): F global atomic adds."""
             if key >= 0:
-                e = ti.cast((lv.offset & entry_mask) + (ti.cast(key, ti.u32) & entry_mask), ti.i32) * F
+                e = ti.cast((lv.offset + ti.cast(key, ti.u32)) & entry_mask, ti.i32) * F
                 for f in ti.static(range(F)):
                     ti.atomic_add(G[k, at(base, e + f)], sums[c, f])
 
@@ -220,16 +216,12 @@ class _Kernels:
 
         @arena_kernel
         def reduce_private(G: ARENA, base: ti.i32, S: ti.template(), n: ti.i32, overwrite: ti.template()):
-            tasks = (n + CHUNK - 1) // CHUNK                # runs of CHUNK columns: no division per column
-            for task in range(K * tasks):
-                k, c = task // tasks, task % tasks
-                for i in range(c * CHUNK, ti.min(c * CHUNK + CHUNK, n)):
-                    acc = 0.0 if ti.static(overwrite) else ti.cast(G[k, at(base, i)], ti.f32)
-                    for w_id in ti.static(range(n_workers)):
-                        j = (w_id * K + k) * n + i
-                        acc += S[j]
-                        S[j] = 0.0
-                    G[k, at(base, i)] = acc
+            for k, i in ti.ndrange(K, n):
+                acc = 0.0 if ti.static(overwrite) else ti.cast(G[k, at(base, i)], ti.f32)
+                for w_id in ti.static(range(n_workers)):
+                    acc += S[w_id, k, i]
+                    S[w_id, k, i] = 0.0
+                G[k, at(base, i)] = acc
 
         @ti.func
         def add_owned(G: ti.template(), base, slot, k, i, v):   # the level's owner is the only thread writing there
@@ -299,19 +291,19 @@ class _Kernels:
             gb, n = grid.gb, grid.n
             zero_n = n if overwrite else 0
             if private:
-                with tables.scratch().filling(n_workers * K * n) as S:
-                    scatter(G, base, gb, x, inst, dy, routed, second, g, 0, S, n)
+                with tables.scratch(n_workers, K).filling(grid.scratch) as S:
+                    scatter(G, base, gb, x, inst, dy, routed, second, g, 0, S)
                     reduce_private(G, base, S, n, overwrite)
             elif cpu:
                 scatter_levels(G, base, gb, x, inst, dy, routed, overwrite, second, g)
             elif block_runs and not routed:
                 block_scatter(grid.block_size)(G, base, gb, x, dy, block.n_blocks(x.shape[0]), second, g, zero_n)
                 if second:
-                    scatter_atomic(G, base, gb, x, inst, dy, routed, second, g, 0, 0, 0)
+                    scatter_atomic(G, base, gb, x, inst, dy, routed, second, g, 0, 0)
                 elif atomic_runs:
                     run_scatter_atomic(G, base, gb, x, inst, dy, routed, 0)
             elif second or run_scatter is None:
-                scatter(G, base, gb, x, inst, dy, routed, second, g, zero_n, 0, 0)
+                scatter(G, base, gb, x, inst, dy, routed, second, g, zero_n, 0)
             else:
                 run_scatter(G, base, gb, x, inst, dy, routed, zero_n)
 

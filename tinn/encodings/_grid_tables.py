@@ -15,8 +15,8 @@ from ..runtime.memory import FieldTree, check_allocation
 
 ROWS = 4096
 """Levels (and run bounds) one table holds."""
-MIN_SCRATCH = 1 << 20
-"""Fewest values of the private gradient tables (4 MiB): grids up to that size share one compiled scatter."""
+MIN_SCRATCH = 1 << 18
+"""Fewest columns per network of the private gradient tables: grids up to that size share one compiled scatter."""
 
 
 class Tables:
@@ -55,11 +55,12 @@ class Tables:
 class Bound:
     """A grid's kernels: its kind's (``_grid_kernels._Kernels``) with its geometry (the bounds row ``gb`` of its
     table, ``n`` parameters per network, the table rows ``bounds`` of its runs' first levels and of its last level
-    + 1, the largest table of its levels summed per block, and its ``levels`` themselves)."""
+    + 1, the largest table of its levels summed per block, its ``levels`` themselves and the ``scratch`` columns
+    per network of its private gradient tables)."""
 
-    def __init__(self, kernels, gb: int, n: int, bounds: tuple, block_size: int, levels: tuple):
+    def __init__(self, kernels, gb: int, n: int, bounds: tuple, block_size: int, levels: tuple, scratch: int):
         self.kernels, self.gb, self.n, self.bounds, self.block_size = kernels, gb, n, bounds, block_size
-        self.levels = levels
+        self.levels, self.scratch = levels, scratch
         self.private, self.cpu = kernels.private, kernels.cpu
         self.block_levels = sum(stop - first for (_, shared), first, stop in zip(kernels.kinds, bounds, bounds[1:])
                                 if shared)
@@ -98,36 +99,43 @@ def place(levels: tuple, starts: tuple):
 
 
 class Scratch:
-    """The CPU workers' private gradient tables, one flat float32 field shared by every grid of the program, of at
-    least ``MIN_SCRATCH`` values (a power of two, grown to the largest needed; the scatter and the reduction take
-    it as a template argument, so that they compile again only when it grows): worker w's table of network k is
-    ``[(w K + k) n, (w K + k + 1) n)``. They are zero between backward passes: the pass that fills them (the
-    scatter) is followed by the reduction that empties them. A pass cut short between the two (an exception, a
-    KeyboardInterrupt) leaves them ``dirty``, and the next pass zeroes them first, so that no gradient of an
-    interrupted pass reaches a later one."""
+    """The CPU workers' private gradient tables of the grids of ``K`` networks: a float32 field ``[worker, k, i]``
+    per capacity (columns per network, ``scratch_capacity``), shared by every grid of at most that many parameters
+    (the scatter and the reduction take it as a template argument: they compile once per capacity). They are zero
+    between backward passes: the pass that fills them (the scatter) is followed by the reduction that empties them.
+    A pass cut short between the two (an exception, a KeyboardInterrupt) leaves them ``dirty``, and the next pass
+    zeroes them first, so that no gradient of an interrupted pass reaches a later one."""
 
-    def __init__(self):
-        self.field, self.dirty, self._trees = None, False, []
+    def __init__(self, n_workers: int, K: int):
+        self.n_workers, self.K = n_workers, K
+        self.fields, self.dirty, self._trees = {}, set(), []
 
     @contextlib.contextmanager
-    def filling(self, size: int):
-        """Run the scatter and the reduction inside (given the field, at least ``size`` values): the tables are
-        zero at the start, whatever came before."""
-        if self.field is None or size > self.field.shape[0]:
-            capacity = max(MIN_SCRATCH, 1 << (size - 1).bit_length())
-            check_allocation("a grid encoding's private gradient tables", [(capacity,)])
+    def filling(self, capacity: int):
+        """Run the scatter and the reduction inside, given the field of ``capacity`` columns: the tables are zero
+        at the start, whatever came before."""
+        if capacity not in self.fields:
+            shape = (self.n_workers, self.K, capacity)
+            check_allocation("a grid encoding's private gradient tables", [shape])
             field = ti.field(ti.f32)
-            self._trees.append(FieldTree(lambda builder: builder.dense(ti.i, capacity).place(field),
-                                         "grid encoding gradient tables"))     # kept: kernels were compiled for it
-            self.field, self.dirty = field, False                              # a new field is zero
-        if self.dirty:
-            self.field.fill(0.0)
-        self.dirty = True
-        yield self.field
-        self.dirty = False
+            self._trees.append(FieldTree(lambda builder: builder.dense(ti.ijk, shape).place(field),
+                                         "grid encoding gradient tables"))     # a new field is zero
+            self.fields[capacity] = field
+        field = self.fields[capacity]
+        if capacity in self.dirty:
+            field.fill(0.0)
+        self.dirty.add(capacity)
+        yield field
+        self.dirty.discard(capacity)
+
+
+def scratch_capacity(n: int) -> int:
+    """Columns per network of the private tables of a grid of ``n`` parameters: the power of two at or above
+    ``n`` (at least ``MIN_SCRATCH``), so that grids of other sizes share them and their kernels."""
+    return max(MIN_SCRATCH, 1 << (n - 1).bit_length())
 
 
 @specialised
-def scratch() -> Scratch:
-    """The program's private gradient tables."""
-    return Scratch()
+def scratch(n_workers: int, K: int) -> Scratch:
+    """The program's private gradient tables of ``n_workers`` workers and ``K`` networks."""
+    return Scratch(n_workers, K)

@@ -53,6 +53,7 @@ from ..registry import encodings
 from ..runtime.program import is_cpu
 from ._grid_funcs import DENSE, HASHED, MODULO, OFFSET_MASK, level_funcs
 from ._grid_kernels import grid_kernels
+from ._grid_tables import scratch_capacity
 from .encoding import Encoding, next_multiple
 
 MAX_BASE = {1: 0xFFFFFFFF, 2: 0xFFFF, 3: 0x659, 4: 0xFF}   # largest res with res^D < 2^32
@@ -173,10 +174,13 @@ class TableEncoding(Encoding):
                              f"the grid kernels address fewer than 2^30 columns")
         cpu = is_cpu()
         n_workers = max(1, ti.lang.impl.current_cfg().cpu_max_num_threads) if cpu else 1
-        private = cpu and n_workers * self.n_instances * self.n_params * 4 <= SCRATCH_BUDGET_BYTES
+        tables = n_workers * self.n_instances * 4           # bytes of the private tables per column
+        capacity = scratch_capacity(self.n_params)          # shared by grids of other sizes, if in budget
+        capacity = capacity if capacity * tables <= SCRATCH_BUDGET_BYTES else self.n_params
+        private = cpu and capacity * tables <= SCRATCH_BUDGET_BYTES
         return grid_kernels(self.n_input_dims, self.n_features_per_level, self.n_instances, self.n_params,
                             self.n_raw_output_dims, self.padded_output_width, self.interpolation, tuple(self.levels),
-                            private, checked, self.level_funcs, self.index_modes)
+                            capacity if private else 0, checked, self.level_funcs, self.index_modes)
 
     def set_padded_output_width(self, width):
         super().set_padded_output_width(width)
