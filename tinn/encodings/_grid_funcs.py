@@ -16,13 +16,20 @@ checks it): masking them with this changes neither, but shows LLVM that their su
 that it folds the sum into the load addresses (unmasked, the runtime offset cost ~40 % of a forward)."""
 
 
+def entry_mask(F: int, n: int) -> int:
+    """The mask of a level's entry offset and of an entry index of an encoding of ``n`` parameters, F per entry: a
+    power of two less one above both, which changes neither but shows LLVM that they are small and non-negative,
+    so that it folds them into the load addresses. Where ``n <= 2^29`` (every grid but the largest), offset and
+    index are each below 2^29 / F: the mask 2^29 / F - 1 keeps an entry's columns below 2^30, so that ``at``'s
+    masks of them fold away too and an entry's F loads share one address (~5 % of a forward, against a mask of
+    their sum); above, 2^30 / F - 1. Not the power of two above ``n``: kernels of grids of other sizes are shared."""
+    return (OFFSET_MASK + 1) // (1 if n > (OFFSET_MASK + 1) // 2 else 2) // F - 1
+
+
 def level_funcs(D: int, F: int, interp: str, entry_mask: int, any_input: bool = True):
     """The ti.funcs of one sample and one level ``lv`` (a row of the geometry table: scale, res, size,
-    offset) for D input dims, F features and the interpolation ``interp``; ``entry_mask`` is
-    ``(OFFSET_MASK + 1) / F - 1``, above every entry of an encoding (level offset + index: fewer than 2^30 / F):
-    an entry's first column ``((offset + index) & entry_mask) F`` is then known to LLVM to be a multiple of F
-    below 2^30, so that ``at``'s masks of its F columns fold away and its F loads share one address (masking
-    offset and index apart leaves their sum below 2^31 / F only). ``any_input``: inputs may be NaN or +-Inf (see
+    offset) for D input dims, F features and the interpolation ``interp``; ``entry_mask``
+    is ``entry_mask(F, n)`` of the encoding's ``n`` parameters. ``any_input``: inputs may be NaN or +-Inf (see
     ``bounded``); without it they are finite, as the CPU path's batches are checked before any kernel."""
 
     @ti.func
@@ -151,7 +158,7 @@ def level_funcs(D: int, F: int, interp: str, entry_mask: int, any_input: bool = 
     def entry(lv, mode: ti.template(), p, bits: ti.template()):
         """Index of the corner's first feature, relative to the encoding's parameters: (offset + index) F."""
         idx = grid_index(lv, mode, p + offsets(bits))
-        return ti.cast((lv.offset + idx) & entry_mask, ti.i32) * F
+        return ti.cast((lv.offset & entry_mask) + (idx & entry_mask), ti.i32) * F
 
     @ti.func
     def at(base, i):

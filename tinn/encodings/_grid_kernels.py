@@ -4,11 +4,11 @@ import taichi as ti
 from taichi.lang.any_array import AnyArray
 
 from ..runtime.program import is_cpu
-from ..runtime.kernels import ARENA, arena_kernel, specialised
+from ..runtime.kernels import ARENA, CHUNK, arena_kernel, specialised
 from ..runtime.types import F32_2D, I32_1D
 from . import _grid_block as block
 from . import _grid_tables as tables
-from ._grid_funcs import DENSE, HASHED, MODULO, OFFSET_MASK, ConstantGeometry, level_funcs
+from ._grid_funcs import DENSE, HASHED, MODULO, ConstantGeometry, entry_mask, level_funcs
 
 # Taichi 1.7's CPU backend hands a parallel range to its threads in chunks of 512 iterations (a
 # shorter range runs on one thread, whatever ti.loop_config says), so per-thread work is spread
@@ -45,7 +45,8 @@ def grid_kernels(D: int, F: int, K: int, n: int, raw: int, width: int, interp: s
     table, gb, g0 = tables.place(rows, tuple(starts))
     block_sizes = tuple(levels[l][2] for (_, shared), first, stop in zip(kinds, starts, starts[1:] + [len(levels)])
                         if shared for l in range(first, stop))
-    kernels = _Kernels(D, F, K, raw, width, interp, tuple(kinds), scratch > 0, checked, funcs, table)
+    kernels = _Kernels(D, F, K, raw, width, interp, tuple(kinds), scratch > 0, checked, funcs, table,
+                       entry_mask(F, n))
     rows_of_runs = tuple(g0 + l for l in starts) + (g0 + len(levels),)
     return tables.Bound(kernels, gb, n, rows_of_runs, max(block_sizes, default=0), levels, scratch)
 
@@ -70,7 +71,7 @@ class _Kernels:
     """
 
     def __init__(self, D: int, F: int, K: int, raw: int, width: int, interp: str, kinds: tuple,
-                 private: bool, checked: bool, funcs, table: int):
+                 private: bool, checked: bool, funcs, table: int, entry_mask: int):
         cpu = is_cpu()
         n_workers = max(1, ti.lang.impl.current_cfg().cpu_max_num_threads) if cpu else 1
 
@@ -78,7 +79,6 @@ class _Kernels:
         R = len(runs)
         block_runs = [run for run, (_, shared) in zip(runs, kinds) if shared]
         atomic_runs = [run for run, (_, shared) in zip(runs, kinds) if not shared]
-        entry_mask = (OFFSET_MASK + 1) // F - 1     # shows LLVM the entries' columns small (``_grid_funcs``)
         program_tables = tables.tables(table)
         geometry, bounds = program_tables.geometry, program_tables.bounds
 
@@ -167,7 +167,7 @@ class _Kernels:
         def flush(G: ti.template(), base, k, lv, key, sums: ti.template(), c: ti.template()):
             """Add corner c's sums to entry ``key`` of level ``lv`` (none if key < 0): F global atomic adds."""
             if key >= 0:
-                e = ti.cast((lv.offset + ti.cast(key, ti.u32)) & entry_mask, ti.i32) * F
+                e = ti.cast((lv.offset & entry_mask) + (ti.cast(key, ti.u32) & entry_mask), ti.i32) * F
                 for f in ti.static(range(F)):
                     ti.atomic_add(G[k, at(base, e + f)], sums[c, f])
 
@@ -216,12 +216,15 @@ class _Kernels:
 
         @arena_kernel
         def reduce_private(G: ARENA, base: ti.i32, S: ti.template(), n: ti.i32, overwrite: ti.template()):
-            for k, i in ti.ndrange(K, n):
-                acc = 0.0 if ti.static(overwrite) else ti.cast(G[k, at(base, i)], ti.f32)
-                for w_id in ti.static(range(n_workers)):
-                    acc += S[w_id, k, i]
-                    S[w_id, k, i] = 0.0
-                G[k, at(base, i)] = acc
+            tasks = (n + CHUNK - 1) // CHUNK        # runs of CHUNK columns: no division by n per column
+            for task in range(K * tasks):
+                k, c = task // tasks, task % tasks
+                for i in range(c * CHUNK, ti.min(c * CHUNK + CHUNK, n)):
+                    acc = 0.0 if ti.static(overwrite) else ti.cast(G[k, at(base, i)], ti.f32)
+                    for w_id in ti.static(range(n_workers)):
+                        acc += S[w_id, k, i]
+                        S[w_id, k, i] = 0.0
+                    G[k, at(base, i)] = acc
 
         @ti.func
         def add_owned(G: ti.template(), base, slot, k, i, v):   # the level's owner is the only thread writing there

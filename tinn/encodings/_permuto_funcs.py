@@ -88,7 +88,7 @@ def level_funcs(D: int, F: int, interp: str, entry_mask: int, any_input: bool = 
             for i in ti.static(range(D)):
                 v = r0[i] + r - ti.select(rank[i] > D - r, n, 0)
                 idx = idx ^ (ti.cast(v, ti.u32) * ti.u32(PRIMES[i]))
-            entries[r] = ti.cast((lv.offset + (idx & (lv.size - 1))) & entry_mask, ti.i32) * F
+            entries[r] = ti.cast((lv.offset & entry_mask) + (idx & (lv.size - 1) & entry_mask), ti.i32) * F
         return entries, b, rank
 
     @ti.func
