@@ -7,17 +7,18 @@ import pytest
 
 import tinn
 from compiles import compilations
+from tinn.runtime.program import is_cpu
 from reference import assert_close, grid_geometry, grid_input_grad_ref, grid_param_grad_ref, grid_ref, interior_points
 from test_optimizers import adam_reference
 
 ON_FIELDS = "off the CPU a kernel taking parameter memory compiles once per arena chunk (docs/memory.md)"
 
 
-def _hash_grid(**keys):
-    config = {"otype": "HashGrid", "n_levels": 4, "n_features_per_level": 2, "log2_hashmap_size": 7,
+def _grid(grid_type, **keys):
+    config = {"otype": "Grid", "type": grid_type, "n_levels": 4, "n_features_per_level": 2, "log2_hashmap_size": 7,
               "base_resolution": 4, "per_level_scale": 1.5, **keys}
     enc = tinn.create_encoding(2, config)
-    levels = grid_geometry(2, "Hash", 4, config["log2_hashmap_size"], config["base_resolution"],
+    levels = grid_geometry(2, grid_type, 4, config["log2_hashmap_size"], config["base_resolution"],
                            config["per_level_scale"])
     return enc, levels
 
@@ -37,21 +38,35 @@ def _check_grid(enc, levels, seed):
     assert_close(dx, grid_input_grad_ref(x, p, dL_dy, levels, 2, "Linear"), rtol=1e-4, atol_rel=1e-5)
 
 
-@pytest.mark.x64_only(ON_FIELDS)
-def test_a_grid_of_another_geometry_compiles_nothing():
-    """Resolution, scale and table size are data the kernels read (``_grid_tables``): the levels of the
-    second and later grids move between dense and hashed at other levels, and their tables have other sizes."""
-    first, levels = _hash_grid()
+def _index_modes(levels, D=2):
+    """Per level: hashed, dense, or dense modulo its table (tcnn's three ways to an entry)."""
+    return tuple("hashed" if l.hashed else "dense" if l.res ** D <= l.entries else "modulo" for l in levels)
+
+
+@pytest.mark.parametrize("grid_type", ["Hash", "Tiled"])
+def test_a_grid_of_another_geometry_compiles_nothing(grid_type):
+    """Resolution, scale and table size are data the kernels read (``_grid_tables``): the levels of the second
+    and later grids move between index modes at other levels, and their tables have other sizes. On the CPU they
+    compile nothing; elsewhere only the per-block sums of the levels of small tables may compile again (their
+    shared memory is static: one kernel per power of two of the largest such table, ``_grid_block``)."""
+    first, levels = _grid(grid_type)
     _check_grid(first, levels, 0)
-    hashed = {tuple(l.hashed for l in levels)}
+    modes = {_index_modes(levels)}
     for i, keys in enumerate(({"per_level_scale": 1.7}, {"base_resolution": 5}, {"log2_hashmap_size": 9},
-                              {"base_resolution": 9, "per_level_scale": 2.0, "log2_hashmap_size": 11})):
-        enc, levels = _hash_grid(**keys)
-        hashed.add(tuple(l.hashed for l in levels))
+                              {"base_resolution": 9, "per_level_scale": 2.0, "log2_hashmap_size": 11},
+                              {"base_resolution": 2, "per_level_scale": 2.5})):
+        enc, levels = _grid(grid_type, **keys)
+        modes.add(_index_modes(levels))
         with compilations() as names:
             _check_grid(enc, levels, i + 1)
-        assert names == [], (keys, names)
-    assert len(hashed) >= 3, hashed             # the first hashed level moves (none, or every level, in some)
+        if is_cpu():
+            assert names == [], (keys, names)
+        elif "_addresses" not in names:      # else a new arena chunk: new fields, every kernel again (ON_FIELDS)
+            others = [k.func.__name__ for k in names.kernels if k.func.__module__ != "tinn.encodings._grid_block"]
+            assert len(names) <= 1 and others == [], (keys, names)
+    assert len(modes) >= 3, modes               # where one index mode gives way to the next moves
+    if grid_type == "Hash":
+        assert ("hashed",) * 4 in modes and ("dense",) * 4 in modes, modes
 
 
 @pytest.mark.parametrize("otype", ["Adam", "SGD"])

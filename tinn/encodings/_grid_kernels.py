@@ -26,7 +26,9 @@ def grid_kernels(D: int, F: int, K: int, n: int, raw: int, width: int, interp: s
     or 0 for none.
     ``modes``: the index modes the encoding's levels take, in level order (a HashGrid's are dense, then hashed):
     its runs are those, some maybe empty, so that its kernels do not depend on where one mode gives way to the
-    next (unless some levels are summed per block, whose kernels depend on their sizes)."""
+    next. Off the CPU, whether a level is summed per block (its table fits a block's shared memory) is part of
+    its run's kind: only grids whose levels all are, or none, have the runs of ``modes``; and the per-block sums
+    take static shared memory, for the largest such table rounded up to a power of two (one kernel per power)."""
     cpu = is_cpu()
     kinds, starts = [], []                      # per run of levels: (index mode, summed per block?), first level
     for l, (scale, res, entries, offset, hashed) in enumerate(levels):
@@ -36,11 +38,11 @@ def grid_kernels(D: int, F: int, K: int, n: int, raw: int, width: int, interp: s
             kinds.append(kind)
             starts.append(l)
     observed = [mode for mode, _ in kinds]
-    if not any(shared for _, shared in kinds) and all(m in modes for m in observed) and \
-            observed == sorted(observed, key=modes.index):
+    shared = {shared for _, shared in kinds}
+    if len(shared) == 1 and all(m in modes for m in observed) and observed == sorted(observed, key=modes.index):
         starts = [next((s for m, s in zip(observed, starts) if modes.index(m) >= i), len(levels))
                   for i in range(len(modes))]
-        kinds = [(m, False) for m in modes]
+        kinds = [(m, *shared) for m in modes]
     rows = tuple((float(scale), res % 2 ** 32, entries, offset) for scale, res, entries, offset, _ in levels)
     table, gb, g0 = tables.place(rows, tuple(starts))
     block_sizes = tuple(levels[l][2] for (_, shared), first, stop in zip(kinds, starts, starts[1:] + [len(levels)])
@@ -48,7 +50,10 @@ def grid_kernels(D: int, F: int, K: int, n: int, raw: int, width: int, interp: s
     kernels = _Kernels(D, F, K, raw, width, interp, tuple(kinds), scratch > 0, checked, funcs, table,
                        entry_mask(F, n))
     rows_of_runs = tuple(g0 + l for l in starts) + (g0 + len(levels),)
-    return tables.Bound(kernels, gb, n, rows_of_runs, max(block_sizes, default=0), levels, scratch)
+    block_size = max(block_sizes, default=0)
+    if block_size and block.fits(1 << (block_size - 1).bit_length(), F):
+        block_size = 1 << (block_size - 1).bit_length()
+    return tables.Bound(kernels, gb, n, rows_of_runs, block_size, levels, scratch)
 
 
 @specialised
