@@ -21,8 +21,8 @@ def entry_mask(F: int, n: int) -> int:
     power of two less one above both, which changes neither but shows LLVM that they are small and non-negative,
     so that it folds them into the load addresses. Where ``n <= 2^29`` (every grid but the largest), offset and
     index are each below 2^29 / F: the mask 2^29 / F - 1 keeps an entry's columns below 2^30, so that ``at``'s
-    masks of them fold away too and an entry's F loads share one address (~5 % of a forward, against a mask of
-    their sum); above, 2^30 / F - 1. Not the power of two above ``n``: kernels of grids of other sizes are shared."""
+    masks of them fold away too and an entry's F loads share one address (``docs/performance.md``); above,
+    2^30 / F - 1. Not the power of two above ``n``: kernels of grids of other sizes are shared."""
     return (OFFSET_MASK + 1) // (1 if n > (OFFSET_MASK + 1) // 2 else 2) // F - 1
 
 

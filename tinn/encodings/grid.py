@@ -20,7 +20,8 @@ Parameters: level after level, F features per entry, uniform in [-1e-4, 1e-4].
 The backward pass on the CPU scatters ``weight * dL/dy`` into per-thread private gradient tables
 (no atomics) and reduces them in thread order: bit-identical results for the same data and thread
 count. Those tables take threads x instances x n_params floats, so they are used only while that
-stays within ``SCRATCH_BUDGET_BYTES``; beyond it each level's gradients are owned by one thread,
+stays within ``SCRATCH_BUDGET_BYTES`` (n_params rounded up to a power of two where that fits too, so that grids of
+other sizes share the tables and their kernels); beyond it each level's gradients are owned by one thread,
 which adds the whole batch into them in sample order (no tables, no atomics; up to L threads busy;
 bit-identical whatever the thread count). Other archs add atomically: levels whose table fits a block's
 shared memory are summed per block first (``_grid_block.py``), the others level after level, a thread summing
