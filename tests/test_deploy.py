@@ -244,7 +244,7 @@ def test_float16_models_export_their_inference_weights_as_float32(tmp_path, monk
     monkeypatch.setattr(tinn.deploy._export, "_archive_elsewhere", lambda spec, path: open(path, "wb").close())
     meta = tinn.deploy.export(model, tmp_path)
     weights = np.fromfile(tmp_path / "params.bin", "<f4")
-    expected = model.store.read(model.store.inference_params, 0, model.n_params)[0].astype(np.float32)
+    expected = model.store.read(model.store.inference_params, model.store.offset, model.n_params)[0].astype(np.float32)
     assert meta["params_shape"] == [1, model.n_params]
     np.testing.assert_array_equal(weights, expected)
 

@@ -12,7 +12,7 @@ import pytest
 import taichi as ti
 
 import tinn
-from tinn.optimizers.step import commit
+from tinn.runtime.commit import commit
 
 from conftest import FULL
 from interrupts import CFG, Interrupt, batch, line_events

@@ -61,7 +61,7 @@ class LossScale:
 
     def record(self, overflow: bool):
         """:meth:`update` without the answer: all of its state changes at once, in its last line (a phase of a
-        step, ``tinn.optimizers.step.commit``)."""
+        step, ``tinn.runtime.commit.commit``)."""
         scale, good, skipped = self.scale, self.good_steps + 1, self.skipped
         if overflow:
             scale, good, skipped = max(scale * self.backoff_factor, self.MIN), 0, skipped + 1

@@ -22,6 +22,7 @@ from functools import partial
 import numpy as np
 import taichi as ti
 
+from .runtime.commit import commit
 from .runtime.program import RuntimeBound, current_program, require_half
 from .runtime.kernels import copy_columns, fill_columns, rows_copy
 from .runtime.memory import MAX_ELEMENTS, FieldTree, check_allocation, host_views, register_views
@@ -252,7 +253,6 @@ class ParamStore(_Slice):
         if self.precision == "float16" and np.size(values) and np.max(np.abs(values)) > FLOAT16_MAX:
             raise ValueError(f"a parameter of magnitude {float(np.max(np.abs(values))):.6g} lies beyond float16's "
                              f"range (+-{FLOAT16_MAX:g}) of this half-precision model")
-        from .optimizers.step import commit     # (tinn.optimizers imports this module)
         commit([partial(self.write, self.params, offset, values),          # whole or not at all: each phase a copy
                 partial(self.write, self.inference_params, offset, values), self._new_version])
 

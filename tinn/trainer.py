@@ -61,7 +61,7 @@ from .batch.census import Request
 from .batch.faults import Faults
 from .mixed_precision import LossScale, MasterWeights
 from .object import MIN_CHUNK, Context, DifferentiableObject, chunk_samples
-from .optimizers.step import commit
+from .runtime.commit import commit
 from .runtime.program import RuntimeBound
 
 
@@ -263,7 +263,7 @@ class Trainer(RuntimeBound):
     def optimizer_step(self, active=None):
         """Apply the gradients: step the networks ``active`` (ids of an array's networks, or an int32
         ``ti.ndarray`` mask ``(n_instances,)``), or all of them. The optimizer was bound to the model at
-        construction; it checks ``active``. The step is whole or not taken (``tinn.optimizers.step.commit``)."""
+        construction; it checks ``active``. The step is whole or not taken (``tinn.runtime.commit.commit``)."""
         self._check_runtime()
         self._optimizer_step(active)
 

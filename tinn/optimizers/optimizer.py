@@ -50,7 +50,8 @@ from ..keys import NON_NEGATIVE, UNIT_INTERVAL, Key, Options
 from ..object import Object, ParametricObject
 from ..params import ParamStore
 from ..runtime.program import RuntimeBound, active
-from .step import STEP_LIMIT, Gate, Step, commit, count_steps, later, new_counter
+from ..runtime.commit import commit
+from .step import STEP_LIMIT, Gate, Step, count_steps, later, new_counter
 
 
 def zeros(shape, dtype):
@@ -130,7 +131,7 @@ class Optimizer(Object, RuntimeBound):
 
     def update_hyperparams(self, config: dict):
         """Change any of this optimizer's keys (e.g. the learning rate) between steps: every value (nested ones
-        included) is checked first, then all change at one commit point (``step.commit``), or none."""
+        included) is checked first, then all change at one commit point (``tinn.runtime.commit``), or none."""
         commit(self._planned_update(config))
 
     def _planned_update(self, config: dict) -> list:
@@ -346,9 +347,8 @@ class Optimizer(Object, RuntimeBound):
 
 
 def step_arrays(optimizer: Optimizer, params: np.ndarray, gradients, *, loss_scale: float = 1.0, active=None):
-    """One step of ``optimizer`` on numpy arrays: ``params`` (float32, C-contiguous, ``(n,)`` or
-    ``(K, n)``) is updated in place from ``gradients`` of the same shape. The optimizer is
-    (re)allocated for that shape on first use, all parameters as one matrix."""
+    """One step of ``optimizer`` on numpy arrays: ``params`` (float32, C-contiguous, ``(n,)`` or ``(K, n)``) updated
+    in place from ``gradients`` of its shape (the optimizer is allocated for that shape on first use, one matrix)."""
     optimizer._check_runtime()
     if not isinstance(params, np.ndarray) or params.dtype != np.float32 or not params.flags.c_contiguous:
         raise TypeError("step() takes no arrays (the model bound by allocate), or a contiguous float32 numpy "

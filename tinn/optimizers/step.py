@@ -1,13 +1,13 @@
-"""One optimizer step as a value, its commit, and the small kernels every optimizer shares.
+"""One optimizer step as a value, its gate, and the small kernels every optimizer shares.
 
 A top-level ``Optimizer.step()`` builds one :class:`Step` and hands it down through
 ``_phases(step)`` to every nested optimizer and to ``update(step)``; a wrapper that changes
 what its nested optimizer sees (Batched's mask, ExponentialDecay's learning-rate scale) hands
 down ``dataclasses.replace(step, ...)``. Nothing is toggled on the optimizer objects.
 
-A step is planned first and then run at one commit point (:func:`commit`): ``_phases(step)`` changes nothing
+A step is planned first and then run at one commit point (:func:`tinn.runtime.commit.commit`): ``_phases(step)`` changes nothing
 and returns the step's phases, calls that each change state all at once (one kernel launch, their last line) or
-can run again (a copy); :func:`commit` runs them in order, and once one has run, an interrupt (or any exception)
+can run again (a copy); ``commit`` runs them in order, and once one has run, an interrupt (or any exception)
 no longer stops the step: the remaining phases run, then the exception is raised. A step is thus whole or not
 taken at all.
 
@@ -19,8 +19,6 @@ A network whose update could turn its state non-finite is not stepped (:class:`G
 mask that every phase of the step then reads (``Step.mask``) without them; it counts them in the optimizer's
 ``skipped`` array. Nothing is read back and no kernel is added.
 """
-import _signal                  # signal.signal and signal.getsignal without their enum conversion (~20 us a step)
-import threading
 from dataclasses import dataclass, replace
 
 import taichi as ti
@@ -111,51 +109,6 @@ def within_bound(G: ti.template(), gs, k, go, n, inv_scale) -> ti.i32:
 def count_skipped(source: ti.template(), mask: ti.template(), skipped: ti.template(), k):
     """``skipped[k] += 1`` if network ``k`` was asked for but gated out (saturating; in a kernel's last loop)."""
     skipped[k] = counted(skipped[k], ti.cast(source[k] != 0 and mask[k] == 0, ti.i32))
-
-
-def commit(phases):
-    """Run ``phases`` (zero-argument calls, module docstring) as one step: all or, if the first is interrupted, none.
-
-    A ``KeyboardInterrupt`` from a real SIGINT waits until the phases have run (on the main thread, while Python's
-    default handler is installed); any exception raised in a phase after the first has run is raised after the
-    remaining phases ran."""
-    deferred = _defer_sigint()
-    done = 0
-    try:
-        while done < len(phases):
-            phases[done](); done += 1                   # noqa: E702 (one line: no interrupt between the two)
-    except BaseException:
-        while 0 < done < len(phases):
-            phases[done](); done += 1                   # noqa: E702
-        raise
-    finally:
-        _resume_sigint(deferred)
-
-
-_pending = []                   # SIGINTs that arrived during a commit
-
-
-def _hold(signum, frame):
-    _pending.append(signum)
-
-
-def _defer_sigint() -> bool:
-    """Hold SIGINT back (``True``) if this is the main thread and Python's default handler is installed."""
-    if threading.current_thread() is not threading.main_thread():
-        return False
-    if _signal.getsignal(_signal.SIGINT) not in (_signal.default_int_handler, _hold):
-        return False                                    # the user's own handler
-    _signal.signal(_signal.SIGINT, _hold)
-    return True
-
-
-def _resume_sigint(deferred: bool):
-    """Put the default handler back; a SIGINT held meanwhile raises ``KeyboardInterrupt`` now."""
-    if deferred:
-        _signal.signal(_signal.SIGINT, _signal.default_int_handler)
-        if _pending:
-            _pending.clear()
-            raise KeyboardInterrupt
 
 
 STEP_LIMIT = 2 ** 30           # the largest step count a checkpoint or state dict may hold
