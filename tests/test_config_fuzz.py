@@ -36,7 +36,7 @@ from tinn.registry import encodings, losses, networks
 from tinn.networks.activations import NAMES as ACTIVATIONS
 
 SEED, N_CASES, N_WORKERS = 20261124, 300, 2
-DEFAULT_CASES = 10
+DEFAULT_CASES = 6
 CASE_TIMEOUT = 120                  # seconds without an answer: a hang
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz_worker.py")
 

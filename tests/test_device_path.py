@@ -606,7 +606,8 @@ def encoding_passes(enc, x, dy, v) -> dict:
     return out
 
 
-@pytest.mark.parametrize("name", sample(ENCODINGS, keep=[n for n in ENCODINGS if n != "SphericalHarmonics"]))
+@pytest.mark.parametrize("name", sample(ENCODINGS, keep=["Frequency", "TriangleWave", "Empty", "HashGrid", "Sum",
+                                                        "Product"]))   # the next test takes the others
 def test_an_encoding_keeps_a_device_batch_on_the_device(monkeypatch, device_path, name):
     """Forward, inference, backward and second order of a ti.ndarray batch answer in ti.ndarrays, read
     nothing batch-sized back and hand no batch-sized numpy array to a kernel."""

@@ -22,6 +22,7 @@ import taichi as ti
 
 import tinn
 from tinn.networks.activations import NAMES as ACTIVATION_NAMES
+from conftest import sample
 from reference import (ACTIVATIONS, LOSSES_WITH_TRUE_GRADIENT, EncodingRef, act_grad_ref, act_ref, assert_close,
                        assert_within, fd_gradient, fd_input_gradient, loss_ref, oneblob_ref, smooth_points,
                        triangle_wave_kink_distance, triangle_wave_ref)
@@ -79,6 +80,9 @@ ENCODING_CASES = {   # registered otype (aliases too) -> representative cases
 ENCODING_NAMES = tinn.registry.encodings.names()
 ENCODING_PARAMS = [pytest.param(name, i, id=f"{name}-{i}")
                    for name in ENCODING_NAMES for i in range(len(ENCODING_CASES.get(name, [None])))]
+ENCODING_SAMPLE = sample(ENCODING_PARAMS, keep=[j for j, p in enumerate(ENCODING_PARAMS) if p.values[1] == 0])
+"""The passes' sweep: every registered otype's first case by default (each case compiles its kernels), all in the
+full suite."""
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +126,7 @@ def test_encoding_sizes(encoding_case, name, i):
     assert enc.params().shape == enc.gradients().shape == (ref.n_params,)
 
 
-@pytest.mark.parametrize("name, i", ENCODING_PARAMS)
+@pytest.mark.parametrize("name, i", ENCODING_SAMPLE)
 @pytest.mark.parametrize("batch", [1, 37])
 def test_encoding_forward(encoding_case, name, i, batch):
     """Forward (with padding) vs the float64 reference; inference equals forward."""
@@ -139,7 +143,7 @@ def test_encoding_forward(encoding_case, name, i, batch):
     np.testing.assert_array_equal(enc.inference(x), y)
 
 
-@pytest.mark.parametrize("name, i", ENCODING_PARAMS)
+@pytest.mark.parametrize("name, i", ENCODING_SAMPLE)
 def test_encoding_input_gradient(encoding_case, name, i):
     """dL/dx vs central differences (float64) of the reference; dL/dy on padded columns is ignored. The input
     gradient alone (``_input_gradient``: ``tinn.ad.gradient_stage``'s forward) is the same, and leaves the
@@ -162,7 +166,7 @@ def test_encoding_input_gradient(encoding_case, name, i):
     assert enc.backward(ctx, dL_dy, input_gradient=False) is None
 
 
-@pytest.mark.parametrize("name, i", ENCODING_PARAMS)
+@pytest.mark.parametrize("name, i", ENCODING_SAMPLE)
 def test_encoding_param_gradient(encoding_case, name, i):
     """Parameter gradients vs the reference's (grids: scatter of interpolation weights, §1.6.6; composites:
     the nested gradients in order, §1.7); 'accumulate' adds, 'overwrite' replaces."""
@@ -431,8 +435,9 @@ def _one_name_per_class():
 
 
 # The first case of every class; every Composite case, as its func composes its nested ones per reduction.
-FUNC_PARAMS = [pytest.param(name, i, id=f"{name}-{i}") for name in _one_name_per_class()
-               for i in range(len(ENCODING_CASES.get(name, [None]))) if i == 0 or name == "Composite"]
+FUNC_PARAMS = sample([pytest.param(name, i, id=f"{name}-{i}") for name in _one_name_per_class()
+                      for i in range(len(ENCODING_CASES.get(name, [None]))) if i == 0 or name == "Composite"],
+                     keep=[name for name in _one_name_per_class()])     # every class's first case by default
 
 
 @pytest.mark.parametrize("name, i", FUNC_PARAMS)

@@ -130,8 +130,10 @@ def test_a_dense_array_batch_on_the_device_path_gives_the_host_paths_results(rng
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-5 * float(want.abs().max()))
 
 
-@pytest.mark.parametrize("routed", [False, True], ids=["model", "routed array"])
-@pytest.mark.parametrize("device", [False, True], ids=["default path", "device path"])
+@pytest.mark.parametrize("routed, device", sample([(False, False), (True, False), (False, True), (True, True)],
+                                                  keep=[1, 2]),
+                         ids=["model-default path", "routed array-default path", "model-device path",
+                              "routed array-device path"])
 def test_the_bridge_equals_the_native_api(rng, routed, device):
     """On every arch and route: the module's outputs and gradients are those of a native object built with
     the same seed and fed numpy arrays; outputs follow the input's dtype."""
@@ -174,8 +176,8 @@ class _HostSeam(_Seam):
 
 
 @pytest.mark.x64_only("the device path is forced on the CPU, whose tensors Taichi's kernels address")
-@pytest.mark.parametrize("routed", [False, True])
-@pytest.mark.parametrize("eikonal", [False, True])
+@pytest.mark.parametrize("routed, eikonal", sample([(False, False), (True, False), (False, True), (True, True)],
+                                                   keep=[1, 2]))
 def test_a_torch_training_step_on_the_device_path_stays_there(rng, monkeypatch, device_path, routed, eikonal):
     """Forward, loss (with ``eikonal``: plus an Eikonal term through ``backward_backward_input``), backward
     and a ``torch.optim.Adam`` step of a HashGrid + MLP model or a routed array of them: no tensor passes

@@ -72,6 +72,8 @@ def test_shard_ranges_cover_the_networks_contiguously():
         assert max(sizes) - min(sizes) <= 1
 
 
+@pytest.mark.full_only("two torchrun processes; the default suite checks the shard ranges here and tinn.torch in "
+                       "test_torch")
 def test_data_parallel_on_two_processes_equals_one_process(tmp_path, one_torch_thread):
     two = run_example(tmp_path, 2)
     np.testing.assert_allclose(two, train_in_one_process(0), rtol=1e-4, atol=1e-6)
