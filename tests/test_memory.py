@@ -224,6 +224,8 @@ def test_more_grid_models_alive_than_taichi_has_field_trees():
 
 
 @CPU_PROCESS
+@pytest.mark.full_only("a fresh process; the default suite counts the compiles of later models in-process "
+                       "(test_reliability's six models, test_compiled_once)")
 def test_a_second_model_of_one_config_compiles_no_kernel():
     out = run("""
         from taichi.lang import impl

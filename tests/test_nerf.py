@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tinn
-from conftest import sample
+from conftest import sample, spread
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
@@ -247,9 +247,9 @@ def test_the_held_out_picture_titles_its_rows():
 
 
 def test_nerf_example_refuses_bad_arguments(tmp_path):
-    for args, message in ((["--instances", "6"], "--instances must be a cube"),
-                          (["--data", str(tmp_path)], "has no transforms_train.json"),
-                          (["--steps", "0"], "must be a positive integer")):
+    for args, message in spread([(["--instances", "6"], "--instances must be a cube"),
+                                 (["--data", str(tmp_path)], "has no transforms_train.json"),
+                                 (["--steps", "0"], "must be a positive integer")], 2):
         result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "nerf.py"), *args,
                                  "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
         assert result.returncode == 2 and message in result.stderr, result.stderr

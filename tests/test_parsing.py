@@ -71,6 +71,8 @@ def test_remembered_positions_and_sources_are_the_ones_taichi_computes(monkeypat
     assert seen["positions"] > 1000 and seen["again"] > seen["positions"] // 2 and seen["sources"] > 10, seen
 
 
+@pytest.mark.full_only("a third compile of new kernels through the parse; the other two tests compare its "
+                       "positions, sources, cache keys and messages with Taichi's by default")
 def test_the_class_test_is_taichis_for_tinn_frames_and_for_a_module_top_level(monkeypatch, tmp_path):
     """``_inside_class`` gives Taichi's answer: for the kernels tinn's factories decorate, and for funcs and kernels
     decorated at the top level of a module being imported (the frame it reads is importlib's), a class's included."""

@@ -276,6 +276,8 @@ def test_a_header_nested_too_deep_is_a_value_error(trained, tmp_path):
 
 # -- re-init under a torch graph -----------------------------------------------------------------------------------
 @pytest.mark.arch_independent("a subprocess that starts ti.cpu whatever TINN_ARCH is")
+@pytest.mark.full_only("a torch process; the default suite checks every public method after a re-init in "
+                       "test_memory")
 def test_torch_backward_after_ti_reset_raises_runtime_reset_error():
     pytest.importorskip("torch")
     code = textwrap.dedent("""
