@@ -126,6 +126,7 @@ def test_jacobian_func_against_finite_differences(enc_cfg, rng):
     assert not np.any(model.gradients()), "jacobian_func must not touch the parameter gradients"
 
 
+@pytest.mark.long_compile("jacobian_func of an array and of each component: about 4 min")
 def test_jacobian_func_of_a_network_array_and_of_components(rng):
     """Routed: each sample's Jacobian is its own network's; components alone equal their vjps."""
     model = tinn.NetworkWithInputEncoding(2, 3, GRID, NET, n_instances=3)

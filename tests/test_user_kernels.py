@@ -49,6 +49,7 @@ def assert_funcs_equal_batch_api(model, x, dy, instance=None):
     np.testing.assert_allclose(grads, model.gradients(), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.long_compile("func and backward_func in one user kernel: 2-3 min per encoding")
 @pytest.mark.parametrize("name", sample(ENCODINGS, keep=["HashGrid"]))
 def test_funcs_equal_the_batch_api(name, rng):
     model = tinn.NetworkWithInputEncoding(2, 3, ENCODINGS[name], NET)
@@ -57,6 +58,7 @@ def test_funcs_equal_the_batch_api(name, rng):
     assert_funcs_equal_batch_api(model, x, dy)
 
 
+@pytest.mark.long_compile("func and backward_func of an array in one user kernel: about 3 min")
 def test_funcs_route_to_the_given_instance(rng):
     model = tinn.NetworkWithInputEncoding(2, 3, ENCODINGS["HashGrid"], NET, n_instances=3)
     x = rng.random((60, 2), dtype=np.float32)
@@ -83,6 +85,7 @@ def test_network_funcs_equal_the_batch_api_for_every_activation(act, rng):
     assert_funcs_equal_batch_api(net, x, dy)
 
 
+@pytest.mark.long_compile("about 3 min")
 def test_func_reads_the_inference_weights_of_an_averaging_optimizer(rng):
     """With EMA the model's inference() uses the averaged weights; func must agree with it."""
     config = {"loss": {"otype": "L2"}, "optimizer": {"otype": "EMA", "decay": 0.5, "nested": {"otype": "SGD",
@@ -96,27 +99,3 @@ def test_func_reads_the_inference_weights_of_an_averaging_optimizer(rng):
     y_func, _, _ = run_in_kernel(model.network, x, np.zeros((40, 3), np.float32), np.zeros(40, np.int32))
     np.testing.assert_allclose(y_func, model.network.inference(x), rtol=1e-5, atol=1e-6)
     assert not np.allclose(out, y_func, atol=1e-4), "EMA weights should differ from the training weights"
-
-
-def test_kernels_calling_funcs_leave_taichis_settings_as_they_were(rng):
-    """A user's kernel calling a func compiles without Taichi's CFG optimisation, as do second-order calls
-    (``tinn.runtime.program.without_cfg_optimization``); Taichi's setting is the user's again afterwards, also
-    after an error inside, and the results are the batch API's."""
-    from taichi.lang import impl
-    from tinn.runtime.program import without_cfg_optimization
-
-    config = impl.current_cfg()
-    model = tinn.NetworkWithInputEncoding(2, 3, SMALL_GRID, NET)
-    x = rng.random((16, 2), dtype=np.float32)
-    dy = rng.normal(size=(16, 3)).astype(np.float32)
-    assert config.cfg_optimization
-    assert_funcs_equal_batch_api(model, x, dy)
-    assert config.cfg_optimization
-    _, ctx = model.forward(x)
-    model.backward_backward_input(ctx, x, dy)
-    assert config.cfg_optimization
-    with pytest.raises(ZeroDivisionError):
-        with without_cfg_optimization():
-            assert not config.cfg_optimization
-            1 / 0
-    assert config.cfg_optimization

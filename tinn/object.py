@@ -27,7 +27,7 @@ from .batch.census import Request
 from .batch.faults import Faults
 from .keys import check_int, check_seed
 from .params import ParamStore
-from .runtime.program import RuntimeBound, active, without_cfg_optimization
+from .runtime.program import RuntimeBound, active
 from .runtime.kernels import fill_columns
 from .runtime.rng import Pcg32
 from .runtime.sample import SampleFuncs
@@ -294,8 +294,7 @@ class DifferentiableObject(SampleFuncs, ParametricObject):
         v = ctx.batch.ops.rows(v)
         if v.shape[0] != ctx.x.shape[0]:
             raise ValueError(f"dL_ddLdinput has {v.shape[0]} samples, the forward pass had {ctx.x.shape[0]}")
-        with without_cfg_optimization():            # second-order kernels: half the compile (runtime/program.py)
-            dy, dx = self._backward_backward_input(ctx, v, g, self._gradient_mode(ctx, mode))
+        dy, dx = self._backward_backward_input(ctx, v, g, self._gradient_mode(ctx, mode))
         dx = ctx.batch.ops.full_like(ctx.x, 0.0) if dx is None else dx
         return (self._finish(dy, ctx.batch, dL_ddLdinput),
                 callers_kind(self._dense(ctx, dx), dL_ddLdinput))

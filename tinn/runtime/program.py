@@ -28,7 +28,6 @@ object, and the old one goes); one whose runtime is not the current one belongs 
 runtime current at the import. That record is the one thing importing tinn sets up; it changes no Taichi
 behaviour.
 """
-import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -219,7 +218,6 @@ def guarded(owner, func, n_args: int):
     * the kernel is no autodiff kernel (``ti.ad.Tape``'s reverse pass, ``ti.ad.FwAd``): an error naming
       ``tinn.ad.stage`` / ``tinn.ad.gradient_stage``;
     * ``x`` has ``n_input_dims`` components (and ``dL_dy`` ``n_output_dims``): an error naming the key;
-    * the kernel compiles without Taichi's CFG optimisation (:func:`compile_without_cfg_optimization`);
     * at run time a network id ``k`` outside ``[0, n_instances)`` (one unsigned comparison) gives a zero
       result and reads and writes nothing: the func never leaves ``owner``'s parameters.
 
@@ -233,7 +231,6 @@ def guarded(owner, func, n_args: int):
         except RuntimeResetError as e:
             raise _TracedRuntimeResetError(str(e)) from None
         _check_not_autodiff(owner)
-        compile_without_cfg_optimization(impl.get_runtime().current_kernel)
         _check_length(owner, x, owner.n_input_dims, "x")
         if dy is not None:
             _check_length(owner, dy, owner.n_output_dims, "dL_dy")
@@ -255,41 +252,6 @@ def guarded(owner, func, n_args: int):
                 result = func(x, dy, k)
             return result
     return guarded_func
-
-
-@contextlib.contextmanager
-def without_cfg_optimization():
-    """Taichi kernels compiled within the block (on their first launch) compile without Taichi's CFG optimisation
-    (``cfg_optimization``; kernels compiled before keep their code: Taichi compiles a kernel once).
-
-    That pass (store-to-load forwarding and dead-store elimination over a kernel's control-flow graph) costs
-    about the product of the kernel's local stores and its blocks: without it a user's kernel calling a grid
-    model's ``backward_func`` compiled in 1.2 instead of 2.6 s of CPU, ``jacobian_func`` 1.1 instead of 3.4 s,
-    the grid's second-order kernels in half their time. LLVM's own passes forward the same loads afterwards:
-    those kernels run as fast (``docs/performance.md``), and what they compute does not change. Used for the
-    kernels that per-sample funcs are inlined into (:func:`compile_without_cfg_optimization`) and for the
-    second-order path's (``DifferentiableObject.backward_backward_input``)."""
-    config = impl.current_cfg()
-    before = config.cfg_optimization
-    config.cfg_optimization = False
-    try:
-        yield
-    finally:
-        config.cfg_optimization = before
-
-
-def compile_without_cfg_optimization(kernel):
-    """Have the Taichi kernel ``kernel`` (one being built: a user's kernel calling a per-sample func) compile
-    :func:`without_cfg_optimization`: each of its launches runs inside that block (the first compiles)."""
-    if kernel is None or "launch_kernel" in vars(kernel):
-        return
-    launch = type(kernel).launch_kernel
-
-    def launch_kernel(t_kernel, *args):
-        with without_cfg_optimization():
-            return launch(kernel, t_kernel, *args)
-
-    kernel.launch_kernel = launch_kernel
 
 
 def check_live(a, name: str):
