@@ -262,13 +262,8 @@ def device_path():
 def set_path():
     """``set_path(device)``: the rest of the test on the device path (``True``) or the arch's own path (``False``);
     restored after the test (:func:`on_path`)."""
-    from tinn.runtime import program
-    before = program.FORCE
-
-    def set_(device: bool):
-        program.FORCE = bool(device)
-    yield set_
-    program.FORCE = before
+    with contextlib.ExitStack() as paths:
+        yield lambda device: paths.enter_context(on_path(device))
 
 
 @pytest.fixture
