@@ -51,6 +51,7 @@ class Part:
             return dict(status="skipped", seconds=0.0, result=None, tail="no time left in the suite's budget")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
                    **self.env)
+        env.pop("TINN_SHARD", None)       # a suite run inside a CI part runs its tests whole, not that part's share
         t = time.monotonic()
         try:
             proc = subprocess.run([sys.executable, *self.argv], cwd=ROOT, env=env, capture_output=True, text=True,
