@@ -14,28 +14,36 @@ from test_optimizers import adam_reference
 ON_FIELDS = "off the CPU a kernel taking parameter memory compiles once per arena chunk (docs/memory.md)"
 
 
-def _grid(grid_type, **keys):
+def _grid(grid_type, alignment=1, n_instances=1, **keys):
     config = {"otype": "Grid", "type": grid_type, "n_levels": 4, "n_features_per_level": 2, "log2_hashmap_size": 7,
               "base_resolution": 4, "per_level_scale": 1.5, **keys}
-    enc = tinn.create_encoding(2, config)
+    enc = tinn.create_encoding(2, config, alignment=alignment, n_instances=n_instances)
     levels = grid_geometry(2, grid_type, 4, config["log2_hashmap_size"], config["base_resolution"],
                            config["per_level_scale"])
     return enc, levels
 
 
 def _check_grid(enc, levels, seed):
-    """Forward, parameter gradient and input gradient of ``enc`` against the references."""
+    """Forward, parameter gradient and input gradient of ``enc`` (each of its networks, samples routed at random)
+    against the references; its padded columns are zero."""
     rng = np.random.default_rng(seed)
-    p = rng.uniform(-1, 1, enc.n_params).astype(np.float32)
-    enc.set_params(p)
+    K, raw = enc.n_instances, 8
+    p = rng.uniform(-1, 1, (K, enc.n_params)).astype(np.float32)
+    enc.set_params(p if K > 1 else p[0])
     x = interior_points(rng, 300, 2, levels, margin=1e-3)
+    inst = rng.integers(0, K, 300).astype(np.int32)
     dL_dy = rng.normal(size=(300, enc.n_output_dims)).astype(np.float32)
-    y, ctx = enc.forward(x)
+    y, ctx = enc.forward(x, inst if K > 1 else None)
     dx = enc.backward(ctx, dL_dy, input_gradient=True)
-    assert_close(y, grid_ref(x, p, levels, 2, "Linear"), rtol=1e-5, atol=1e-6)
-    assert_close(enc.gradients(), grid_param_grad_ref(x, dL_dy, levels, 2, "Linear", enc.n_params), rtol=1e-4,
-                 atol_rel=1e-5)
-    assert_close(dx, grid_input_grad_ref(x, p, dL_dy, levels, 2, "Linear"), rtol=1e-4, atol_rel=1e-5)
+    grads = enc.gradients().reshape(K, enc.n_params)
+    assert not y[:, raw:].any()
+    for k in range(K):
+        m = inst == k
+        assert_close(y[m, :raw], grid_ref(x[m], p[k], levels, 2, "Linear"), rtol=1e-5, atol=1e-6)
+        assert_close(grads[k], grid_param_grad_ref(x[m], dL_dy[m, :raw], levels, 2, "Linear", enc.n_params),
+                     rtol=1e-4, atol_rel=1e-5)
+        assert_close(dx[m], grid_input_grad_ref(x[m], p[k], dL_dy[m, :raw], levels, 2, "Linear"), rtol=1e-4,
+                     atol_rel=1e-5)
 
 
 def _index_modes(levels, D=2):
@@ -68,6 +76,20 @@ def test_a_grid_of_another_geometry_compiles_nothing(grid_type):
     assert len(modes) >= (3 if grid_type == "Hash" else 2), modes     # where one mode gives way to the next moves
     if grid_type == "Hash":
         assert ("hashed",) * 4 in modes and ("dense",) * 4 in modes, modes
+
+
+@pytest.mark.x64_only(ON_FIELDS)
+def test_a_grid_of_another_padding_or_number_of_networks_runs_the_same_kernels():
+    """The padded width is the output's columns and the number of networks the gradients' rows, both read at run
+    time: after an array of 2 grids, one padded to 16 columns compiles nothing, and an array of 3 only the private
+    gradient tables' scatter and reduction (their tables hold a row per network)."""
+    first, levels = _grid("Hash", n_instances=2)
+    _check_grid(first, levels, 0)
+    for create, expected in (({"alignment": 16}, []), ({"n_instances": 3}, ["reduce_private", "scatter"])):
+        enc, levels = _grid("Hash", **{"n_instances": 2, **create})
+        with compilations() as names:
+            _check_grid(enc, levels, 1)
+        assert sorted(names) == sorted(expected), (create, names)
 
 
 @pytest.mark.parametrize("otype", ["Adam", "SGD"])

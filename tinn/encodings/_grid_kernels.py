@@ -18,10 +18,11 @@ RUN = 8
 """Off the CPU, consecutive samples a thread of the first-order scatter takes on one level (``run_scatter``)."""
 
 
-def grid_kernels(D: int, F: int, K: int, n: int, raw: int, width: int, interp: str, levels: tuple, scratch: int,
-                 checked: bool, funcs=level_funcs, modes: tuple = ()):
-    """The kernels of a grid of ``levels`` (scale, res, entries, entry offset, hashed per level): those of its
-    kind, shared by every grid that differs only in its levels' geometry (``_Kernels``), with that geometry.
+def grid_kernels(D: int, F: int, n: int, width: int, interp: str, levels: tuple, scratch: int, checked: bool,
+                 funcs=level_funcs, modes: tuple = ()):
+    """The kernels of a grid of ``levels`` (scale, res, entries, entry offset, hashed per level) and ``n``
+    parameters per network, output padded to ``width`` columns: its kind's (``_Kernels``, shared by grids that
+    differ only in geometry, number of networks or padding) with that geometry.
     ``scratch``: on the CPU, the columns per network of the private gradient tables (``_grid_tables.Scratch``),
     or 0 for none.
     ``modes``: the index modes the encoding's levels take, in level order (a HashGrid's are dense, then hashed):
@@ -47,36 +48,36 @@ def grid_kernels(D: int, F: int, K: int, n: int, raw: int, width: int, interp: s
     table, gb, g0 = tables.place(rows, tuple(starts))
     block_sizes = tuple(levels[l][2] for (_, shared), first, stop in zip(kinds, starts, starts[1:] + [len(levels)])
                         if shared for l in range(first, stop))
-    kernels = _Kernels(D, F, K, raw, width, interp, tuple(kinds), scratch > 0, checked, funcs, table,
-                       entry_mask(F, n))
+    kernels = _Kernels(D, F, interp, tuple(kinds), scratch > 0, checked, funcs, table, entry_mask(F, n))
     rows_of_runs = tuple(g0 + l for l in starts) + (g0 + len(levels),)
     block_size = max(block_sizes, default=0)
     if block_size and block.fits(1 << (block_size - 1).bit_length(), F):
         block_size = 1 << (block_size - 1).bit_length()
-    return tables.Bound(kernels, gb, n, rows_of_runs, block_size, levels, scratch)
+    return tables.Bound(kernels, gb, n, width, rows_of_runs, block_size, levels, scratch)
 
 
 @specialised
 class _Kernels:
     """The grid's Taichi kernels, specialised to one kind of grid and shared by every grid of that kind:
     the parameter fields are template arguments, the encoding's column offset ``base`` a runtime one, and so
-    is the row ``gb`` of the grid's geometry in the program's tables (``_grid_tables.py``).
+    is the row ``gb`` of the grid's geometry in the program's tables (``_grid_tables.py``). The number of
+    networks is the gradients' rows and the padded width the output's columns: both are read at run time.
 
-    Levels are a loop at run time over a small table of their geometry (scale, resolution,
-    table size, entry offset), so that a kernel holds one level's code rather than L copies:
-    Taichi re-parses the Python of every kernel at start-up, even on an offline-cache hit.
-    A level's index mode stays a compile-time constant; consecutive levels sharing it form a
-    run with a loop of its own (a Hash grid has two: its dense coarse levels, then hashed ones), whose
-    first and last level the kernel reads from the table; off the CPU, levels whose tables fit a block's
-    shared memory form runs of their own, summed per block (``_grid_block.py``) before the global adds.
+    Levels are a loop at run time over a small table of their geometry (scale, resolution, table size, entry
+    offset), so that a kernel holds one level's code rather than L copies: Taichi re-parses the Python of every
+    kernel at start-up, even on an offline-cache hit. A level's index mode stays a compile-time constant;
+    consecutive levels sharing it form a run with a loop of its own (a Hash grid has two: its dense coarse
+    levels, then hashed ones), whose first and last level the kernel reads from the table; off the CPU, levels
+    whose tables fit a block's shared memory form runs of their own, summed per block (``_grid_block.py``)
+    before the global adds.
 
     The batch kernels go level by level: on the CPU each thread takes a contiguous share of
     the batch and runs through it once per level, so that the level's table stays in the
     core's cache (elsewhere a parallel iteration is one sample, all its levels in turn).
     """
 
-    def __init__(self, D: int, F: int, K: int, raw: int, width: int, interp: str, kinds: tuple,
-                 private: bool, checked: bool, funcs, table: int, entry_mask: int):
+    def __init__(self, D: int, F: int, interp: str, kinds: tuple, private: bool, checked: bool, funcs, table: int,
+                 entry_mask: int):
         cpu = is_cpu()
         n_workers = max(1, ti.lang.impl.current_cfg().cpu_max_num_threads) if cpu else 1
 
@@ -126,7 +127,7 @@ class _Kernels:
                             for f in ti.static(range(F)):
                                 y[b, (l - g0) * F + f] = acc[f]
                 for b in range(start, end):
-                    for j in ti.static(range(raw, width)):
+                    for j in range((bounds[gb + R] - g0) * F, y.shape[1]):     # the padded columns
                         y[b, j] = 0.0
 
         @ti.func
@@ -144,7 +145,7 @@ class _Kernels:
             @arena_kernel
             def scatter(G: ARENA, base: ti.i32, gb: ti.i32, x: F32_2D, inst: I32_1D, dy: F32_2D,
                         routed: ti.template(), second: ti.template(), g: F32_2D, zero_n: ti.i32, S: ti.template()):
-                for k, i in ti.ndrange(K, zero_n):             # overwrite off the CPU: zeros under the adds
+                for k, i in ti.ndrange(G.shape[0], zero_n):    # overwrite off the CPU: zeros under the adds
                     G[k, at(base, i)] = 0.0
                 B = x.shape[0]
                 for i in range(n_iterations(B)):
@@ -187,7 +188,7 @@ class _Kernels:
             @arena_kernel
             def run_scatter(G: ARENA, base: ti.i32, gb: ti.i32, x: F32_2D, inst: I32_1D, dy: F32_2D,
                             routed: ti.template(), zero_n: ti.i32):
-                for k, i in ti.ndrange(K, zero_n):             # overwrite: zeros under the adds
+                for k, i in ti.ndrange(G.shape[0], zero_n):    # overwrite: zeros under the adds
                     G[k, at(base, i)] = 0.0
                 B = x.shape[0]
                 n_runs = (B + RUN - 1) // RUN
@@ -222,7 +223,7 @@ class _Kernels:
         @arena_kernel
         def reduce_private(G: ARENA, base: ti.i32, S: ti.template(), n: ti.i32, overwrite: ti.template()):
             tasks = (n + CHUNK - 1) // CHUNK        # runs of CHUNK columns: no division by n per column
-            for task in range(K * tasks):
+            for task in range(S.shape[1] * tasks):
                 k, c = task // tasks, task % tasks
                 for i in range(c * CHUNK, ti.min(c * CHUNK + CHUNK, n)):
                     acc = 0.0 if ti.static(overwrite) else ti.cast(G[k, at(base, i)], ti.f32)
@@ -249,7 +250,7 @@ class _Kernels:
                     lv = geometry[l]
                     if ti.static(overwrite):
                         start = base + ti.cast(lv.offset, ti.i32) * F
-                        for k in range(K):
+                        for k in range(G.shape[0]):
                             for j in range(start, start + ti.cast(lv.size, ti.i32) * F):
                                 G[k, j] = 0.0
                     for mode, r in ti.static(runs):
@@ -266,13 +267,13 @@ class _Kernels:
             B = x.shape[0]
             for i in range(n_iterations(B)):
                 start, end = samples(i, B)
+                g0 = bounds[gb]
                 for b in range(start, end):
                     for d in ti.static(range(D)):
                         dx[b, d] = 0.0
                     if ti.static(second):
-                        for j in ti.static(range(raw, width)):
+                        for j in range((bounds[gb + R] - g0) * F, d_dy.shape[1]):     # the padded columns
                             d_dy[b, j] = 0.0
-                g0 = bounds[gb]
                 for mode, r in ti.static(runs):
                     for l in range(bounds[gb + r], bounds[gb + r + 1]):
                         lv = geometry[l]
@@ -299,7 +300,7 @@ class _Kernels:
             gb, n = grid.gb, grid.n
             zero_n = n if overwrite else 0
             if private:
-                with tables.scratch(n_workers, K).filling(grid.scratch) as S:
+                with tables.scratch(n_workers, G.shape[0]).filling(grid.scratch) as S:
                     scatter(G, base, gb, x, inst, dy, routed, second, g, 0, S)
                     reduce_private(G, base, S, n, overwrite)
             elif cpu:
@@ -348,12 +349,12 @@ class _Kernels:
             return features[rows]
 
         # -- one sample inside a user's kernel --------------------------------------
-        def sample_funcs(weights, grads, base: int, rows: tuple, levels: tuple):
+        def sample_funcs(weights, grads, base: int, rows: tuple, levels: tuple, width: int):
             """``(forward, vjp)`` ti.funcs of one sample of the grid of ``levels`` whose runs start at the table's
-            ``rows``, reading ``weights[k, base + i]``; the vjp scatters dL/dθ into the gradients (``grads``, the
-            store's) atomically unless ``grads`` is None. Weights that are a kernel's ndarray argument make the funcs
-            read the levels' geometry from constants, not from the table's field: such a kernel (``tinn.deploy``'s
-            AOT module) has its arguments as its only data."""
+            ``rows`` (its features padded to ``width``), reading ``weights[k, base + i]``; the vjp scatters dL/dθ
+            into the gradients (``grads``, the store's) atomically unless ``grads`` is None. Weights that are a
+            kernel's ndarray argument make the funcs read the levels' geometry from constants, not from the table's
+            field: such a kernel (``tinn.deploy``'s AOT module) has its arguments as its only data."""
             with_grads = grads is not None
             constant = ConstantGeometry(levels)
 

@@ -54,13 +54,14 @@ class Tables:
 
 class Bound:
     """A grid's kernels: its kind's (``_grid_kernels._Kernels``) with its geometry (the bounds row ``gb`` of its
-    table, ``n`` parameters per network, the table rows ``bounds`` of its runs' first levels and of its last level
-    + 1, the largest table of its levels summed per block, its ``levels`` themselves and the ``scratch`` columns
-    per network of its private gradient tables)."""
+    table, ``n`` parameters per network, its output's padded ``width``, the table rows ``bounds`` of its runs'
+    first levels and of its last level + 1, the largest table of its levels summed per block, its ``levels``
+    themselves and the ``scratch`` columns per network of its private gradient tables)."""
 
-    def __init__(self, kernels, gb: int, n: int, bounds: tuple, block_size: int, levels: tuple, scratch: int):
-        self.kernels, self.gb, self.n, self.bounds, self.block_size = kernels, gb, n, bounds, block_size
-        self.levels, self.scratch = levels, scratch
+    def __init__(self, kernels, gb: int, n: int, width: int, bounds: tuple, block_size: int, levels: tuple,
+                 scratch: int):
+        self.kernels, self.gb, self.n, self.width, self.bounds = kernels, gb, n, width, bounds
+        self.block_size, self.levels, self.scratch = block_size, levels, scratch
         self.private, self.cpu = kernels.private, kernels.cpu
         self.block_levels = sum(stop - first for (_, shared), first, stop in zip(kernels.kinds, bounds, bounds[1:])
                                 if shared)
@@ -79,7 +80,7 @@ class Bound:
         self.kernels.backward_params(self, G, base, x, inst, dy, routed, overwrite, g)
 
     def sample_funcs(self, weights, grads, base: int):
-        return self.kernels.sample_funcs(weights, grads, base, self.bounds, self.levels)
+        return self.kernels.sample_funcs(weights, grads, base, self.bounds, self.levels, self.width)
 
 
 @specialised

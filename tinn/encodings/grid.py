@@ -179,9 +179,9 @@ class TableEncoding(Encoding):
         capacity = scratch_capacity(self.n_params)          # shared by grids of other sizes, if in budget
         capacity = capacity if capacity * tables <= SCRATCH_BUDGET_BYTES else self.n_params
         private = cpu and capacity * tables <= SCRATCH_BUDGET_BYTES
-        return grid_kernels(self.n_input_dims, self.n_features_per_level, self.n_instances, self.n_params,
-                            self.n_raw_output_dims, self.padded_output_width, self.interpolation, tuple(self.levels),
-                            capacity if private else 0, checked, self.level_funcs, self.index_modes)
+        return grid_kernels(self.n_input_dims, self.n_features_per_level, self.n_params, self.padded_output_width,
+                            self.interpolation, tuple(self.levels), capacity if private else 0, checked,
+                            self.level_funcs, self.index_modes)
 
     def set_padded_output_width(self, width):
         super().set_padded_output_width(width)
