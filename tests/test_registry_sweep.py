@@ -397,21 +397,25 @@ def test_activation_references_cover_the_registry():
 # ---------------------------------------------------------------------------------------------
 
 def run_funcs(enc, x, dy):
-    """Call enc.func and enc.backward_func per sample from a kernel of our own."""
+    """Call enc.func and enc.backward_func per sample from kernels of our own (one each: Taichi's compile time
+    grows faster than a kernel's size)."""
     f, bf = enc.func, enc.backward_func
     n_in, n_out = enc.n_input_dims, enc.n_output_dims
 
     @ti.kernel
-    def user_kernel(x: ti.types.ndarray(), dy: ti.types.ndarray(), y: ti.types.ndarray(), dx: ti.types.ndarray()):
+    def user_forward(x: ti.types.ndarray(), y: ti.types.ndarray()):
         for b in range(x.shape[0]):
-            xv = ti.Vector([x[b, i] for i in ti.static(range(n_in))])
+            out = f(ti.Vector([x[b, i] for i in ti.static(range(n_in))]), 0)
+            for i in range(n_out):
+                y[b, i] = out[i]
+
+    @ti.kernel
+    def user_backward(x: ti.types.ndarray(), dy: ti.types.ndarray(), dx: ti.types.ndarray()):
+        for b in range(x.shape[0]):
             gv = ti.Vector.zero(ti.f32, n_out)
             for i in range(n_out):
                 gv[i] = dy[b, i]
-            out = f(xv, 0)
-            g = bf(xv, gv, 0)
-            for i in range(n_out):
-                y[b, i] = out[i]
+            g = bf(ti.Vector([x[b, i] for i in ti.static(range(n_in))]), gv, 0)
             for i in ti.static(range(n_in)):
                 dx[b, i] = g[i]
 
@@ -419,7 +423,8 @@ def run_funcs(enc, x, dy):
     dx = np.zeros_like(x)
     if enc.n_params:
         enc.store.zero_grad()
-    user_kernel(x, dy, y, dx)
+    user_forward(x, y)
+    user_backward(x, dy, dx)
     return y, dx, enc.gradients()
 
 
