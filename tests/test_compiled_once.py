@@ -80,16 +80,17 @@ def test_a_grid_of_another_geometry_compiles_nothing(grid_type):
 
 @pytest.mark.x64_only(ON_FIELDS)
 def test_a_grid_of_another_padding_or_number_of_networks_runs_the_same_kernels():
-    """The padded width is the output's columns, the number of networks the gradients' rows and the CPU's private
-    gradient tables an ndarray, all read at run time: after an array of 2 grids, one padded to 16 columns and one
-    of 3 networks compile nothing."""
+    """The padded width is the output's columns and the number of networks the gradients' rows, both read at run
+    time: after an array of 2 grids, one padded to 16 columns compiles nothing, and an array of 3 at most the
+    private gradient tables' scatter and reduction (their tables hold a row per network: those of 3 networks may
+    have run before)."""
     first, levels = _grid("Hash", n_instances=2)
     _check_grid(first, levels, 0)
-    for create in ({"alignment": 16}, {"n_instances": 3}):
+    for create, expected in (({"alignment": 16}, []), ({"n_instances": 3}, ["reduce_private", "scatter"])):
         enc, levels = _grid("Hash", **{"n_instances": 2, **create})
         with compilations() as names:
             _check_grid(enc, levels, 1)
-        assert names == [], (create, names)
+        assert set(names) <= set(expected) and len(names) == len(set(names)), (create, names)
 
 
 @pytest.mark.parametrize("otype", ["Adam", "SGD"])

@@ -5,7 +5,7 @@ from taichi.lang.any_array import AnyArray
 
 from ..runtime.program import is_cpu
 from ..runtime.kernels import ARENA, CHUNK, arena_kernel, specialised
-from ..runtime.types import F32_2D, F32_3D, I32_1D
+from ..runtime.types import F32_2D, I32_1D
 from . import _grid_block as block
 from . import _grid_tables as tables
 from ._grid_funcs import DENSE, HASHED, MODULO, ConstantGeometry, entry_mask, level_funcs
@@ -58,10 +58,10 @@ def grid_kernels(D: int, F: int, n: int, width: int, interp: str, levels: tuple,
 
 @specialised
 class _Kernels:
-    """The grid's Taichi kernels, specialised to one kind of grid and shared by every grid of that kind: the
-    parameter fields are template arguments; read at run time are the encoding's column offset ``base``, the
-    row ``gb`` of the grid's geometry in the program's tables (``_grid_tables.py``), the number of networks (the
-    gradients' rows), the padded width (the output's columns) and the CPU's private gradient tables (ndarrays).
+    """The grid's Taichi kernels, specialised to one kind of grid and shared by every grid of that kind:
+    the parameter fields are template arguments, the encoding's column offset ``base`` a runtime one, and so
+    is the row ``gb`` of the grid's geometry in the program's tables (``_grid_tables.py``). The number of
+    networks is the gradients' rows and the padded width the output's columns: both are read at run time.
 
     Levels are a loop at run time over a small table of their geometry (scale, resolution, table size, entry
     offset), so that a kernel holds one level's code rather than L copies: Taichi re-parses the Python of every
@@ -71,15 +71,15 @@ class _Kernels:
     whose tables fit a block's shared memory form runs of their own, summed per block (``_grid_block.py``)
     before the global adds.
 
-    The batch kernels go level by level: on the CPU each thread takes a contiguous share of the batch and runs
-    through it once per level, so that the level's table stays in the core's cache (elsewhere a parallel
-    iteration is one sample, all its levels in turn)."""
+    The batch kernels go level by level: on the CPU each thread takes a contiguous share of
+    the batch and runs through it once per level, so that the level's table stays in the
+    core's cache (elsewhere a parallel iteration is one sample, all its levels in turn).
+    """
 
     def __init__(self, D: int, F: int, interp: str, kinds: tuple, private: bool, checked: bool, funcs, table: int,
                  entry_mask: int):
         cpu = is_cpu()
         n_workers = max(1, ti.lang.impl.current_cfg().cpu_max_num_threads) if cpu else 1
-        TABLES = F32_3D if private else ti.template()      # the scatter's private tables (off the CPU: 0)
 
         runs = [(mode, r) for r, (mode, _) in enumerate(kinds)]    # (index mode, its bounds' row after gb)
         R = len(runs)
@@ -140,11 +140,11 @@ class _Kernels:
 
         def scatter_kernel(runs):
             """The kernel adding each sample's gradients of the levels of ``runs``: into the private tables ``S``
-            (``[worker, k, i]``, an ndarray: any number of networks) on the CPU, else atomically (``S`` unused)."""
+            (``[worker, k, i]``) on the CPU, else atomically (``S`` then unused)."""
 
             @arena_kernel
             def scatter(G: ARENA, base: ti.i32, gb: ti.i32, x: F32_2D, inst: I32_1D, dy: F32_2D,
-                        routed: ti.template(), second: ti.template(), g: F32_2D, zero_n: ti.i32, S: TABLES):
+                        routed: ti.template(), second: ti.template(), g: F32_2D, zero_n: ti.i32, S: ti.template()):
                 for k, i in ti.ndrange(G.shape[0], zero_n):    # overwrite off the CPU: zeros under the adds
                     G[k, at(base, i)] = 0.0
                 B = x.shape[0]
@@ -221,7 +221,7 @@ class _Kernels:
             return run_scatter
 
         @arena_kernel
-        def reduce_private(G: ARENA, base: ti.i32, S: F32_3D, n: ti.i32, overwrite: ti.template()):
+        def reduce_private(G: ARENA, base: ti.i32, S: ti.template(), n: ti.i32, overwrite: ti.template()):
             tasks = (n + CHUNK - 1) // CHUNK        # runs of CHUNK columns: no division by n per column
             for task in range(S.shape[1] * tasks):
                 k, c = task // tasks, task % tasks

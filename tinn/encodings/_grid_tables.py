@@ -10,14 +10,13 @@ import contextlib
 
 import taichi as ti
 
-from ..batch.buffers import buffer
 from ..runtime.kernels import specialised
 from ..runtime.memory import FieldTree, check_allocation
 
 ROWS = 4096
 """Levels (and run bounds) one table holds."""
 MIN_SCRATCH = 1 << 18
-"""Fewest columns per network of the private gradient tables: grids up to that size share one table."""
+"""Fewest columns per network of the private gradient tables: grids up to that size share one compiled scatter."""
 
 
 class Tables:
@@ -101,37 +100,39 @@ def place(levels: tuple, starts: tuple):
 
 
 class Scratch:
-    """The CPU workers' private gradient tables of the grids of ``K`` networks: a float32 ``ti.ndarray``
-    ``[worker, k, i]`` per capacity (columns per network, ``scratch_capacity``), shared by every grid of at most
-    that many parameters (an ndarray argument: the scatter and the reduction compile once whatever ``K`` and the
-    capacity). They are zero between backward passes: the pass that fills them (the scatter) is followed by the
-    reduction that empties them.
+    """The CPU workers' private gradient tables of the grids of ``K`` networks: a float32 field ``[worker, k, i]``
+    per capacity (columns per network, ``scratch_capacity``), shared by every grid of at most that many parameters
+    (the scatter and the reduction take it as a template argument: they compile once per capacity). They are zero
+    between backward passes: the pass that fills them (the scatter) is followed by the reduction that empties them.
     A pass cut short between the two (an exception, a KeyboardInterrupt) leaves them ``dirty``, and the next pass
     zeroes them first, so that no gradient of an interrupted pass reaches a later one."""
 
     def __init__(self, n_workers: int, K: int):
         self.n_workers, self.K = n_workers, K
-        self.tables, self.dirty = {}, set()
+        self.fields, self.dirty, self._trees = {}, set(), []
 
     @contextlib.contextmanager
     def filling(self, capacity: int):
-        """Run the scatter and the reduction inside, given the tables of ``capacity`` columns: they are zero at
-        the start, whatever came before."""
-        if capacity not in self.tables:
+        """Run the scatter and the reduction inside, given the field of ``capacity`` columns: the tables are zero
+        at the start, whatever came before."""
+        if capacity not in self.fields:
             shape = (self.n_workers, self.K, capacity)
             check_allocation("a grid encoding's private gradient tables", [shape])
-            self.tables[capacity] = buffer(shape)                  # zero-filled
-        table = self.tables[capacity]
+            field = ti.field(ti.f32)
+            self._trees.append(FieldTree(lambda builder: builder.dense(ti.ijk, shape).place(field),
+                                         "grid encoding gradient tables"))     # a new field is zero
+            self.fields[capacity] = field
+        field = self.fields[capacity]
         if capacity in self.dirty:
-            table.fill(0.0)
+            field.fill(0.0)
         self.dirty.add(capacity)
-        yield table
+        yield field
         self.dirty.discard(capacity)
 
 
 def scratch_capacity(n: int) -> int:
     """Columns per network of the private tables of a grid of ``n`` parameters: the power of two at or above
-    ``n`` (at least ``MIN_SCRATCH``), so that grids of other sizes share them."""
+    ``n`` (at least ``MIN_SCRATCH``), so that grids of other sizes share them and their kernels."""
     return max(MIN_SCRATCH, 1 << (n - 1).bit_length())
 
 
