@@ -376,7 +376,7 @@ def test_gradient_stage_with_routing_and_a_mask_and_one_adam_step(rng):
 # ---- the gradient stage's forward: dL/dx alone, tcnn's GradientMode::Ignore ----
 GRID = SMALL_GRID
 INPUT_GRADIENT_CASES = {
-    "grid and MLP, two networks": lambda: tinn.NetworkWithInputEncoding(3, 1, GRID, EIK_NET, n_instances=2),
+    "grid and MLP, two networks": lambda: tinn.NetworkWithInputEncoding(2, 1, GRID, EIK_NET, n_instances=2),
     "composite with a grid": lambda: tinn.create_encoding(3, {"otype": "Composite", "nested": [
         dict(GRID, n_dims_to_encode=2), {"otype": "Frequency", "n_frequencies": 2}]}),
     "permutohedral": lambda: tinn.create_encoding(3, dict(GRID, otype="Permutohedral")),

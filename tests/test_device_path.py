@@ -25,7 +25,7 @@ from tinn.batch.routing import TILE, Routing
 from reference import (assert_close, mlp_backward_ref, mlp_forward_ref, mlp_second_order_ref, mlp_shapes,
                        mlp_unflatten, padded, random_weights)
 from tinn.networks.activations import NAMES
-from conftest import SMALL_GRID, on_path, sample
+from conftest import SMALL_GRID, on_path, sample, small_config_hash
 
 on_cpu = impl.current_cfg().arch in (ti.x64, ti.arm64)
 blas_exists = pytest.mark.x64_only("the host BLAS path to compare with runs only on the CPU")
@@ -163,10 +163,10 @@ def test_tiles_cover_each_network_once(rng, ids_on_device, K):
 @blas_exists
 @pytest.mark.parametrize("loss", sample(["RelativeL2", "L1"], 1))
 def test_device_training_equals_host_training(rng, monkeypatch, loss):
-    """config_hash's model (hash grid, 64-wide MLP) trained for a few steps on both paths, with SGD (Adam's
-    first steps move every weight by about the learning rate whatever its gradient's size, so a gradient
-    near 0 that rounds to the other sign on the other path would move its weight 2e-2 the other way)."""
-    config = tinn.load_config("config_hash")
+    """config_hash's model (hash grid, 64-wide MLP; ``small_config_hash``) trained for a few steps on both paths,
+    with SGD (Adam's first steps move every weight by about the learning rate whatever its gradient's size, so a
+    gradient near 0 that rounds to the other sign on the other path would move its weight 2e-2 the other way)."""
+    config = small_config_hash()
     config["loss"] = {"otype": loss}
     config["optimizer"] = {"otype": "SGD", "learning_rate": 1.0}
     host, device = pair(lambda: tinn.create_from_config(2, 3, config), monkeypatch)
@@ -528,7 +528,7 @@ def test_a_second_order_on_the_device_stays_there(rng, monkeypatch, device_path)
 def test_a_training_step_on_the_device_stays_there(rng, monkeypatch, device_path, config):
     """On the device path a step of a ti.ndarray batch calls no host BLAS, reads nothing batch-sized
     back and hands no numpy array to tinn's kernels (Adam, and SGD); only the loss comes back."""
-    model = tinn.create_from_config(2, 3, config) if config == "config_hash" else \
+    model = tinn.create_from_config(2, 3, small_config_hash()) if config == "config_hash" else \
         tinn.create_from_config(2, 3, {"encoding": {"otype": "HashGrid", "n_levels": 4},
                                        "network": {"otype": "CutlassMLP", "n_neurons": 32, "n_hidden_layers": 3},
                                        "loss": {"otype": "L2"}, "optimizer": {"otype": "SGD", "learning_rate": 0.1}})

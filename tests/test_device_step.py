@@ -3,7 +3,9 @@ the device, skips the update of a bad batch there and raises its ``ValueError`` 
 trainer's next call that reads from the device (DESIGN: "Non-finite device batches skip the update on the device").
 
 On the CPU the device path is forced (``tinn.runtime.program.FORCE``); there the MLP runs layer by layer, so a step of
-``config_hash`` may launch at most 16 kernels (a routed array's 24), and none of them reads back.
+``config_hash``'s model may launch at most 16 kernels (a routed array's 24), and none of them reads back. The
+models here have config_hash's components and keys with a smaller grid (``conftest.small_config_hash``): what runs,
+and so the launches, depend on the components, not on the tables' sizes.
 
 An inference of device batches never waits either: the census, the encoding and the MLP (one fused kernel, or a
 kernel per layer), nothing read back; a bad batch is reported by the object's next call that reads.
@@ -18,19 +20,14 @@ from tinn.runtime import program as _program
 from tinn.batch.loss_value import LossValue
 from tinn.runtime.probe import counting
 from tinn.networks import _kernel_mlp
-from tinn.registry import load_config
 from test_device_path import use_mlp_kernels
-from conftest import on_path, sample
+from conftest import on_path, sample, small_config_hash
 
 
 SINGLE_LAUNCHES, ARRAY_LAUNCHES = 16, 24
 """Issue's bounds for the CPU-forced device path: a single network's step, a routed array's step."""
 SECOND_ORDER_LAUNCHES = 40
 """A backward_backward_input call of config_hash's model on the CPU-forced device path (its count when written)."""
-
-
-def config_hash():
-    return load_config("config_hash")
 
 
 def batch(rng, B, n_in, n_out, K=None):
@@ -41,7 +38,7 @@ def batch(rng, B, n_in, n_out, K=None):
 
 @pytest.mark.parametrize("K", [None, 16])
 def test_a_device_step_reads_nothing_back_and_launches_few_kernels(rng, device_path, K):
-    model = tinn.create_from_config(2, 3, config_hash(), n_instances=K or 1)
+    model = tinn.create_from_config(2, 3, small_config_hash(), n_instances=K or 1)
     x, t, ids = batch(rng, 256, 2, 3, K)
     for _ in range(2):                                            # compiles outside the counted step
         float(model.trainer.training_step(x, t, ids))
@@ -53,7 +50,7 @@ def test_a_device_step_reads_nothing_back_and_launches_few_kernels(rng, device_p
 
 
 def test_a_device_second_order_call_keeps_its_launch_count(rng, device_path):
-    model = tinn.create_from_config(2, 3, config_hash())
+    model = tinn.create_from_config(2, 3, small_config_hash())
     x, _, _ = batch(rng, 256, 2, 3)
     dy, v = _buffers.put(rng.random((256, 3), dtype=np.float32)), _buffers.put(rng.random((256, 2), dtype=np.float32))
     for _ in range(2):
@@ -68,10 +65,10 @@ def test_a_device_second_order_call_keeps_its_launch_count(rng, device_path):
 
 def test_a_device_loss_behaves_as_the_loss(rng, device_path):
     """Read lazily, the loss equals the host path's and works as a float."""
-    model = tinn.create_from_config(2, 3, config_hash())
+    model = tinn.create_from_config(2, 3, small_config_hash())
     host_x, host_t = rng.random((512, 2), dtype=np.float32), rng.random((512, 3), dtype=np.float32)
     with on_path(False):
-        reference = tinn.create_from_config(2, 3, config_hash())
+        reference = tinn.create_from_config(2, 3, small_config_hash())
         expected = reference.trainer.forward(host_x, host_t).loss
     loss = model.trainer.forward(_buffers.put(host_x), _buffers.put(host_t)).loss
     assert float(loss) == pytest.approx(expected, rel=1e-5)
@@ -103,7 +100,7 @@ def _bad(rng, what, B, K):
 def test_a_bad_device_batch_skips_its_update_and_raises_when_read(rng, device_path, K, what, message):
     if what == "instance" and K == 1:
         pytest.skip("a single network takes no ids")
-    config = dict(config_hash(), optimizer={"otype": "EMA", "nested": {"otype": "Adam", "learning_rate": 1e-2}})
+    config = dict(small_config_hash(), optimizer={"otype": "EMA", "nested": {"otype": "Adam", "learning_rate": 1e-2}})
     model = tinn.create_from_config(2, 3, config, n_instances=K)
     trainer = model.trainer
     put = _buffers.put
@@ -138,7 +135,7 @@ def test_a_bad_dense_device_batch_names_network_and_sample(rng, device_path, wha
     value of network k's sample b as the host path does, ``row (k, b)`` (not its row of the flattened batch,
     2 x 16 + 5); the step updates nothing."""
     K, B = 4, 16
-    model = tinn.create_from_config(2, 3, config_hash(), n_instances=K)
+    model = tinn.create_from_config(2, 3, small_config_hash(), n_instances=K)
     x, t = rng.random((K, B, 2), dtype=np.float32), rng.random((K, B, 3), dtype=np.float32)
     pdf = rng.random((K, B, 3), dtype=np.float32) + 0.5
     {"target": t, "pdf": pdf}[what][2, 5, 1] = np.inf if what == "target" else -1.0
@@ -154,7 +151,7 @@ def test_a_bad_dense_device_batch_names_network_and_sample(rng, device_path, wha
 def test_a_bad_device_step_raises_at_the_trainers_next_read(rng, device_path):
     """Unread, a bad step's error comes from the next call that reads from the device: a later step's loss, or
     ``params()``; the steps between them update as usual."""
-    model = tinn.create_from_config(2, 3, config_hash())
+    model = tinn.create_from_config(2, 3, small_config_hash())
     trainer, put = model.trainer, _buffers.put
     x, t, pdf, _ = _bad(rng, "x", 128, 1)
     trainer.training_step(put(x), put(t))
@@ -172,7 +169,7 @@ def test_a_bad_device_step_raises_at_the_trainers_next_read(rng, device_path):
 def test_inference_writes_into_the_callers_buffer(rng, device_path, K):
     """``inference(x, out=...)``: the outputs land in the caller's buffer (equal to a plain call); on the device
     the network's last kernel writes there (no copy kernel); dense arrays and host arrays too."""
-    model = tinn.create_from_config(2, 3, config_hash(), n_instances=K).network
+    model = tinn.create_from_config(2, 3, small_config_hash(), n_instances=K).network
     x = rng.random((K, 100, 2) if K > 1 else (300, 2), dtype=np.float32)
     xd = _buffers.put(x)
     expected = model.inference(xd).to_numpy()
@@ -191,7 +188,7 @@ def test_inference_writes_into_the_callers_buffer(rng, device_path, K):
 
 
 def test_inference_refuses_a_wrong_output_buffer(rng, device_path):
-    model = tinn.create_from_config(2, 3, config_hash()).network
+    model = tinn.create_from_config(2, 3, small_config_hash()).network
     x = _buffers.put(rng.random((64, 2), dtype=np.float32))
     for out, error in [(np.empty((64, 3), np.float32), TypeError), (_buffers.buffer((64, 2)), ValueError),
                        (_buffers.buffer((64, 3), ti.i32), TypeError)]:
@@ -235,7 +232,7 @@ def test_a_device_inference_reads_nothing_back_and_launches_few_kernels(rng, mon
     kernel per layer. It reads nothing back and gives the host path's outputs."""
     use_mlp_kernels(monkeypatch, mlp_kernels)
     K = 1 if routing == "single" else 16
-    model = tinn.create_from_config(2, 3, config_hash(), n_instances=K).network
+    model = tinn.create_from_config(2, 3, small_config_hash(), n_instances=K).network
     x, ids = inference_batch(rng, routing, K)
     for _ in range(2):                                            # compiles outside the counted call
         model.inference(x, ids)
@@ -264,7 +261,7 @@ def test_a_bad_device_inference_raises_at_the_next_call_that_reads(rng, device_p
     model's next call that reads from the device (``params()``, an inference of a host batch, a trainer's reads),
     once."""
     K = 1 if routing == "single" else 4
-    model = tinn.create_from_config(2, 3, config_hash(), n_instances=K)
+    model = tinn.create_from_config(2, 3, small_config_hash(), n_instances=K)
     net = model.network
     x, ids = inference_batch(rng, routing, K)
     net.inference(x, ids)                                         # a good call first
@@ -299,7 +296,7 @@ def test_a_bad_device_inference_raises_at_the_next_call_that_reads(rng, device_p
 
 def test_inference_arguments_checkable_on_the_host_fail_before_any_kernel(rng, device_path):
     """Shapes, dtypes, a wrong ``out`` and numpy ids out of range: a ``ValueError`` / ``TypeError`` at once, no kernel."""
-    net = tinn.create_from_config(2, 3, config_hash(), n_instances=4).network
+    net = tinn.create_from_config(2, 3, small_config_hash(), n_instances=4).network
     x, wide = _buffers.put(rng.random((64, 2), dtype=np.float32)), _buffers.put(np.zeros((64, 3), np.float32))
     short = _buffers.put(np.zeros(63, np.int32), ti.i32)
     calls = [(lambda: net.inference(x, np.full(64, 4, np.int32)), ValueError, r"instance ids must lie in \[0, 4\)"),

@@ -167,7 +167,8 @@ ENCODINGS = {
     "Frequency": (2, {"otype": "Frequency", "n_frequencies": 3}, 16),
     "TriangleWave": (2, {"otype": "TriangleWave", "n_frequencies": 4}, 0),
     "OneBlob": (2, {"otype": "OneBlob", "n_bins": 8}, 0),
-    "SphericalHarmonics": (3, {"otype": "SphericalHarmonics", "degree": 5}, 32),
+    "SphericalHarmonics": (3, {"otype": "SphericalHarmonics", "degree": 3}, 16),
+    "SphericalHarmonics5": (3, {"otype": "SphericalHarmonics", "degree": 5}, 32),
     "SphericalHarmonics8": (3, {"otype": "SphericalHarmonics", "degree": 8}, 0),
     "Empty": (2, {"otype": "Empty"}, 16),
     "Concatenation": (5, {"otype": "Composite", "nested": [
@@ -194,7 +195,7 @@ def encoding_second_order_ref(ref, x, width, dL_dy, v):
 
 
 @pytest.mark.parametrize("name", sample(ENCODINGS, keep=[n for n in ENCODINGS
-                                                  if n not in ("SphericalHarmonics8", "NRC")]))
+                                                  if n not in ("SphericalHarmonics5", "SphericalHarmonics8", "NRC")]))
 def test_encoding(name):
     n_in, cfg, alignment = ENCODINGS[name]
     enc = tinn.create_encoding(n_in, cfg, alignment=alignment)
