@@ -231,12 +231,12 @@ SMALL_CONFIG = {"encoding": SMALL_GRID, "network": SMALL_NET, "loss": {"otype": 
 
 
 def small_config_hash() -> dict:
-    """tcnn's ``config_hash`` with 8 levels of at most 2^12 entries: its components and keys, its coarse levels dense
-    and its fine ones hashed, so the same kernels and launches, in 50 thousand parameters instead of 715
-    thousand."""
+    """tcnn's ``config_hash`` with 8 levels of at most 2^13 entries, 72 thousand parameters instead of 708
+    thousand: its components and keys and its runs of levels (dense, then hashed; off the CPU the coarse ones summed
+    per block, then dense and hashed ones added atomically, as config_hash's), so the same kernels and launches."""
     from tinn.registry import load_config
     config = load_config("config_hash")
-    config["encoding"].update(n_levels=8, log2_hashmap_size=12)
+    config["encoding"].update(n_levels=8, log2_hashmap_size=13)
     return config
 
 
