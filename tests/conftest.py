@@ -240,6 +240,39 @@ def small_config_hash() -> dict:
     return config
 
 
+def run_funcs(obj, x, dy, instance=None):
+    """``(y, dL/dx, gradients)``: ``obj.func`` and ``obj.backward_func`` of each sample (routed to network
+    ``instance[b]``, or 0), called from kernels of our own, one func each (Taichi's compile time grows faster than a
+    kernel's size); the gradients are what ``backward_func`` added to zero."""
+    f, bf = obj.func, obj.backward_func
+    n_in, n_out = obj.n_input_dims, obj.n_output_dims
+    ids = np.zeros(len(x), np.int32) if instance is None else np.asarray(instance, np.int32)
+
+    @ti.kernel
+    def user_forward(x: ti.types.ndarray(), ids: ti.types.ndarray(), y: ti.types.ndarray()):
+        for b in range(x.shape[0]):
+            out = f(ti.Vector([x[b, i] for i in ti.static(range(n_in))]), ids[b])
+            for i in range(n_out):
+                y[b, i] = out[i]
+
+    @ti.kernel
+    def user_backward(x: ti.types.ndarray(), dy: ti.types.ndarray(), ids: ti.types.ndarray(), dx: ti.types.ndarray()):
+        for b in range(x.shape[0]):
+            gv = ti.Vector.zero(ti.f32, n_out)
+            for i in range(n_out):
+                gv[i] = dy[b, i]
+            g = bf(ti.Vector([x[b, i] for i in ti.static(range(n_in))]), gv, ids[b])
+            for i in ti.static(range(n_in)):
+                dx[b, i] = g[i]
+
+    y, dx = np.zeros((len(x), n_out), np.float32), np.zeros_like(x)
+    if obj.n_params:
+        obj.zero_grad()
+    user_forward(x, ids, y)
+    user_backward(x, dy, ids, dx)
+    return y, dx, obj.gradients()
+
+
 @pytest.fixture(scope="session")
 def small_model():
     """``NetworkWithInputEncoding(2, 3, SMALL_GRID, SMALL_NET)``, one for the session: for tests that only read

@@ -21,7 +21,7 @@ import taichi as ti
 import tinn
 from reference import (assert_close, fd_input_gradient, grid_geometry, grid_input_grad_ref, grid_off_boundaries,
                        grid_param_grad_ref, grid_ref, padded)
-from conftest import sample
+from conftest import run_funcs, sample
 from test_encodings import random_params
 
 Case = namedtuple("Case", "type D interpolation F base b log2_T")
@@ -167,27 +167,6 @@ def test_grid_beyond_int32_stays_in_each_level(name):
     random_params(enc, 2)
     y, ctx = enc.forward(x)
     assert np.isfinite(y).all() and np.isfinite(enc.backward(ctx, dL_dy)).all()
-
-
-def run_funcs(enc, x, dy):
-    """y = func(x), dL/dx = backward_func(x, dy) per sample from a kernel of our own; also its gradients."""
-    f, bf, D, W = enc.func, enc.backward_func, enc.n_input_dims, enc.n_output_dims
-
-    @ti.kernel
-    def user_kernel(x: ti.types.ndarray(), dy: ti.types.ndarray(), y: ti.types.ndarray(), dx: ti.types.ndarray()):
-        for b in range(x.shape[0]):
-            xv = ti.Vector([x[b, i] for i in ti.static(range(D))])
-            out = f(xv)
-            g = bf(xv, ti.Vector([dy[b, i] for i in ti.static(range(W))]))
-            for i in ti.static(range(W)):
-                y[b, i] = out[i]
-            for i in ti.static(range(D)):
-                dx[b, i] = g[i]
-
-    y, dx = np.zeros((len(x), W), np.float32), np.zeros_like(x)
-    enc.zero_grad()
-    user_kernel(x, dy, y, dx)
-    return y, dx, enc.gradients()
 
 
 @pytest.mark.parametrize("name", sample(compiled(["Hash-1d-Linear", "Hash-2d-Smoothstep", "Hash-3d-Nearest",

@@ -8,13 +8,13 @@ import taichi as ti
 from taichi.lang import impl
 
 import tinn
-from conftest import sample
+from conftest import run_funcs, sample
 from tinn.runtime.program import HALF_ARCHS
 from tinn.mixed_precision import LossScale
 from tinn.params import FLOAT16_MAX
 from reference import (EncodingRef, assert_close, mlp_backward_ref, mlp_forward_ref, mlp_shapes,
                        mlp_unflatten, padded, smooth_points)
-from test_registry_sweep import ENCODING_CASES, _one_name_per_class, run_funcs
+from test_registry_sweep import ENCODING_CASES, _one_name_per_class
 from test_device_path import use_mlp_kernels
 
 HALF = impl.current_cfg().arch.name in HALF_ARCHS

@@ -18,11 +18,10 @@ from collections import namedtuple
 
 import numpy as np
 import pytest
-import taichi as ti
 
 import tinn
 from tinn.networks.activations import NAMES as ACTIVATION_NAMES
-from conftest import sample
+from conftest import run_funcs, sample
 from reference import (ACTIVATIONS, LOSSES_WITH_TRUE_GRADIENT, EncodingRef, act_grad_ref, act_ref, assert_close,
                        assert_within, fd_gradient, fd_input_gradient, loss_ref, oneblob_ref, smooth_points,
                        triangle_wave_kink_distance, triangle_wave_ref)
@@ -395,38 +394,6 @@ def test_activation_references_cover_the_registry():
 # ---------------------------------------------------------------------------------------------
 # In-kernel use: every encoding's func / backward_func equal its batch API
 # ---------------------------------------------------------------------------------------------
-
-def run_funcs(enc, x, dy):
-    """Call enc.func and enc.backward_func per sample from kernels of our own (one each: Taichi's compile time
-    grows faster than a kernel's size)."""
-    f, bf = enc.func, enc.backward_func
-    n_in, n_out = enc.n_input_dims, enc.n_output_dims
-
-    @ti.kernel
-    def user_forward(x: ti.types.ndarray(), y: ti.types.ndarray()):
-        for b in range(x.shape[0]):
-            out = f(ti.Vector([x[b, i] for i in ti.static(range(n_in))]), 0)
-            for i in range(n_out):
-                y[b, i] = out[i]
-
-    @ti.kernel
-    def user_backward(x: ti.types.ndarray(), dy: ti.types.ndarray(), dx: ti.types.ndarray()):
-        for b in range(x.shape[0]):
-            gv = ti.Vector.zero(ti.f32, n_out)
-            for i in range(n_out):
-                gv[i] = dy[b, i]
-            g = bf(ti.Vector([x[b, i] for i in ti.static(range(n_in))]), gv, 0)
-            for i in ti.static(range(n_in)):
-                dx[b, i] = g[i]
-
-    y = np.zeros((len(x), n_out), np.float32)
-    dx = np.zeros_like(x)
-    if enc.n_params:
-        enc.store.zero_grad()
-    user_forward(x, y)
-    user_backward(x, dy, dx)
-    return y, dx, enc.gradients()
-
 
 def _one_name_per_class():
     """Aliases share a class (HashGrid / Grid / DenseGrid / TiledGrid, NRC / OneBlobFrequency): test one name each."""

@@ -1,10 +1,9 @@
 """Models called from inside a user's own Taichi kernel (``func`` / ``backward_func``)."""
 import numpy as np
 import pytest
-import taichi as ti
 
 import tinn
-from conftest import SMALL_GRID, SMOOTH_NET, sample
+from conftest import SMALL_GRID, SMOOTH_NET, run_funcs, sample
 
 NET = SMOOTH_NET
 ENCODINGS = {
@@ -14,40 +13,9 @@ ENCODINGS = {
 }
 
 
-def run_in_kernel(model, x, dy, instance):
-    """Call model.func and model.backward_func per sample from kernels of our own (one func each: Taichi compiles
-    two small kernels faster than one holding both)."""
-    f, bf = model.func, model.backward_func
-    n_in, n_out = model.n_input_dims, model.n_output_dims
-
-    @ti.kernel
-    def forward_kernel(x: ti.types.ndarray(), inst: ti.types.ndarray(), y: ti.types.ndarray()):
-        for b in range(x.shape[0]):
-            out = f(ti.Vector([x[b, i] for i in ti.static(range(n_in))]), inst[b])
-            for i in ti.static(range(n_out)):
-                y[b, i] = out[i]
-
-    @ti.kernel
-    def backward_kernel(x: ti.types.ndarray(), dy: ti.types.ndarray(), inst: ti.types.ndarray(),
-                        dx: ti.types.ndarray()):
-        for b in range(x.shape[0]):
-            g = bf(ti.Vector([x[b, i] for i in ti.static(range(n_in))]),
-                   ti.Vector([dy[b, i] for i in ti.static(range(n_out))]), inst[b])
-            for i in ti.static(range(n_in)):
-                dx[b, i] = g[i]
-
-    y = np.zeros((len(x), n_out), np.float32)
-    dx = np.zeros_like(x)
-    model.store.zero_grad()
-    forward_kernel(x, instance, y)
-    backward_kernel(x, dy, instance, dx)
-    return y, dx, model.gradients()
-
-
 def assert_funcs_equal_batch_api(model, x, dy, instance=None):
     """The in-kernel forward and backward funcs give the batch API's outputs, input and weight gradients."""
-    routing = np.zeros(len(x), np.int32) if instance is None else instance
-    y, dx, grads = run_in_kernel(model, x, dy, routing)
+    y, dx, grads = run_funcs(model, x, dy, instance)
     np.testing.assert_allclose(y, model.inference(x, instance), rtol=1e-5, atol=1e-6)
     _, ctx = model.forward(x, instance)
     np.testing.assert_allclose(dx, model.backward(ctx, dy), rtol=1e-4, atol=1e-6)
@@ -75,7 +43,7 @@ def test_funcs_route_to_the_given_instance(rng):
 def test_standalone_network_func(rng):
     net = tinn.create_network(5, 2, {"otype": "CutlassMLP", "n_neurons": 7, "n_hidden_layers": 0})
     x = rng.random((9, 5), dtype=np.float32)
-    y, _, _ = run_in_kernel(net, x, np.zeros((9, 2), np.float32), np.zeros(9, np.int32))
+    y, _, _ = run_funcs(net, x, np.zeros((9, 2), np.float32))
     np.testing.assert_allclose(y, net.inference(x), rtol=1e-5, atol=1e-6)
 
 
@@ -101,6 +69,6 @@ def test_func_reads_the_inference_weights_of_an_averaging_optimizer(rng):
     for _ in range(3):
         model.trainer.training_step(x, y)
     out, _ = model.network.forward(x)                          # training weights
-    y_func, _, _ = run_in_kernel(model.network, x, np.zeros((40, 3), np.float32), np.zeros(40, np.int32))
+    y_func, _, _ = run_funcs(model.network, x, np.zeros((40, 3), np.float32))
     np.testing.assert_allclose(y_func, model.network.inference(x), rtol=1e-5, atol=1e-6)
     assert not np.allclose(out, y_func, atol=1e-4), "EMA weights should differ from the training weights"
