@@ -11,7 +11,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import tinn.torch  # noqa: E402
-from conftest import sample  # noqa: E402
 
 CLIENTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "clients")
 ROOT = os.path.dirname(os.path.dirname(CLIENTS))
@@ -53,7 +52,7 @@ def test_nerf_density_and_colour_networks_train(tinycudann, capsys):
 
 
 @pytest.mark.x64_only("runs a subprocess on the CPU; checks the command line, nothing device-specific")
-@pytest.mark.full_only("a second script under python -m tinn.torch; the spawn-workers test runs one by default")
+@pytest.mark.full_only("a subprocess under python -m tinn.torch; by default its main runs scripts in this process")
 def test_python_m_tinn_torch_runs_a_checkpoint_client_unchanged():
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("TINN_ARCH", None)
@@ -144,7 +143,8 @@ if __name__ == "__main__":
 
 
 @pytest.mark.x64_only("runs subprocesses on the CPU; checks the command line, nothing device-specific")
-@pytest.mark.parametrize("worker", sample(["pool", "loader"], keep=["pool"]))
+@pytest.mark.full_only("spawned workers under python -m tinn.torch; by default its main runs scripts in this process")
+@pytest.mark.parametrize("worker", ["pool", "loader"])
 def test_python_m_tinn_torch_workers_started_with_spawn_see_tinycudann(tmp_path, worker):
     """A spawned worker re-imports the script in a fresh interpreter: its ``import tinycudann`` gives tinn.torch
     too (a Pool answers, a DataLoader's worker runs; before, the Pool hung and the DataLoader's worker died)."""

@@ -154,6 +154,7 @@ def _run(tmp_path, plain: bool) -> dict:
 
 
 @pytest.mark.x64_only("the script compiles its kernels on the CPU, in processes of its own")
+@pytest.mark.full_only("three processes; the default suite checks the remembered positions in this one")
 def test_kernels_parsed_either_way_share_the_offline_cache_and_errors_read_the_same(tmp_path):
     """Taichi's parser alone fills an offline cache; the faster parse then finds every kernel there (no new entry:
     each kernel's IR, which keys the cache, is the same) and trains to the same loss; a wrong call of a tinn func

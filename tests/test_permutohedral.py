@@ -69,6 +69,8 @@ def test_network_array_routes_each_sample_to_its_table():
                      rtol=1e-4, atol_rel=1e-5)
 
 
+@pytest.mark.full_only("the permutohedral device kernels' own compile; the default suite runs Permutohedral's "
+                       "per-sample funcs (test_registry_sweep) and a grid's device path")
 def test_device_path_equals_the_host_path(set_path):
     """Forward, both backwards and the second order of the device path's kernels (any-input funcs, atomic
     adds) equal the CPU path's."""

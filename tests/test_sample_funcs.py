@@ -127,6 +127,7 @@ def test_jacobian_func_against_finite_differences(enc_cfg, rng):
 
 
 @pytest.mark.long_compile("jacobian_func of an array and of each component: about 4 min")
+@pytest.mark.full_only("jacobian_func of a routed array and of each component; the default suite runs a model's")
 def test_jacobian_func_of_a_network_array_and_of_components(rng):
     """Routed: each sample's Jacobian is its own network's; components alone equal their vjps."""
     model = tinn.NetworkWithInputEncoding(2, 3, GRID, NET, n_instances=3)

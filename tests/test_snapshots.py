@@ -240,6 +240,7 @@ def test_a_save_in_progress_in_another_thread_keeps_its_temporary_file(trained, 
     assert os.listdir(tmp_path) == ["model.npz"]
 
 
+@pytest.mark.full_only("writes 60,000 zip members; the default suite runs the other hostile archives")
 def test_many_duplicate_members_are_refused_quickly(trained, tmp_path):
     path = tmp_path / "model.npz"
     trained.trainer.save(path)
