@@ -80,8 +80,25 @@ ENCODING_NAMES = tinn.registry.encodings.names()
 ENCODING_PARAMS = [pytest.param(name, i, id=f"{name}-{i}")
                    for name in ENCODING_NAMES for i in range(len(ENCODING_CASES.get(name, [None])))]
 ENCODING_SAMPLE = sample(ENCODING_PARAMS, keep=[j for j, p in enumerate(ENCODING_PARAMS) if p.values[1] == 0])
-"""The passes' sweep: every registered otype's first case by default (each case compiles its kernels), all in the
-full suite."""
+"""The forward's sweep: every registered otype's first case by default (each case compiles its kernels), all in
+the full suite."""
+
+
+def _one_name_per_class():
+    """Aliases share a class (HashGrid / Grid / DenseGrid / TiledGrid, NRC / OneBlobFrequency): test one name each."""
+    seen, names = set(), []
+    for name in ENCODING_NAMES:
+        cls = tinn.registry.encodings.lookup({"otype": name})[1]
+        if cls not in seen:
+            seen.add(cls)
+            names.append(name)
+    return names
+
+
+GRADIENT_SAMPLE = sample(ENCODING_PARAMS, keep=[j for j, p in enumerate(ENCODING_PARAMS)
+                                                if p.values[1] == 0 and p.values[0] in _one_name_per_class()])
+"""The gradients' sweep: by default the first case of one name per class (the grid aliases' other types and
+dimensions: test_encodings' covering sample), all in the full suite."""
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +159,7 @@ def test_encoding_forward(encoding_case, name, i, batch):
     np.testing.assert_array_equal(enc.inference(x), y)
 
 
-@pytest.mark.parametrize("name, i", ENCODING_SAMPLE)
+@pytest.mark.parametrize("name, i", GRADIENT_SAMPLE)
 def test_encoding_input_gradient(encoding_case, name, i):
     """dL/dx vs central differences (float64) of the reference; dL/dy on padded columns is ignored. The input
     gradient alone (``_input_gradient``: ``tinn.ad.gradient_stage``'s forward) is the same, and leaves the
@@ -165,7 +182,7 @@ def test_encoding_input_gradient(encoding_case, name, i):
     assert enc.backward(ctx, dL_dy, input_gradient=False) is None
 
 
-@pytest.mark.parametrize("name, i", ENCODING_SAMPLE)
+@pytest.mark.parametrize("name, i", GRADIENT_SAMPLE)
 def test_encoding_param_gradient(encoding_case, name, i):
     """Parameter gradients vs the reference's (grids: scatter of interpolation weights, §1.6.6; composites:
     the nested gradients in order, §1.7); 'accumulate' adds, 'overwrite' replaces."""
@@ -394,17 +411,6 @@ def test_activation_references_cover_the_registry():
 # ---------------------------------------------------------------------------------------------
 # In-kernel use: every encoding's func / backward_func equal its batch API
 # ---------------------------------------------------------------------------------------------
-
-def _one_name_per_class():
-    """Aliases share a class (HashGrid / Grid / DenseGrid / TiledGrid, NRC / OneBlobFrequency): test one name each."""
-    seen, names = set(), []
-    for name in ENCODING_NAMES:
-        cls = tinn.registry.encodings.lookup({"otype": name})[1]
-        if cls not in seen:
-            seen.add(cls)
-            names.append(name)
-    return names
-
 
 # The first case of every class; every Composite case, as its func composes its nested ones per reduction.
 FUNC_PARAMS = sample([pytest.param(name, i, id=f"{name}-{i}") for name in _one_name_per_class()
