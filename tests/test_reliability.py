@@ -17,7 +17,7 @@ from taichi.lang import impl
 import tinn
 from tinn.optimizers.step import STEP_CEILING, STEP_LIMIT
 
-from conftest import FULL
+from conftest import FULL, sample
 from interrupts import CFG, Interrupt, batch, full_state, line_events, model, same, weights
 
 ON_CPU = impl.current_cfg().arch in (ti.x64, ti.arm64)
@@ -146,7 +146,7 @@ def test_interrupt_at_every_line_of_load_tcnn_loads_all_or_nothing(tmp_path):
             assert same(full_state(m), old)
 
 
-@pytest.mark.parametrize("kind", ["stage", "gradient_stage"])
+@pytest.mark.parametrize("kind", sample(["stage", "gradient_stage"], keep=["stage"]))
 def test_interrupt_at_every_line_of_a_tape_iteration_leaves_no_hidden_state(kind):
     """A user's loop: ``zero_grad``, a ``ti.ad.Tape`` around a ``tinn.ad.stage`` (or a ``gradient_stage`` and an
     Eikonal loss) and a loss kernel, then ``optimizer_step``. Interrupted at any line of tinn's code, the weights
