@@ -104,7 +104,7 @@ def _small_image():
 
 
 @pytest.mark.long_compile("config_hash at its real size: about 4 min")
-@pytest.mark.full_only("500 steps of config_hash; by default test_clients trains tcnn's image sample")
+@pytest.mark.full_only("150 steps of config_hash; by default test_clients trains tcnn's image sample")
 def test_hash_config_learns_an_image():
     """config_hash.json on a 128x128 photo: a broken gradient could not reach the PSNR floor.
 
