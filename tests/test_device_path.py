@@ -606,8 +606,8 @@ def encoding_passes(enc, x, dy, v) -> dict:
     return out
 
 
+# The next test takes the other encodings; a grid's device batch: config_hash's step above.
 @pytest.mark.parametrize("name", sample(ENCODINGS, keep=["Frequency", "TriangleWave", "Empty", "Sum", "Product"]))
-                                                        # the next test takes the others; a grid: config_hash's step
 def test_an_encoding_keeps_a_device_batch_on_the_device(monkeypatch, device_path, name):
     """Forward, inference, backward and second order of a ti.ndarray batch answer in ti.ndarrays, read
     nothing batch-sized back and hand no batch-sized numpy array to a kernel."""

@@ -95,8 +95,9 @@ def _one_name_per_class():
     return names
 
 
+CLASS_NAMES = _one_name_per_class()
 GRADIENT_SAMPLE = sample(ENCODING_PARAMS, keep=[j for j, p in enumerate(ENCODING_PARAMS)
-                                                if p.values[1] == 0 and p.values[0] in _one_name_per_class()])
+                                                if p.values[1] == 0 and p.values[0] in CLASS_NAMES])
 """The gradients' sweep: by default the first case of one name per class (the grid aliases' other types and
 dimensions: test_encodings' covering sample), all in the full suite."""
 
@@ -413,9 +414,9 @@ def test_activation_references_cover_the_registry():
 # ---------------------------------------------------------------------------------------------
 
 # The first case of every class; every Composite case, as its func composes its nested ones per reduction.
-FUNC_PARAMS = sample([pytest.param(name, i, id=f"{name}-{i}") for name in _one_name_per_class()
+FUNC_PARAMS = sample([pytest.param(name, i, id=f"{name}-{i}") for name in CLASS_NAMES
                       for i in range(len(ENCODING_CASES.get(name, [None]))) if i == 0 or name == "Composite"],
-                     keep=[name for name in _one_name_per_class()])     # every class's first case by default
+                     keep=CLASS_NAMES)     # every class's first case by default
 
 
 @pytest.mark.parametrize("name, i", FUNC_PARAMS)
