@@ -13,9 +13,10 @@ from importlib import metadata as _metadata
 if "-m" in _sys.orig_argv and _sys.orig_argv[_sys.orig_argv.index("-m") + 1:][:1] == ["tinn.deploy"]:
     _os.environ.setdefault("ENABLE_TAICHI_HEADER_PRINT", "0")    # `python -m tinn.deploy --cflags`: only flags on stdout
 
-from .runtime import parsing as _parsing
+from .runtime import compiling as _compiling, parsing as _parsing
 
 _parsing.apply()                                # before tinn's own kernels are decorated (see its docstring)
+_compiling.apply()                              # tinn's kernels compile without Taichi's CFG pass on the CPU
 
 from . import ad, encodings, losses, networks, optimizers
 from .config import TrainableModel, create_from_config

@@ -40,6 +40,8 @@ from taichi.lang._ndarray import Ndarray
 from taichi.lang.exception import TaichiCompilationError
 from taichi.lang.enums import AutodiffMode
 
+from . import compiling
+
 
 class RuntimeResetError(RuntimeError):
     """A tinn object was used after ``ti.init`` was called again."""
@@ -218,6 +220,7 @@ def guarded(owner, func, n_args: int):
     * the kernel is no autodiff kernel (``ti.ad.Tape``'s reverse pass, ``ti.ad.FwAd``): an error naming
       ``tinn.ad.stage`` / ``tinn.ad.gradient_stage``;
     * ``x`` has ``n_input_dims`` components (and ``dL_dy`` ``n_output_dims``): an error naming the key;
+    * on the CPU the kernel compiles without Taichi's CFG optimisation, like tinn's own (``runtime/compiling.py``);
     * at run time a network id ``k`` outside ``[0, n_instances)`` (one unsigned comparison) gives a zero
       result and reads and writes nothing: the func never leaves ``owner``'s parameters.
 
@@ -231,6 +234,7 @@ def guarded(owner, func, n_args: int):
         except RuntimeResetError as e:
             raise _TracedRuntimeResetError(str(e)) from None
         _check_not_autodiff(owner)
+        compiling.mark(impl.get_runtime().current_kernel)
         _check_length(owner, x, owner.n_input_dims, "x")
         if dy is not None:
             _check_length(owner, dy, owner.n_output_dims, "dL_dy")
