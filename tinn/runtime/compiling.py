@@ -1,11 +1,11 @@
-"""How tinn's kernels compile on the CPU: without Taichi's CFG optimisation, and without touching the program's settings.
+"""On the CPU tinn's kernels compile without Taichi's CFG optimisation (*lean*), the program's settings untouched.
 
 Taichi's ``cfg_optimization`` (store-to-load forwarding and dead-store elimination over a kernel's control-flow
 graph) costs about the product of a kernel's local stores and its blocks, so it grows faster than the kernel: a
 user's kernel calling ``config_hash``'s ``backward_func`` spent more than half of its compile there. On the CPU,
 LLVM's own passes forward the same loads afterwards: tinn's kernels compiled without it compute the same and run
-as fast (``docs/performance.md``, "Compiling without Taichi's CFG pass"). So on x64 and arm64 these kernels
-compile without it:
+as fast (``docs/performance.md``, "tinn's kernels without Taichi's CFG pass"). So on x64 and arm64 these kernels
+compile lean:
 
 * every kernel defined in tinn's own files;
 * a user's kernel that calls a per-sample func (``program.guarded`` marks it while Taichi parses it, each
@@ -42,8 +42,6 @@ MARK = "_tinn_lean"
 """The attribute ``program.guarded`` sets on a user's kernel being parsed: that instantiation compiles lean."""
 
 APPLIED = {"patched": False}
-LEAN = {"count": 0}
-"""How many instantiations compiled lean (tests check that the launch then compiles nothing more)."""
 
 
 def mark(kernel):
@@ -67,17 +65,18 @@ def _lean_config(config):
 
 
 def _is_lean(kernel, marked: bool) -> bool:
+    """Whether the instantiation Taichi just made of ``kernel`` compiles lean (``marked``: by ``program.guarded``)."""
     return kernel.autodiff_mode == AutodiffMode.NONE and impl.current_cfg().arch in (ti.x64, ti.arm64) and (
         marked or getattr(getattr(kernel.func, "__code__", None), "co_filename", "").startswith(_PACKAGE))
 
 
 def _compile_lean(kernel, key):
+    """Compile the instantiation ``key`` of ``kernel`` lean (before its launch's own compile, which then finds it)."""
     prog = impl.get_runtime().prog
     try:
         prog.compile_kernel(_lean_config(prog.config()), prog.get_device_caps(), kernel.compiled_kernels[key])
     except Exception:                                   # Taichi's own compile, at the launch, reports it
-        return
-    LEAN["count"] += 1
+        pass
 
 
 def _materializing(materialize):
