@@ -89,7 +89,7 @@ def _materializing(materialize):
             return materialize(kernel, key, args, arg_features)
         kernel.__dict__.pop(MARK, None)
         result = materialize(kernel, key, args, arg_features)
-        if _is_lean(kernel, kernel.__dict__.pop(MARK, False)) and key in kernel.compiled_kernels:
+        if _is_lean(kernel, kernel.__dict__.pop(MARK, False)):      # (materialize has added the key, or raised)
             _compile_lean(kernel, key)
         return result
 
