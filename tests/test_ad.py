@@ -12,7 +12,9 @@ import pytest
 import taichi as ti
 
 import tinn
+from compiles import compilations
 from conftest import SMALL_GRID, SMOOTH_ENCODING, SMOOTH_NET, sample
+from tinn.runtime import memory
 
 R, S, DT = 24, 8, 0.05
 NET = SMOOTH_NET
@@ -231,6 +233,46 @@ def test_stage_called_twice_on_the_same_fields(rng):
     dx2 = net.backward(ctx2, 0.5 * b[:, :1], mode="accumulate")
     np.testing.assert_allclose(grads, net.gradients(), rtol=1e-4, atol=1e-5 * np.abs(grads).max())
     np.testing.assert_allclose(d_shift, dx1.sum(0) - 2 * dx2.sum(0), rtol=1e-4, atol=1e-5)
+
+
+TAICHI_COPIES = {"matrix_to_ext_arr", "ext_arr_to_matrix"}
+"""Taichi's kernels behind a Vector field's ``to_numpy`` / ``from_numpy``."""
+
+
+@pytest.mark.parametrize("layout", ["soa", "blocked"])
+def test_stage_on_fields_laid_out_otherwise(layout, path, rng):
+    """Vector fields laid out SoA (their components apart: on x64 the CPU path reads and writes their memory, no
+    copy kernel compiled) and in blocks of a dense in a dense (read through Taichi's copies): ``y`` is the batch
+    forward of ``x``, and ``x.grad`` its input gradient under a loss linear in ``y``."""
+    net, n = model(rng), 32
+    if layout == "soa":
+        x = ti.Vector.field(2, ti.f32, n, needs_grad=True, layout=ti.Layout.SOA)
+        y = ti.Vector.field(1, ti.f32, n, needs_grad=True, layout=ti.Layout.SOA)
+    else:
+        x, y = ti.Vector.field(2, ti.f32, needs_grad=True), ti.Vector.field(1, ti.f32, needs_grad=True)
+        ti.root.dense(ti.i, 4).dense(ti.i, 8).place(x, x.grad, y, y.grad)
+    w = ti.field(ti.f32, n)
+    loss = ti.field(ti.f32, (), needs_grad=True)
+    xs = rng.uniform(0.1, 0.9, (n, 2)).astype(np.float32)
+    ws = rng.normal(size=n).astype(np.float32)
+    x.from_numpy(xs)
+    w.from_numpy(ws)
+    stage = tinn.ad.stage(net, x, y)
+
+    @ti.kernel
+    def weigh():
+        for i in y:
+            loss[None] += w[i] * y[i][0]
+
+    with compilations() as compiled:
+        with ti.ad.Tape(loss=loss):
+            stage()
+            weigh()
+    expected, ctx = net.forward(xs)
+    np.testing.assert_allclose(y.to_numpy(), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(x.grad.to_numpy(), net.backward(ctx, ws[:, None]), rtol=1e-4, atol=1e-6)
+    if path == "host" and memory.host_memory():
+        assert bool(TAICHI_COPIES & set(compiled)) == (layout == "blocked"), list(compiled)
 
 
 def test_stage_checks_its_fields(rng):

@@ -1,4 +1,5 @@
-"""Parameter memory: allocation limits, ``ti.init`` called again, many models, shared kernels.
+"""Parameter memory: allocation limits, ``ti.init`` called again, many models, shared kernels; a user's fields
+seen from numpy.
 
 Cases that could kill the process run in a subprocess, so a crash fails the test instead of pytest."""
 import json
@@ -14,6 +15,7 @@ import taichi as ti
 
 import tinn
 from conftest import FULL, SMALL_NET
+from tinn.runtime import memory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NET = SMALL_NET
@@ -363,3 +365,44 @@ def test_inference_weights_are_one_buffer_for_every_component(rng):
     np.testing.assert_allclose(enc, model.encoding.inference(x)[:, :8], rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(trainer.params_inference(), trainer.optimizer.custom_weights(), rtol=0, atol=0)
     assert np.abs(out - out_train).max() > 1e-4              # EMA weights are not the training weights
+
+
+# -- a user's fields seen from numpy --------------------------------------------------------------
+X64_ONLY = "views of field memory exist on the x64 backend (elsewhere the callers copy through Taichi)"
+
+
+def test_field_views_are_the_fields_own_memory(rng):
+    """Fields placed with a shape (a Vector field and its ``.grad``, one laid out SoA, int32 ids): each view is the
+    field's ``to_numpy()``, and what is written through it is what Taichi reads."""
+    if not memory.host_memory():
+        pytest.skip(X64_ONLY)
+    aos = ti.Vector.field(3, ti.f32, (4, 5), needs_grad=True)
+    soa = ti.Vector.field(2, ti.f32, 6, layout=ti.Layout.SOA)
+    ids = ti.field(ti.i32, 7)
+    fields = [aos, aos.grad, soa, ids]
+    for f in fields:
+        shape = f.to_numpy().shape
+        f.from_numpy(rng.integers(-9, 9, shape).astype(np.int32) if f is ids else rng.normal(size=shape).astype(np.float32))
+    views = memory.field_views(fields)
+    assert views is not None
+    for f, v in zip(fields, views):
+        np.testing.assert_array_equal(v, f.to_numpy())
+        new = (v * 2 + 1).astype(v.dtype)
+        v[...] = new
+        np.testing.assert_array_equal(f.to_numpy(), new)
+
+
+def test_field_views_refuse_fields_laid_out_otherwise():
+    """Blocks of a dense in a dense, a sparse node, float64: no views (the callers copy through Taichi); off x64,
+    no views at all."""
+    blocked, plain = ti.field(ti.f32), ti.field(ti.f32, 8)
+    ti.root.dense(ti.i, 2).dense(ti.i, 4).place(blocked)
+    cases = [[blocked], [ti.field(ti.f64, 8)], [plain, blocked]]
+    if memory.host_memory():                     # (sparse nodes exist on the CPU and CUDA)
+        sparse = ti.field(ti.f32)
+        ti.root.pointer(ti.i, 2).dense(ti.i, 4).place(sparse)
+        cases.append([sparse])
+    else:
+        cases.append([plain])
+    for fields in cases:
+        assert memory.field_views(fields) is None

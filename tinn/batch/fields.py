@@ -13,6 +13,7 @@ move ``y.grad`` and ``dL/dx``. ``Taken.active`` is then the survey's device mask
 import numpy as np
 import taichi as ti
 
+from ..runtime import memory as _memory
 from ..runtime.types import ANY_2D, I32_1D
 from . import buffers as _buffers
 from .batch import Batch
@@ -37,10 +38,43 @@ class Taken:
     """The elements one call took: ``n`` of them, their inputs ``x`` ``(n, n_input_dims)`` and network ids
     ``inst`` (``None`` for one network) as a batch of the path's kind, where they sit in the fields (``where``:
     host flat indices, ``None`` for all of them; a device ``(size,)`` int32 position of each element in the
-    batch, -1 for an element left out) and the networks they reach (``active``)."""
+    batch, -1 for an element left out) and the networks they reach (``active``). On the CPU, ``memory`` reads and
+    writes the stage's fields (``_Memory``)."""
+
+    memory = None
 
     def __init__(self, n, x, inst, where, active):
         self.n, self.x, self.inst, self.where, self.active = n, x, inst, where, active
+
+
+class _Memory:
+    """A stage call's fields as numpy on the CPU: views of their own memory where
+    :func:`~tinn.runtime.memory.field_views` gives them (x64, fields placed with a shape: one small launch, no
+    compile per field), else Taichi's ``to_numpy`` / ``from_numpy`` / ``fill``."""
+
+    def __init__(self, stage):
+        fields = [stage.x, stage.out, stage.out.grad] + [f for f in (stage.mask, stage.instance) if f is not None]
+        if stage._x_grad:
+            fields.append(stage.x.grad)
+        views = _memory.field_views(fields)
+        self._views = None if views is None else {id(f): v for f, v in zip(fields, views)}
+
+    def read(self, field) -> np.ndarray:
+        """A copy of ``field``'s values, as ``field.to_numpy()``."""
+        return field.to_numpy() if self._views is None else np.array(self._views[id(field)])
+
+    def write(self, field, values):
+        """``field``'s values = ``values`` (its ``to_numpy`` shape), as ``field.from_numpy``."""
+        if self._views is None:
+            field.from_numpy(values)
+        else:
+            self._views[id(field)][...] = values
+
+    def zero(self, field):
+        if self._views is None:
+            field.fill(0)
+        else:
+            self._views[id(field)][...] = 0
 
 
 class HostMoves:
@@ -49,15 +83,15 @@ class HostMoves:
 
     @staticmethod
     def take(stage) -> Taken:
-        n_in = stage.network.n_input_dims
-        x = stage.x.to_numpy().reshape(-1, n_in)
+        n_in, memory = stage.network.n_input_dims, _Memory(stage)
+        x = memory.read(stage.x).reshape(-1, n_in)
         rows = None
         if stage.mask is not None:
-            rows = np.flatnonzero(stage.mask.to_numpy().reshape(-1))
+            rows = np.flatnonzero(memory.read(stage.mask).reshape(-1))
             x = x[rows]
         inst = None
         if stage.instance is not None:
-            inst = stage.instance.to_numpy().reshape(-1)
+            inst = memory.read(stage.instance).reshape(-1)
             inst = np.ascontiguousarray(inst if rows is None else inst[rows], dtype=np.int32)
             if len(inst):
                 check_id_range(int(inst.min()), int(inst.max()), stage.network.n_instances)
@@ -67,7 +101,9 @@ class HostMoves:
             _not_finite(stage.x, int(bad[0] if rows is None else rows[bad[0]]))
         active = None if inst is None else np.flatnonzero(
             np.bincount(inst, minlength=stage.network.n_instances)).astype(np.int32)
-        return Taken(len(x), x, inst, rows, active)
+        taken = Taken(len(x), x, inst, rows, active)
+        taken.memory = memory
+        return taken
 
     @staticmethod
     def forward(network, taken):
@@ -81,23 +117,23 @@ class HostMoves:
         full = values if rows is None else np.zeros((int(np.prod(stage.x.shape)), width), np.float32)
         if rows is not None:
             full[rows] = values
-        field.from_numpy(np.ascontiguousarray(full, dtype=np.float32).reshape(tuple(stage.x.shape) + (width,)))
+        taken.memory.write(field, np.ascontiguousarray(full, dtype=np.float32).reshape(tuple(stage.x.shape) + (width,)))
 
     @staticmethod
     def take_gradient(stage, taken):
-        g = stage.out.grad.to_numpy().reshape(-1, stage.out.n)
-        stage.out.grad.fill(0)
+        g = taken.memory.read(stage.out.grad).reshape(-1, stage.out.n)
+        taken.memory.zero(stage.out.grad)
         return np.ascontiguousarray(g if taken.where is None else g[taken.where])
 
     @staticmethod
     def add_gradient(stage, taken, dx):
         n_in = stage.network.n_input_dims
-        total = stage.x.grad.to_numpy().reshape(-1, n_in)
+        total = taken.memory.read(stage.x.grad).reshape(-1, n_in)
         if taken.where is None:
             total += dx
         else:
             total[taken.where] += dx
-        stage.x.grad.from_numpy(total.reshape(tuple(stage.x.shape) + (n_in,)))
+        taken.memory.write(stage.x.grad, total.reshape(tuple(stage.x.shape) + (n_in,)))
 
     @staticmethod
     def ones(n):

@@ -14,6 +14,7 @@ import numpy as np
 import taichi as ti
 from taichi._lib import core as _ti_core
 from taichi.lang import impl
+from taichi.lang.field import ScalarField
 
 try:
     import resource
@@ -21,7 +22,7 @@ except ImportError:                             # Windows
     resource = None
 
 from .program import current_program
-from .types import U64_1D
+from .types import U64_1D, U64_2D
 
 MAX_ELEMENTS = 2 ** 31 - 1
 """The most values one Taichi array can address (its indices are 32-bit)."""
@@ -230,6 +231,87 @@ def view_of(field) -> np.ndarray | None:
         register_views([field], views)
         return views[0]
     return None
+
+
+def _scalar_fields(fields):
+    """The scalar fields of ``fields`` in turn: a scalar field itself, a Vector field's components."""
+    return [s for f in fields for s in ([f] if isinstance(f, ScalarField) else [f.get_scalar_field(j) for j in range(f.n)])]
+
+
+@ti.kernel
+def _corners(fields: ti.template(), out: U64_2D):
+    """``out[k, 0]``: the address of the first element of scalar field k (:func:`_scalar_fields`); ``out[k, 1 + d]``:
+    of its element one step along axis d (the first again on an axis of 1); ``out[k, 1 + len(shape)]``: of its last."""
+    for _ in range(1):
+        for k in ti.static(range(len(_scalar_fields(fields)))):
+            f = ti.static(_scalar_fields(fields)[k])
+            dims = ti.static(len(f.shape))
+            out[k, 0] = ti.get_addr(f, ti.static([0] * dims))
+            for d in ti.static(range(dims)):
+                out[k, 1 + d] = ti.get_addr(f, ti.static([min(1, f.shape[d] - 1) * (e == d) for e in range(dims)]))
+            out[k, 1 + dims] = ti.get_addr(f, ti.static([s - 1 for s in f.shape]))
+
+
+_VIEWABLE = {ti.f32: np.float32, ti.i32: np.int32}
+
+
+def _dense_below_a_root(f) -> bool:
+    """Whether the scalar field ``f`` sits in a ``dense`` node of all its axes directly below a tree's root (how
+    ``ti.field(..., shape)`` and ``ti.Vector.field(..., shape)`` place a field and its ``.grad``): its addresses are
+    then linear in its index."""
+    dense = f.snode.ptr.parent
+    return (dense is not None and dense.type == _ti_core.SNodeType.dense and dense.parent is not None
+            and dense.parent.type == _ti_core.SNodeType.root and dense.num_active_indices() == len(f.shape))
+
+
+def _view(field, corners):
+    """``field``'s memory as a numpy array of ``field.shape`` (``+ (n,)`` for a Vector field) from its scalar fields'
+    :func:`_corners`, or ``None`` unless those are the addresses of such a strided array."""
+    shape, first = tuple(field.shape), [int(c[0]) for c in corners]
+    item = np.dtype(_VIEWABLE[field.dtype]).itemsize
+    if first[0] < 1 << 16:                       # not the memory of a live tree (a field of a replaced program)
+        return None
+    strides = [int(corners[0][1 + d]) - first[0] if n > 1 else item for d, n in enumerate(shape)]
+    step = first[1] - first[0] if len(first) > 1 else item
+    if step < item or any(s < item for s in strides):
+        return None
+    for j, c in enumerate(corners):
+        if (first[j] != first[0] + j * step or int(c[1 + len(shape)]) != first[j] + sum(
+                (n - 1) * s for n, s in zip(shape, strides)) or any(
+                n > 1 and int(c[1 + d]) - first[j] != s for d, (n, s) in enumerate(zip(shape, strides)))):
+            return None
+    end = first[-1] + sum((n - 1) * s for n, s in zip(shape, strides)) + item
+    memory = (ctypes.c_char * (end - first[0])).from_address(first[0])
+    full = shape + (() if isinstance(field, ScalarField) else (len(first),))
+    return np.ndarray(full, _VIEWABLE[field.dtype], memory, 0,
+                      tuple(strides) + (() if isinstance(field, ScalarField) else (step,)))
+
+
+def field_views(fields) -> list | None:
+    """A user's Taichi fields as numpy arrays of their own memory (no copy), each of ``f.shape`` (``+ (f.n,)`` for a
+    Vector field), on the x64 backend; ``None`` elsewhere, or unless every field is float32 or int32 and placed as
+    ``ti.field`` / ``ti.Vector.field`` with a shape place it (:func:`_dense_below_a_root`).
+
+    One launch of :func:`_corners`, compiled once per tuple of fields, finds where each scalar field starts, steps
+    and ends; a view is made only if these are the addresses of a strided array. The views are valid while the
+    fields' tree lives: take them for one use.
+    """
+    if not host_memory() or not fields:
+        return None
+    scalars = _scalar_fields(fields)
+    if any(f.dtype not in _VIEWABLE for f in fields) or not all(_dense_below_a_root(s) for s in scalars):
+        return None
+    corners = np.zeros((len(scalars), 2 + max(len(f.shape) for f in fields)), np.uint64)
+    _corners(tuple(fields), corners)
+    views, row = [], 0
+    for f in fields:
+        n = 1 if isinstance(f, ScalarField) else f.n
+        view = _view(f, corners[row:row + n])
+        if view is None:
+            return None
+        views.append(view)
+        row += n
+    return views
 
 
 def next_multiple(value: int, multiple: int) -> int:
