@@ -190,6 +190,35 @@ def test_every_public_method_after_reinit_raises_runtime_reset_error():
     assert set(out) == set(REINIT_CASES)
 
 
+@CPU_PROCESS
+def test_a_stage_of_fields_made_before_reinit_raises_runtime_reset_error():
+    """Fields made before ``ti.init`` was called again, given to a stage of a new model: RuntimeResetError before
+    anything reads their shape or dtype (Taichi reads those from the freed program's memory, and the process
+    crashes); the new program's own fields make a stage that runs."""
+    out = run("""
+        old_x = ti.Vector.field(2, ti.f32, 64, needs_grad=True)
+        old_y = ti.Vector.field(3, ti.f32, 64, needs_grad=True)
+        old_ids = ti.field(ti.i32, 64)
+        ti.init(arch=ti.cpu, log_level=ti.ERROR)
+        m = tinn.NetworkWithInputEncoding(2, 3, {"otype": "Frequency", "n_frequencies": 2}, NET)
+        new_x, new_y = ti.Vector.field(2, ti.f32, 64, needs_grad=True), ti.Vector.field(3, ti.f32, 64, needs_grad=True)
+        new_ids = ti.field(ti.i32, 64)
+        result = {}
+        for name, args in {"x": (old_x, new_y), "y": (new_x, old_y), "mask": (new_x, new_y, None, old_ids)}.items():
+            try:
+                tinn.ad.stage(m, *args)
+                result[name] = "no error"
+            except tinn.RuntimeResetError as e:
+                result[name] = str(e)
+        new_x.from_numpy(x)
+        tinn.ad.stage(m, new_x, new_y, mask=new_ids)()
+        print(json.dumps({**result, "ran": bool(np.all(new_y.to_numpy() == 0))}))
+    """)
+    for name in ("x", "y", "mask"):
+        assert out[name].startswith(f"the field {name} was made before ti.init"), out
+    assert out["ran"]                                        # (a mask of zeros: every output 0)
+
+
 # -- many models --------------------------------------------------------------------------------
 @CPU_PROCESS
 @LONG_LOOP

@@ -44,6 +44,8 @@ from .runtime import program as _program
 
 def _check_field(name, f, n, shape=None, vector=True):
     kind = MatrixField if vector else ScalarField
+    if isinstance(f, kind):
+        _program.check_live(f, name)                 # (before its shape or dtype are read)
     if not isinstance(f, kind) or (vector and f.m != 1):
         want = f"a ti.Vector.field of {n} components" if vector else "a scalar int32 ti.field"
         raise TypeError(f"{name} must be {want}, got {type(f).__name__}")

@@ -20,13 +20,13 @@ child raises :class:`ForkedProcessError`, naming the ``spawn`` start method; the
 that starts a Taichi program of its own (``ti.reset()``, then ``ti.init``) can build and use new tinn objects there
 (those from before the fork belong to the inherited program: :class:`RuntimeResetError`).
 
-A ``ti.ndarray`` made before the last ``ti.init`` is refused too (:func:`check_live`). Taichi cannot tell:
-a freed ndarray's allocation id may name a live ndarray of the new program. So every ``ti.ndarray`` records,
-when it is made, a weak reference to Taichi's runtime object of the moment (``ti.init`` replaces that
-object, and the old one goes); one whose runtime is not the current one belongs to a freed program
-(:func:`_stamp_ndarrays`). An ndarray made before ``import tinn`` carries no record and counts as made in the
-runtime current at the import. That record is the one thing importing tinn sets up; it changes no Taichi
-behaviour.
+A ``ti.ndarray`` or a Taichi field made before the last ``ti.init`` is refused too (:func:`check_live`). Taichi
+cannot tell: a freed ndarray's allocation id may name a live ndarray of the new program, and a field's shape or
+dtype is read from its freed memory (the process crashes). So every ``ti.ndarray`` and every field records, when it
+is made, a weak reference to Taichi's runtime object of the moment (``ti.init`` replaces that object, and the old
+one goes); one whose runtime is not the current one belongs to a freed program (:func:`_stamp`). One made before
+``import tinn`` carries no record and counts as made in the runtime current at the import. That record is the one
+thing importing tinn sets up; it changes no Taichi behaviour.
 """
 import ctypes
 import ctypes.util
@@ -37,6 +37,7 @@ import weakref
 import taichi as ti
 from taichi.lang import impl
 from taichi.lang._ndarray import Ndarray
+from taichi.lang.field import Field
 from taichi.lang.exception import TaichiCompilationError
 from taichi.lang.enums import AutodiffMode
 
@@ -259,17 +260,18 @@ def guarded(owner, func, n_args: int):
 
 
 def check_live(a, name: str):
-    """:class:`RuntimeResetError` for a ``ti.ndarray`` made before ``ti.init`` was called again."""
+    """:class:`RuntimeResetError` for a ``ti.ndarray`` or a Taichi field made before ``ti.init`` was called again."""
     made_in = getattr(a, "_tinn_runtime", _RUNTIME_AT_IMPORT)
     if made_in() is not impl.get_runtime():
-        raise RuntimeResetError(f"the ti.ndarray {name} was made before ti.init was called again, which freed it; "
+        kind = "ti.ndarray" if isinstance(a, Ndarray) else "field"
+        raise RuntimeResetError(f"the {kind} {name} was made before ti.init was called again, which freed it; "
                                 "make it anew after ti.init")
 
 
-def _stamp_ndarrays():
-    """Make every ``ti.ndarray`` (``Ndarray.__init__``, which each kind of ndarray runs first) keep a weak
+def _stamp(cls):
+    """Make every instance of ``cls`` (``Ndarray`` or ``Field``, whose ``__init__`` each kind runs first) keep a weak
     reference to the Taichi runtime it is made in, as ``_tinn_runtime``."""
-    init = Ndarray.__init__
+    init = cls.__init__
     if getattr(init, "_tinn_stamps", False):           # tinn's modules loaded twice in one process
         return
 
@@ -279,8 +281,9 @@ def _stamp_ndarrays():
         self._tinn_runtime = weakref.ref(impl.get_runtime())
 
     stamped_init._tinn_stamps = True
-    Ndarray.__init__ = stamped_init
+    cls.__init__ = stamped_init
 
 
 _RUNTIME_AT_IMPORT = weakref.ref(impl.get_runtime())
-_stamp_ndarrays()
+_stamp(Ndarray)
+_stamp(Field)
