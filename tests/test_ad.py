@@ -239,19 +239,21 @@ TAICHI_COPIES = {"matrix_to_ext_arr", "ext_arr_to_matrix"}
 """Taichi's kernels behind a Vector field's ``to_numpy`` / ``from_numpy``."""
 
 
-@pytest.mark.parametrize("layout", ["soa", "blocked"])
+@pytest.mark.parametrize("layout", ["soa", "blocked", "offset"])
 def test_stage_on_fields_laid_out_otherwise(layout, path, rng):
     """Vector fields laid out SoA (their components apart: on x64 the CPU path reads and writes their memory, no
-    copy kernel compiled) and in blocks of a dense in a dense (read through Taichi's copies): ``y`` is the batch
+    copy kernel compiled), in blocks of a dense in a dense, and indexed from -5 (``offset=``; both read through
+    Taichi's copies on the CPU path, and the device path's kernels index them from their offset): ``y`` is the batch
     forward of ``x``, and ``x.grad`` its input gradient under a loss linear in ``y``."""
     net, n = model(rng), 32
-    if layout == "soa":
-        x = ti.Vector.field(2, ti.f32, n, needs_grad=True, layout=ti.Layout.SOA)
-        y = ti.Vector.field(1, ti.f32, n, needs_grad=True, layout=ti.Layout.SOA)
-    else:
+    if layout == "blocked":
         x, y = ti.Vector.field(2, ti.f32, needs_grad=True), ti.Vector.field(1, ti.f32, needs_grad=True)
         ti.root.dense(ti.i, 4).dense(ti.i, 8).place(x, x.grad, y, y.grad)
-    w = ti.field(ti.f32, n)
+    else:
+        keys = {"layout": ti.Layout.SOA} if layout == "soa" else {"offset": -5}
+        x = ti.Vector.field(2, ti.f32, n, needs_grad=True, **keys)
+        y = ti.Vector.field(1, ti.f32, n, needs_grad=True, **keys)
+    w = ti.field(ti.f32, n, offset=-5 if layout == "offset" else None)
     loss = ti.field(ti.f32, (), needs_grad=True)
     xs = rng.uniform(0.1, 0.9, (n, 2)).astype(np.float32)
     ws = rng.normal(size=n).astype(np.float32)
@@ -272,7 +274,11 @@ def test_stage_on_fields_laid_out_otherwise(layout, path, rng):
     np.testing.assert_allclose(y.to_numpy(), expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(x.grad.to_numpy(), net.backward(ctx, ws[:, None]), rtol=1e-4, atol=1e-6)
     if path == "host" and memory.host_memory():
-        assert bool(TAICHI_COPIES & set(compiled)) == (layout == "blocked"), list(compiled)
+        assert bool(TAICHI_COPIES & set(compiled)) == (layout != "soa"), list(compiled)
+    if layout == "offset":                              # an element is named by its own index
+        x[-2] = [np.nan, 0.5]
+        with pytest.raises(ValueError, match=r"x must be finite: element \(-2,\) holds \[nan"):
+            stage()
 
 
 def test_stage_checks_its_fields(rng):
@@ -283,6 +289,8 @@ def test_stage_checks_its_fields(rng):
         tinn.ad.stage(net, ti.Vector.field(3, ti.f32, (4,)), y)
     with pytest.raises(ValueError, match="shape"):
         tinn.ad.stage(net, x, ti.Vector.field(1, ti.f32, (5,), needs_grad=True))
+    with pytest.raises(ValueError, match="index offset of x"):
+        tinn.ad.stage(net, x, y, mask=ti.field(ti.i32, (4,), offset=(2,)))
     with pytest.raises(ValueError, match="needs_grad"):
         tinn.ad.stage(net, x, ti.Vector.field(1, ti.f32, (4,)))
     with pytest.raises(TypeError, match="int32"):

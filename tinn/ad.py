@@ -21,8 +21,8 @@ forward at the training weights and its input gradient, touching no parameter gr
 ``x.grad[I] += H(x[I]) g.grad[I]`` and ``dθ += Σ_I ∂⟨g.grad[I], ∇ₓf(x[I])⟩/∂θ`` through the batch
 ``backward_backward_input(ctx, g.grad, 1, mode="accumulate")``: an Eikonal loss on ``g`` trains f.
 
-Stages take Taichi Vector fields of one shape (any number of axes, float32) and optional int32 fields
-of that shape: ``instance`` routes each element to its network of an array, ``mask`` leaves the
+Stages take Taichi Vector fields of one shape and index offset (any number of axes, float32) and optional int32
+fields of that shape and offset: ``instance`` routes each element to its network of an array, ``mask`` leaves the
 elements where it is 0 out (their outputs are 0 and they get no gradient). Elements are independent;
 the reverse pass reads the inputs the forward pass saw. Calling a stage outside a Tape only runs the
 forward. Each call inside a Tape has its own reverse pass (a stage may run several times per Tape,
@@ -37,12 +37,12 @@ import taichi as ti
 from taichi.lang.field import ScalarField
 from taichi.lang.matrix import MatrixField
 
-from .batch.fields import DeviceMoves, HostMoves
+from .batch.fields import DeviceMoves, HostMoves, index_offset
 from .object import DifferentiableObject
 from .runtime import program as _program
 
 
-def _check_field(name, f, n, shape=None, vector=True):
+def _check_field(name, f, n, like=None, vector=True):
     kind = MatrixField if vector else ScalarField
     if isinstance(f, kind):
         _program.check_live(f, name)                 # (before its shape or dtype are read)
@@ -53,8 +53,9 @@ def _check_field(name, f, n, shape=None, vector=True):
         raise ValueError(f"{name} must have {n} components (the network's dims), got {f.n}")
     if f.dtype != (ti.f32 if vector else ti.i32):
         raise TypeError(f"{name} must have dtype {'float32' if vector else 'int32'}, got {f.dtype}")
-    if shape is not None and tuple(f.shape) != tuple(shape):
-        raise ValueError(f"{name} must have the shape of x, {tuple(shape)}, got {tuple(f.shape)}")
+    if like is not None and (tuple(f.shape), index_offset(f)) != (tuple(like.shape), index_offset(like)):
+        raise ValueError(f"{name} must have the shape and index offset of x, {tuple(like.shape)} and "
+                         f"{index_offset(like)}, got {tuple(f.shape)} and {index_offset(f)}")
 
 
 def _has_grad(f):
@@ -81,15 +82,15 @@ class _Stage:
         if not isinstance(network, DifferentiableObject):
             raise TypeError(f"network must be a tinn model (a DifferentiableObject), got {type(network).__name__}")
         _check_field("x", x, network.n_input_dims)
-        _check_field(self.out_name, out, self._out_dims(network), x.shape)
+        _check_field(self.out_name, out, self._out_dims(network), x)
         if not _has_grad(out):
             raise ValueError(f"{self.out_name} needs gradients: create it with needs_grad=True")
         if instance is None and network.n_instances > 1:
             raise ValueError(f"the network holds {network.n_instances} networks: pass an int32 instance field")
         if instance is not None:
-            _check_field("instance", instance, 1, x.shape, vector=False)
+            _check_field("instance", instance, 1, x, vector=False)
         if mask is not None:
-            _check_field("mask", mask, 1, x.shape, vector=False)
+            _check_field("mask", mask, 1, x, vector=False)
         self.network, self.x, self.out, self.instance, self.mask = network, x, out, instance, mask
         self._active, self._x_grad = None, _has_grad(x)
         launch = ti.ad.grad_replaced(self._forward_call)

@@ -27,9 +27,15 @@ N_TAKEN, ID_LO, ID_HI, BAD = range(4)
 is not finite (``NONE``: none)."""
 
 
+def index_offset(f) -> tuple:
+    """The index of the first element of the field ``f`` along each axis (``ti.field(..., offset=...)``; zeros for
+    none): element r in row-major order has the index ``np.unravel_index(r, f.shape)`` plus this."""
+    return tuple(f.snode.ptr.offset) or (0,) * len(f.shape)
+
+
 def _not_finite(x, flat: int):
     """The ``ValueError`` for element ``flat`` (row-major) of the field ``x``, whose value is not finite."""
-    index = tuple(int(i) for i in np.unravel_index(flat, x.shape))
+    index = tuple(int(i) + o for i, o in zip(np.unravel_index(flat, x.shape), index_offset(x)))
     value = x[index if len(index) > 1 else index[0]]
     raise ValueError(f"x must be finite: element {index} holds {value.to_numpy()}")
 
@@ -143,12 +149,14 @@ class HostMoves:
 # -- the device path's moves: kernels between the user's fields and tinn's ti.ndarray batches ---------------
 @ti.func
 def _element(f: ti.template(), r):
-    """The index (a ``ti.Vector``) of element ``r`` of the field ``f`` in row-major order."""
+    """The index (a ``ti.Vector``) of element ``r`` of the field ``f`` in row-major order (:func:`index_offset`)."""
     index = ti.Vector.zero(ti.i32, ti.static(len(f.shape)))
     q = r
     for d in ti.static(range(len(f.shape))):
         axis = ti.static(len(f.shape) - 1 - d)
         index[axis] = q % f.shape[axis]
+        if ti.static(index_offset(f)[axis]):
+            index[axis] += index_offset(f)[axis]
         q //= f.shape[axis]
     return index
 

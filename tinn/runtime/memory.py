@@ -257,11 +257,12 @@ _VIEWABLE = {ti.f32: np.float32, ti.i32: np.int32}
 
 def _dense_below_a_root(f) -> bool:
     """Whether the scalar field ``f`` sits in a ``dense`` node of all its axes directly below a tree's root (how
-    ``ti.field(..., shape)`` and ``ti.Vector.field(..., shape)`` place a field and its ``.grad``): its addresses are
-    then linear in its index."""
+    ``ti.field(..., shape)`` and ``ti.Vector.field(..., shape)`` place a field and its ``.grad``), with no index
+    offset: its addresses are then linear in its index, and its first element's index is 0."""
     dense = f.snode.ptr.parent
     return (dense is not None and dense.type == _ti_core.SNodeType.dense and dense.parent is not None
-            and dense.parent.type == _ti_core.SNodeType.root and dense.num_active_indices() == len(f.shape))
+            and dense.parent.type == _ti_core.SNodeType.root and dense.num_active_indices() == len(f.shape)
+            and not any(f.snode.ptr.offset))
 
 
 def _view(field, corners):
