@@ -411,7 +411,8 @@ def test_field_views_are_the_fields_own_memory(rng):
     fields = [aos, aos.grad, soa, ids]
     for f in fields:
         shape = f.to_numpy().shape
-        f.from_numpy(rng.integers(-9, 9, shape).astype(np.int32) if f is ids else rng.normal(size=shape).astype(np.float32))
+        values = rng.integers(-9, 9, shape) if f is ids else rng.normal(size=shape)
+        f.from_numpy(values.astype(np.int32 if f is ids else np.float32))
     views = memory.field_views(fields)
     assert views is not None
     for f, v in zip(fields, views):

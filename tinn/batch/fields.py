@@ -6,9 +6,10 @@ stage call takes the elements (``take``: all, or where its ``mask`` is not 0), r
 :class:`HostMoves` (the CPU) reads the fields into numpy batches and writes them back (on x64 through views of
 their own memory, ``_Memory``). On the device path (:class:`DeviceMoves`) nothing batch-sized leaves the device:
 :func:`_survey` ranks the taken elements (an exclusive prefix sum of the mask in row-major order) and checks their
-values and ids, and its four counters are the call's one read-back; :func:`_gather` / :func:`_scatter` copy between the fields and ``ti.ndarray``
-batches of the taken elements, the census routes them, and :func:`_take_gradient` / :func:`_add_gradient`
-move ``y.grad`` and ``dL/dx``. ``Taken.active`` is then the survey's device mask of the networks reached.
+values and ids, and its four counters are the call's one read-back; :func:`_gather` / :func:`_scatter` copy between
+the fields and ``ti.ndarray`` batches of the taken elements, the census routes them, and :func:`_take_gradient` /
+:func:`_add_gradient` move ``y.grad`` and ``dL/dx``. ``Taken.active`` is then the survey's device mask of the
+networks reached.
 """
 import numpy as np
 import taichi as ti
@@ -77,6 +78,7 @@ class _Memory:
             self._views[id(field)][...] = values
 
     def zero(self, field):
+        """``field``'s values = 0, as ``field.fill(0)``."""
         if self._views is None:
             field.fill(0)
         else:

@@ -235,7 +235,8 @@ def view_of(field) -> np.ndarray | None:
 
 def _scalar_fields(fields):
     """The scalar fields of ``fields`` in turn: a scalar field itself, a Vector field's components."""
-    return [s for f in fields for s in ([f] if isinstance(f, ScalarField) else [f.get_scalar_field(j) for j in range(f.n)])]
+    return [s for f in fields
+            for s in ([f] if isinstance(f, ScalarField) else [f.get_scalar_field(j) for j in range(f.n)])]
 
 
 @ti.kernel
