@@ -291,6 +291,11 @@ def test_stage_checks_its_fields(rng):
         tinn.ad.stage(net, x, ti.Vector.field(1, ti.f32, (5,), needs_grad=True))
     with pytest.raises(ValueError, match="index offset of x"):
         tinn.ad.stage(net, x, y, mask=ti.field(ti.i32, (4,), offset=(2,)))
+    with pytest.raises(ValueError, match="x is not placed"):
+        tinn.ad.stage(net, ti.Vector.field(2, ti.f32), y)
+    runtime = ti.lang.impl.get_runtime()                # (an unplaced field makes Taichi refuse every later kernel)
+    runtime.global_vars[:] = [v for v in runtime.global_vars if v.ptr.snode() is not None]
+    runtime.matrix_fields[:] = [f for f in runtime.matrix_fields if f.vars[0].ptr.snode() is not None]
     with pytest.raises(ValueError, match="needs_grad"):
         tinn.ad.stage(net, x, ti.Vector.field(1, ti.f32, (4,)))
     with pytest.raises(TypeError, match="int32"):

@@ -49,6 +49,8 @@ def _check_field(name, f, n, like=None, vector=True):
     if not isinstance(f, kind) or (vector and f.m != 1):
         want = f"a ti.Vector.field of {n} components" if vector else "a scalar int32 ti.field"
         raise TypeError(f"{name} must be {want}, got {type(f).__name__}")
+    if f.snode.ptr is None:
+        raise ValueError(f"{name} is not placed: give it a shape, or place it (ti.root.dense(...).place(...)) first")
     if vector and f.n != n:
         raise ValueError(f"{name} must have {n} components (the network's dims), got {f.n}")
     if f.dtype != (ti.f32 if vector else ti.i32):
