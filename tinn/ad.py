@@ -44,11 +44,10 @@ from .runtime import program as _program
 
 def _check_field(name, f, n, like=None, vector=True):
     kind = MatrixField if vector else ScalarField
-    if isinstance(f, kind):
-        _program.check_live(f, name)                 # (before its shape or dtype are read)
     if not isinstance(f, kind) or (vector and f.m != 1):
         want = f"a ti.Vector.field of {n} components" if vector else "a scalar int32 ti.field"
         raise TypeError(f"{name} must be {want}, got {type(f).__name__}")
+    _program.check_live(f, name)                     # (before its shape or dtype are read)
     if f.snode.ptr is None:
         raise ValueError(f"{name} is not placed: give it a shape, or place it (ti.root.dense(...).place(...)) first")
     if vector and f.n != n:
